@@ -1,0 +1,1 @@
+"""Infrastructure as code: the deployment config model and the CDK stacks built from it."""

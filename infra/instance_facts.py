@@ -1,0 +1,85 @@
+"""The one table of facts about the EFA-capable instance types this project deploys.
+
+Every other module (launch template, node labels, pod resources, manifest validation, the
+checkpoint-interval planner's cost figures) reads from here; nothing restates these numbers.
+
+Sources (checked 2026-11):
+- GPUs, vCPUs, memory, NVMe, network bandwidth: https://aws.amazon.com/ec2/instance-types/p5/,
+  https://aws.amazon.com/ec2/instance-types/p4/, https://aws.amazon.com/ec2/instance-types/g5/
+- Network cards and maximum EFA interfaces: `aws ec2 describe-instance-types --query
+  'InstanceTypes[].NetworkInfo.{cards:MaximumNetworkCards,efa:EfaInfo.MaximumEfaInterfaces}'`
+  and https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html
+- On-demand prices: https://aws.amazon.com/ec2/pricing/on-demand/ (us-east-1, Linux), read
+  2026-11; p5e.48xlarge is sold through Capacity Blocks only and has no on-demand price.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InstanceFacts:
+    instance_type: str
+    gpu_model: str
+    gpus: int
+    gpu_memory_gib: int  # per GPU
+    vcpus: int
+    memory_gib: int
+    network_cards: int
+    efa_interfaces: int  # maximum EFA interfaces the type supports: one per network card here
+    network_gbps: int
+    nvme_gib: int  # local instance-store NVMe, total
+    on_demand_usd_per_hour: float | None  # us-east-1; None where no on-demand offer exists
+
+    @property
+    def family(self) -> str:
+        return self.instance_type.split(".", 1)[0]
+
+    @property
+    def gpus_per_efa(self) -> float:
+        return self.gpus / self.efa_interfaces
+
+    @property
+    def allocatable_memory_gib(self) -> int:
+        """Memory a pod can request: leave 10% (min 8 GiB) for the kubelet, system daemons and
+        the page cache the Lustre client needs."""
+        return self.memory_gib - max(8, self.memory_gib // 10)
+
+    @property
+    def allocatable_vcpus(self) -> int:
+        """vCPUs a pod can request: leave 4 (min 10%) for kubelet, device plugins and daemonsets."""
+        return self.vcpus - max(4, self.vcpus // 10)
+
+
+INSTANCE_FACTS: dict[str, InstanceFacts] = {
+    f.instance_type: f
+    for f in (
+        # 8x H100 SXM 80 GB; 32 network cards, EFAv2 at 3200 Gbps in total; 8x 3.84 TB NVMe.
+        InstanceFacts("p5.48xlarge", "H100", 8, 80, 192, 2048, 32, 32, 3200, 8 * 3576, 55.04),
+        # 8x H200 141 GB; same network layout as p5; Capacity Blocks only.
+        InstanceFacts("p5e.48xlarge", "H200", 8, 141, 192, 2048, 32, 32, 3200, 8 * 3576, None),
+        # 8x H200 141 GB; EFAv3 on 16 network cards at 3200 Gbps in total.
+        InstanceFacts("p5en.48xlarge", "H200", 8, 141, 192, 2048, 16, 16, 3200, 8 * 3576, 63.30),
+        # 8x A100 40 GB; 4 network cards, EFA at 400 Gbps; 8x 1 TB NVMe.
+        InstanceFacts("p4d.24xlarge", "A100", 8, 40, 96, 1152, 4, 4, 400, 8 * 931, 21.96),
+        # Low-cost rehearsal types: 1 or 4 A10G 24 GB, one EFA interface.
+        InstanceFacts("g5.8xlarge", "A10G", 1, 24, 32, 128, 1, 1, 25, 838, 2.448),
+        InstanceFacts("g5.12xlarge", "A10G", 4, 24, 48, 192, 1, 1, 40, 3539, 5.672),
+        InstanceFacts("g5.48xlarge", "A10G", 8, 24, 192, 768, 1, 1, 100, 7078, 16.288),
+    )
+}
+
+#: Instance types that serve the system node group (CoreDNS, controllers, add-ons). No EFA.
+SYSTEM_INSTANCE_TYPES = ("m7i.xlarge", "m7i.2xlarge", "m6i.xlarge", "m6i.2xlarge", "m5.xlarge")
+
+
+def facts_for(instance_type: str) -> InstanceFacts:
+    """Facts for an instance type, or a ValueError that lists the supported ones."""
+    try:
+        return INSTANCE_FACTS[instance_type]
+    except KeyError:
+        supported = ", ".join(sorted(INSTANCE_FACTS))
+        raise ValueError(
+            f"'{instance_type}' is not a supported EFA-capable GPU instance type; use one of: {supported}"
+        ) from None

@@ -1,0 +1,39 @@
+"""`nvrx-eks`: the operator CLI.
+
+Each command is a thin wrapper that imports its module lazily, so `nvrx-eks render` does not pay
+for importing torch and `nvrx-eks local` does not pay for importing aws-cdk-lib. User mistakes
+raise ConfigError and end here as one message with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from workloads.errors import ConfigError
+
+app = typer.Typer(
+    name="nvrx-eks",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Fault-tolerant multi-node GPU training on AWS: EKS + p5/EFA + FSx, trained with NVIDIA Resiliency Extension.",
+)
+err_console = Console(stderr=True)
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigError as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
