@@ -9,6 +9,7 @@ Sources (checked 2026-11):
 - Network cards and maximum EFA interfaces: `aws ec2 describe-instance-types --query
   'InstanceTypes[].NetworkInfo.{cards:MaximumNetworkCards,efa:EfaInfo.MaximumEfaInterfaces}'`
   and https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html
+- FSx EFA clients: https://docs.aws.amazon.com/fsx/latest/LustreGuide/efa-file-systems.html
 - On-demand prices: https://aws.amazon.com/ec2/pricing/on-demand/ (us-east-1, Linux), read
   2026-11; p5e.48xlarge is sold through Capacity Blocks only and has no on-demand price.
 """
@@ -31,6 +32,9 @@ class InstanceFacts:
     network_gbps: int
     nvme_gib: int  # local instance-store NVMe, total
     on_demand_usd_per_hour: float | None  # us-east-1; None where no on-demand offer exists
+    #: Can mount an EFA-enabled FSx for Lustre file system over EFA (with GPUDirect Storage):
+    #: FSx names P5, P5e, P5en (and P6-B200) as its EFA/GDS clients; p4d and g5 use TCP (ENA).
+    fsx_efa_client: bool = False
 
     @property
     def family(self) -> str:
@@ -56,11 +60,11 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
     f.instance_type: f
     for f in (
         # 8x H100 SXM 80 GB; 32 network cards, EFAv2 at 3200 Gbps in total; 8x 3.84 TB NVMe.
-        InstanceFacts("p5.48xlarge", "H100", 8, 80, 192, 2048, 32, 32, 3200, 8 * 3576, 55.04),
+        InstanceFacts("p5.48xlarge", "H100", 8, 80, 192, 2048, 32, 32, 3200, 8 * 3576, 55.04, fsx_efa_client=True),
         # 8x H200 141 GB; same network layout as p5; Capacity Blocks only.
-        InstanceFacts("p5e.48xlarge", "H200", 8, 141, 192, 2048, 32, 32, 3200, 8 * 3576, None),
+        InstanceFacts("p5e.48xlarge", "H200", 8, 141, 192, 2048, 32, 32, 3200, 8 * 3576, None, fsx_efa_client=True),
         # 8x H200 141 GB; EFAv3 on 16 network cards at 3200 Gbps in total.
-        InstanceFacts("p5en.48xlarge", "H200", 8, 141, 192, 2048, 16, 16, 3200, 8 * 3576, 63.30),
+        InstanceFacts("p5en.48xlarge", "H200", 8, 141, 192, 2048, 16, 16, 3200, 8 * 3576, 63.30, fsx_efa_client=True),
         # 8x A100 40 GB; 4 network cards, EFA at 400 Gbps; 8x 1 TB NVMe.
         InstanceFacts("p4d.24xlarge", "A100", 8, 40, 96, 1152, 4, 4, 400, 8 * 931, 21.96),
         # Low-cost rehearsal types: 1 or 4 A10G 24 GB, one EFA interface.

@@ -1,0 +1,185 @@
+"""The training cluster: EKS (native AWS::EKS::Cluster via aws_eks_v2) with a system node group,
+the EFA-wired GPU node group, the add-ons, the FSx volume, the trainer image and the outputs
+the CLI reads back.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
+from constructs import Construct
+
+from infra.addons import install_addons
+from infra.config import DeploymentConfig
+from infra.conventions import (
+    FSX_PVC_NAME,
+    GPU_NODE_LABEL_KEY,
+    SYSTEM_NODE_LABEL_VALUE,
+    TRAINING_NAMESPACE,
+)
+from infra.fsx_volume import FsxVolume
+from infra.gpu_nodes import GpuNodeGroup
+from infra.image import TrainerImage
+from infra.outputs import OutputKey
+
+ALL_CONTROL_PLANE_LOGS = [
+    eks.ClusterLoggingTypes.API,
+    eks.ClusterLoggingTypes.AUDIT,
+    eks.ClusterLoggingTypes.AUTHENTICATOR,
+    eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
+    eks.ClusterLoggingTypes.SCHEDULER,
+]
+
+
+class TrainingClusterStack(Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: DeploymentConfig,
+        vpc: ec2.IVpc,
+        gpu_subnet: ec2.ISubnet,
+        gpu_node_security_group: ec2.ISecurityGroup,
+        file_system_id: str,
+        file_system_dns_name: str,
+        file_system_mount_name: str,
+        data_bucket: s3.IBucket,
+        **kwargs,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+
+        secrets_key = kms.Key(
+            self,
+            "SecretsKey",
+            enable_key_rotation=True,
+            description=f"{config.name}: EKS secrets envelope encryption",
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        if config.endpoint.access == "private":
+            endpoint = eks.EndpointAccess.PRIVATE
+        else:
+            endpoint = eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*config.endpoint.public_cidrs)
+
+        self.cluster = eks.Cluster(
+            self,
+            "Cluster",
+            cluster_name=config.cluster_name,
+            version=eks.KubernetesVersion.of(config.kubernetes_version),
+            vpc=vpc,
+            vpc_subnets=[private_subnets],
+            endpoint_access=endpoint,
+            secrets_encryption_key=secrets_key,
+            cluster_logging=ALL_CONTROL_PLANE_LOGS,
+            # Managed node groups, not EKS Auto Mode: Auto Mode cannot take our EFA launch template.
+            default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+            default_capacity=0,
+            kubectl_provider_options=eks.KubectlProviderOptions(
+                kubectl_layer=KubectlV35Layer(self, "KubectlLayer"),
+                # The kubectl Lambda runs inside the VPC: the public endpoint (if any) admits only
+                # the profile's CIDRs, so the private endpoint is the one it can always reach.
+                private_subnets=vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets,
+            ),
+        )
+
+        if config.admin_principal_arn:
+            self.cluster.grant_access(
+                "AdminAccess",
+                config.admin_principal_arn,
+                [
+                    eks.AccessPolicy.from_access_policy_name(
+                        "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER
+                    )
+                ],
+            )
+
+        system = config.system_nodes
+        self.system_nodegroup = self.cluster.add_nodegroup_capacity(
+            "SystemNodes",
+            nodegroup_name=f"{config.name}-system",
+            instance_types=[ec2.InstanceType(system.instance_type)],
+            ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
+            min_size=system.min_size,
+            desired_size=system.desired_size,
+            max_size=system.max_size,
+            disk_size=50,
+            subnets=private_subnets,
+            labels={GPU_NODE_LABEL_KEY: SYSTEM_NODE_LABEL_VALUE},
+            node_role=worker_node_role(self, "SystemNodeRole"),
+        )
+
+        self.gpu_nodes = GpuNodeGroup(
+            self,
+            "GpuNodeGroup",
+            config=config,
+            cluster=self.cluster,
+            subnet=gpu_subnet,
+            node_security_group=gpu_node_security_group,
+            node_role=worker_node_role(self, "GpuNodeRole"),
+        )
+
+        # Add-ons need somewhere to run (CoreDNS, controllers, Helm's wait): after system nodes.
+        for addon in install_addons(self, self.cluster, config).values():
+            addon.node.add_dependency(self.system_nodegroup)
+
+        self.fsx_volume = FsxVolume(
+            self,
+            "FsxVolume",
+            cluster=self.cluster,
+            config=config,
+            file_system_id=file_system_id,
+            dns_name=file_system_dns_name,
+            mount_name=file_system_mount_name,
+        )
+        self.image = TrainerImage(self, "TrainerImage", config=config)
+
+        outputs = {
+            OutputKey.CLUSTER_NAME: (self.cluster.cluster_name, "EKS cluster name"),
+            OutputKey.REGION: (self.region, "AWS region"),
+            OutputKey.UPDATE_KUBECONFIG_COMMAND: (
+                f"aws eks update-kubeconfig --name {config.cluster_name} --region {self.region}",
+                "Optional: configure kubectl (nvrx-eks needs no kubeconfig)",
+            ),
+            OutputKey.CLUSTER_ENDPOINT: (self.cluster.cluster_endpoint, "Kubernetes API endpoint"),
+            OutputKey.CLUSTER_CA_DATA: (
+                self.cluster.cluster_certificate_authority_data,
+                "Kubernetes API certificate authority (base64)",
+            ),
+            OutputKey.KUBERNETES_VERSION: (config.kubernetes_version, "Kubernetes version"),
+            OutputKey.FSX_FILE_SYSTEM_ID: (file_system_id, "FSx for Lustre file system id"),
+            OutputKey.FSX_DNS_NAME: (file_system_dns_name, "FSx for Lustre DNS name"),
+            OutputKey.FSX_MOUNT_NAME: (file_system_mount_name, "FSx for Lustre mount name"),
+            OutputKey.FSX_PVC_NAME: (FSX_PVC_NAME, "PersistentVolumeClaim of the file system"),
+            OutputKey.TRAINING_NAMESPACE: (TRAINING_NAMESPACE, "Namespace for training jobs"),
+            OutputKey.DATA_BUCKET_NAME: (data_bucket.bucket_name, "S3 bucket linked to FSx"),
+            OutputKey.IMAGE_URI: (self.image.image_uri, "Trainer container image"),
+            OutputKey.GPU_NODEGROUP_NAME: (self.gpu_nodes.nodegroup.nodegroup_name, "GPU node group"),
+            OutputKey.GPU_INSTANCE_TYPE: (config.gpu_nodes.instance_type, "GPU instance type"),
+            OutputKey.GPU_NODE_COUNT: (str(config.gpu_nodes.desired_size), "GPU nodes (desired)"),
+        }
+        for key, (value, description) in outputs.items():
+            CfnOutput(self, key.value, value=value, description=description)
+
+
+def worker_node_role(scope: Construct, construct_id: str) -> iam.Role:
+    """The EKS worker node role: kubelet registration, image pulls, VPC CNI, SSM for debugging."""
+    return iam.Role(
+        scope,
+        construct_id,
+        assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+        managed_policies=[
+            iam.ManagedPolicy.from_aws_managed_policy_name(name)
+            for name in (
+                "AmazonEKSWorkerNodePolicy",
+                "AmazonEC2ContainerRegistryPullOnly",
+                "AmazonEKS_CNI_Policy",
+                "AmazonSSMManagedInstanceCore",
+            )
+        ],
+    )

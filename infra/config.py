@@ -1,0 +1,440 @@
+"""DeploymentConfig: the one validated description of a training environment.
+
+A profile YAML (infra/profiles/NAME.yaml, or any file given with `-c config=PATH`) is loaded into
+this model before any construct is built. Every mistake a user can make is rejected here with a
+message that names the field and the fix; the stacks can then trust what they read.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from infra.instance_facts import INSTANCE_FACTS, InstanceFacts, facts_for
+from workloads.errors import ConfigError, describe_validation_error
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+DEFAULT_PROFILE = "p5"
+
+#: EKS versions this project supports: the kubectl Lambda layer we ship (v35) must be within one
+#: minor version of the API server (Kubernetes' version-skew policy) and aws_eks_v2 must know it.
+SUPPORTED_KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
+
+#: FSx for Lustre PERSISTENT_2 on SSD: throughput tiers in MB/s per TiB of storage.
+PERSISTENT_2_THROUGHPUT_TIERS = (125, 250, 500, 1000)
+#: Metadata IOPS values FSx accepts for SSD file systems in USER_PROVISIONED mode.
+_METADATA_IOPS = (1500, 3000, 6000) + tuple(range(12000, 192001, 12000))
+#: Storage step of an EFA-enabled PERSISTENT_2 SSD file system, by throughput tier.
+EFA_CAPACITY_STEP_GIB = {1000: 4800, 500: 9600, 250: 19200, 125: 38400}
+
+_ACCOUNT_RE = re.compile(r"^\d{12}$")
+_REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{8,17}$")
+_IAM_PRINCIPAL_RE = re.compile(r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:(role|user|assumed-role)/[\w+=,.@/-]+$")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{1,30}[a-z0-9]$")
+_IMAGE_URI_RE = re.compile(r"^[a-z0-9.-]+(:\d+)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$")
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors: a typo in a profile must not silently fall back to a default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EndpointConfig(StrictModel):
+    """Who can reach the Kubernetes API server."""
+
+    access: Literal["private", "public-and-private"] = "private"
+    #: With public-and-private: the only CIDRs allowed to reach the public endpoint.
+    public_cidrs: list[str] = Field(default_factory=list)
+    #: The explicit flag required to open the public endpoint to 0.0.0.0/0.
+    allow_public_internet: bool = False
+
+    @field_validator("public_cidrs")
+    @classmethod
+    def _cidrs_are_networks(cls, cidrs: list[str]) -> list[str]:
+        for cidr in cidrs:
+            try:
+                ipaddress.IPv4Network(cidr, strict=True)
+            except ValueError as e:
+                raise ValueError(
+                    f"'{cidr}' is not an IPv4 network in CIDR form ({e}); write it like 203.0.113.0/24 "
+                    "with the host bits zero"
+                ) from None
+        return cidrs
+
+    @model_validator(mode="after")
+    def _public_access_is_restricted(self) -> EndpointConfig:
+        if self.access == "private" and self.public_cidrs:
+            raise ValueError(
+                "public_cidrs is set but access is 'private'; set access: public-and-private to use "
+                "them, or remove public_cidrs"
+            )
+        if self.access == "public-and-private":
+            if not self.public_cidrs:
+                raise ValueError(
+                    "access 'public-and-private' needs public_cidrs: list the networks allowed to "
+                    "reach the API (e.g. your office's /32), or use access: private"
+                )
+            if "0.0.0.0/0" in self.public_cidrs and not self.allow_public_internet:
+                raise ValueError(
+                    "public_cidrs contains 0.0.0.0/0, which opens the Kubernetes API to the whole "
+                    "internet; list specific networks, or set allow_public_internet: true if you "
+                    "really mean it"
+                )
+        return self
+
+
+class GpuNodeGroupConfig(StrictModel):
+    instance_type: str = "p5.48xlarge"
+    min_size: Annotated[int, Field(ge=0)] = 0
+    desired_size: Annotated[int, Field(ge=0)] = 2
+    max_size: Annotated[int, Field(ge=1)] = 2
+    #: on-demand (optionally into an On-Demand Capacity Reservation) or a Capacity Block for ML.
+    capacity_type: Literal["on-demand", "capacity-block"] = "on-demand"
+    capacity_reservation_id: str | None = None
+    #: Cluster placement group for lowest EFA latency. Must be off with a capacity reservation: a
+    #: reservation is placed when it is created, and a group this stack creates cannot hold it.
+    placement_group: bool = True
+    root_volume_gib: Annotated[int, Field(ge=100, le=16384)] = 500
+    #: EKS node auto repair: replaces nodes whose GPU/EFA/kubelet health checks fail.
+    auto_repair: bool = True
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known_efa_type(cls, instance_type: str) -> str:
+        facts_for(instance_type)  # raises with the list of supported types
+        return instance_type
+
+    @field_validator("capacity_reservation_id")
+    @classmethod
+    def _reservation_id_format(cls, rid: str | None) -> str | None:
+        if rid is not None and not _RESERVATION_RE.match(rid):
+            raise ValueError(f"'{rid}' is not a capacity reservation id; it looks like cr-0123456789abcdef0")
+        return rid
+
+    @model_validator(mode="after")
+    def _sizes_and_capacity(self) -> GpuNodeGroupConfig:
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError(
+                f"node counts must satisfy min_size <= desired_size <= max_size, got "
+                f"{self.min_size} <= {self.desired_size} <= {self.max_size}; adjust them"
+            )
+        if self.capacity_type == "capacity-block" and self.capacity_reservation_id is None:
+            raise ValueError(
+                "capacity_type 'capacity-block' needs capacity_reservation_id: the id (cr-...) of "
+                "the Capacity Block you purchased"
+            )
+        if self.capacity_reservation_id is not None and self.placement_group:
+            raise ValueError(
+                "placement_group must be false when capacity_reservation_id is set: the reservation "
+                "fixes placement already and cannot live in a placement group this stack creates"
+            )
+        return self
+
+    @property
+    def facts(self) -> InstanceFacts:
+        return INSTANCE_FACTS[self.instance_type]
+
+
+class SystemNodeGroupConfig(StrictModel):
+    """Small on-demand nodes for CoreDNS, controllers and add-ons, so GPU nodes run only training."""
+
+    instance_type: str = "m7i.xlarge"
+    min_size: Annotated[int, Field(ge=1)] = 2
+    desired_size: Annotated[int, Field(ge=1)] = 2
+    max_size: Annotated[int, Field(ge=1)] = 4
+
+    @model_validator(mode="after")
+    def _sizes(self) -> SystemNodeGroupConfig:
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError(
+                f"node counts must satisfy min_size <= desired_size <= max_size, got "
+                f"{self.min_size} <= {self.desired_size} <= {self.max_size}; adjust them"
+            )
+        if self.instance_type in INSTANCE_FACTS:
+            raise ValueError(
+                f"{self.instance_type} is a GPU type; the system node group should be a small "
+                "general-purpose type such as m7i.xlarge"
+            )
+        return self
+
+
+class FsxConfig(StrictModel):
+    """FSx for Lustre PERSISTENT_2 (SSD) in the GPU availability zone."""
+
+    storage_gib: int = 4800
+    throughput_per_tib: int = 250
+    #: EFA + GPUDirect Storage between GPU nodes and the file system (fixed at creation).
+    efa_enabled: bool = False
+    #: None: AUTOMATIC metadata IOPS scaled with capacity. A number: USER_PROVISIONED IOPS.
+    metadata_iops: int | None = None
+    compression: Literal["LZ4", "NONE"] = "LZ4"
+    #: Directory in the file system linked to the data bucket (data repository association).
+    data_repository_path: str = "/s3"
+    #: Prefix in the data bucket that the association imports from and exports to.
+    data_bucket_prefix: str = ""
+    #: What `cdk destroy` does with the file system and the data bucket. Training data and
+    #: checkpoints live there, so they are kept unless the profile says otherwise.
+    removal_policy: Literal["retain", "destroy"] = "retain"
+
+    @field_validator("throughput_per_tib")
+    @classmethod
+    def _throughput_tier(cls, value: int) -> int:
+        if value not in PERSISTENT_2_THROUGHPUT_TIERS:
+            raise ValueError(
+                f"{value} MB/s/TiB is not a PERSISTENT_2 throughput tier; use one of "
+                f"{', '.join(map(str, PERSISTENT_2_THROUGHPUT_TIERS))}"
+            )
+        return value
+
+    @field_validator("metadata_iops")
+    @classmethod
+    def _metadata_iops(cls, iops: int | None) -> int | None:
+        if iops is not None and iops not in _METADATA_IOPS:
+            raise ValueError(
+                f"{iops} is not a valid SSD metadata IOPS value; use 1500, 3000, 6000, 12000 or a "
+                "multiple of 12000 up to 192000, or omit it for AUTOMATIC"
+            )
+        return iops
+
+    @field_validator("data_repository_path")
+    @classmethod
+    def _dra_path(cls, path: str) -> str:
+        if not re.fullmatch(r"/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", path):
+            raise ValueError(f"'{path}' must be an absolute directory below the root, such as /s3")
+        return path
+
+    @model_validator(mode="after")
+    def _capacity_for_layout(self) -> FsxConfig:
+        # FSx sizes storage in whole storage servers. Without EFA: 1.2 TiB, 2.4 TiB or steps of
+        # 2.4 TiB. With EFA each server holds more, so the step depends on the throughput tier
+        # (FSx for Lustre User Guide, getting-started.html; FSx counts 1 TiB as 1000 GiB here).
+        step = EFA_CAPACITY_STEP_GIB[self.throughput_per_tib] if self.efa_enabled else 2400
+        valid = self.storage_gib > 0 and self.storage_gib % step == 0
+        if not self.efa_enabled and self.storage_gib == 1200:
+            valid = True
+        if not valid:
+            nearest = max(step, round(self.storage_gib / step) * step)
+            layout = (
+                f"EFA-enabled at {self.throughput_per_tib} MB/s/TiB needs a multiple of {step} GiB"
+                if self.efa_enabled
+                else "PERSISTENT_2 SSD needs 1200, 2400 or a multiple of 2400 GiB"
+            )
+            raise ValueError(f"storage_gib {self.storage_gib} is not valid: {layout} (nearest: {nearest})")
+        return self
+
+    @property
+    def throughput_mbps(self) -> int:
+        return self.storage_gib * self.throughput_per_tib // 1024
+
+
+class AddonVersions(StrictModel):
+    """Pinned versions of the EKS managed add-ons and Helm charts. One place per add-on."""
+
+    vpc_cni: str = "v1.20.4-eksbuild.2"
+    coredns: str = "v1.12.4-eksbuild.1"
+    kube_proxy: str = "v1.35.0-eksbuild.2"
+    pod_identity_agent: str = "v1.3.10-eksbuild.1"
+    fsx_csi_driver: str = "v1.7.0-eksbuild.1"
+    cloudwatch_observability: str = "v4.6.0-eksbuild.1"
+    efa_device_plugin_chart: str = "v0.5.17"
+    nvidia_device_plugin_chart: str = "0.18.0"
+    dcgm_exporter_chart: str = "4.6.0"
+    jobset_chart: str = "0.12.0"
+    #: Kubeflow training operator v1 (for PyTorchJob); off unless install_training_operator.
+    training_operator: str = "v1.9.4"
+
+
+class AddonsConfig(StrictModel):
+    versions: AddonVersions = AddonVersions()
+    install_training_operator: bool = False
+    #: GPU metrics: the CloudWatch observability add-on (Container Insights, which runs its own
+    #: DCGM exporter on GPU nodes), or a standalone DCGM exporter for Prometheus. One of them.
+    cloudwatch_observability: bool = True
+    dcgm_exporter: bool = False
+
+    @model_validator(mode="after")
+    def _one_dcgm_exporter(self) -> AddonsConfig:
+        if self.cloudwatch_observability and self.dcgm_exporter:
+            raise ValueError(
+                "dcgm_exporter and cloudwatch_observability both run a DCGM exporter on every GPU "
+                "node and would collide on its port; enable only one of them"
+            )
+        return self
+
+
+class ImageConfig(StrictModel):
+    """The trainer image: built from workloads/ at deploy time, or an existing URI."""
+
+    build: bool = True
+    uri: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ImageConfig:
+        if self.build and self.uri:
+            raise ValueError("set either build: true or uri, not both")
+        if not self.build and not self.uri:
+            raise ValueError("set build: true to build workloads/Dockerfile at deploy time, or give uri")
+        if self.uri and not _IMAGE_URI_RE.match(self.uri):
+            raise ValueError(
+                f"'{self.uri}' is not an image reference with a tag or digest, such as "
+                "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0"
+            )
+        return self
+
+
+class DeploymentConfig(StrictModel):
+    #: Prefix of the stack names and of the cluster name.
+    name: str = "nvrx-eks"
+    account: str
+    region: str
+    #: The availability zone of the GPU nodes and the file system (EFA traffic stays in one AZ).
+    gpu_availability_zone: str
+    #: How many AZs the VPC spans (the GPU AZ plus the next ones of the region).
+    vpc_max_azs: Annotated[int, Field(ge=2, le=4)] = 2
+    vpc_cidr: str = "10.0.0.0/16"
+    kubernetes_version: str = "1.35"
+    endpoint: EndpointConfig = EndpointConfig()
+    #: IAM role or user granted cluster admin through an EKS access entry.
+    admin_principal_arn: str | None = None
+    gpu_nodes: GpuNodeGroupConfig = GpuNodeGroupConfig()
+    system_nodes: SystemNodeGroupConfig = SystemNodeGroupConfig()
+    fsx: FsxConfig = FsxConfig()
+    addons: AddonsConfig = AddonsConfig()
+    image: ImageConfig = ImageConfig()
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _NAME_RE.match(name):
+            raise ValueError(
+                f"'{name}' must be 3-32 lowercase letters, digits or '-', starting with a letter"
+            )
+        return name
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, account: str) -> str:
+        if not _ACCOUNT_RE.match(account):
+            raise ValueError(f"'{account}' is not a 12-digit AWS account id (quote it in YAML)")
+        return account
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, region: str) -> str:
+        if not _REGION_RE.match(region):
+            raise ValueError(f"'{region}' is not an AWS region name such as us-east-1")
+        return region
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _vpc_cidr(cls, cidr: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(cidr, strict=True)
+        except ValueError as e:
+            raise ValueError(f"'{cidr}' is not an IPv4 network in CIDR form ({e})") from None
+        if not net.is_private or net.prefixlen > 16:
+            raise ValueError(
+                f"'{cidr}' must be a private /16 (or larger) range, e.g. 10.0.0.0/16: each GPU "
+                "node takes hundreds of pod IPs"
+            )
+        return cidr
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _k8s_version(cls, version: str) -> str:
+        if version not in SUPPORTED_KUBERNETES_VERSIONS:
+            raise ValueError(
+                f"Kubernetes {version} is not supported; use one of "
+                f"{', '.join(SUPPORTED_KUBERNETES_VERSIONS)} (quote it in YAML: \"1.35\")"
+            )
+        return version
+
+    @field_validator("admin_principal_arn")
+    @classmethod
+    def _principal(cls, arn: str | None) -> str | None:
+        if arn is not None and not _IAM_PRINCIPAL_RE.match(arn):
+            raise ValueError(
+                f"'{arn}' is not an IAM role or user ARN such as arn:aws:iam::123456789012:role/Admin"
+            )
+        return arn
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
+        for key in tags:
+            if key.lower().startswith("aws:"):
+                raise ValueError(f"tag key '{key}' uses the reserved aws: prefix; rename it")
+        return tags
+
+    @model_validator(mode="after")
+    def _az_in_region(self) -> DeploymentConfig:
+        if not re.fullmatch(re.escape(self.region) + r"[a-z]", self.gpu_availability_zone):
+            raise ValueError(
+                f"gpu_availability_zone '{self.gpu_availability_zone}' is not an availability zone of "
+                f"{self.region}; use {self.region} followed by a letter, e.g. {self.region}a"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fsx_efa_needs_efa_clients(self) -> DeploymentConfig:
+        if self.fsx.efa_enabled and not self.gpu_nodes.facts.fsx_efa_client:
+            raise ValueError(
+                f"fsx.efa_enabled: {self.gpu_nodes.instance_type} cannot mount FSx for Lustre over EFA "
+                "(FSx supports EFA clients on p5, p5e and p5en); set fsx.efa_enabled: false"
+            )
+        return self
+
+    @property
+    def stack_prefix(self) -> str:
+        return self.name
+
+    @property
+    def cluster_name(self) -> str:
+        return self.name
+
+    @property
+    def profile_tags(self) -> dict[str, str]:
+        """Tags applied to every resource: the user's, plus the deployment tag teardown sweeps by."""
+        from infra.conventions import DEPLOYMENT_TAG_KEY
+
+        return {**self.tags, DEPLOYMENT_TAG_KEY: self.name}
+
+
+def profile_path(profile: str) -> Path:
+    path = PROFILES_DIR / f"{profile}.yaml"
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yaml")))
+        raise ConfigError(f"unknown profile '{profile}': choose one of {names}, or pass -c config=PATH")
+    return path
+
+
+def load_config(path: str | Path) -> DeploymentConfig:
+    """Load and validate a profile file. Raises ConfigError naming the field and the fix."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must contain a mapping of settings at the top level")
+    try:
+        return DeploymentConfig.model_validate(raw)
+    except ValidationError as e:
+        raise describe_validation_error(e, str(path)) from None
+
+
+def resolve_config(profile: str | None = None, config: str | None = None) -> DeploymentConfig:
+    """The config chosen by `-c profile=NAME` or `-c config=PATH` (default: the p5 profile)."""
+    if profile and config:
+        raise ConfigError("give either profile or config, not both")
+    return load_config(config if config else profile_path(profile or DEFAULT_PROFILE))

@@ -1,0 +1,28 @@
+"""Names the stacks create and the job manifests rely on: stated here once, used by both sides."""
+
+from __future__ import annotations
+
+#: Namespace where training jobs, the FSx PVC and the trainer ConfigMaps live.
+TRAINING_NAMESPACE = "training"
+#: Static PersistentVolume / PersistentVolumeClaim bound to the FSx for Lustre file system.
+FSX_PV_NAME = "fsx-lustre-pv"
+FSX_PVC_NAME = "fsx-lustre"
+FSX_STORAGE_CLASS = ""  # static provisioning: empty class so no dynamic provisioner claims it
+
+#: Label on GPU nodes (node group labels) that job pods select on, and its value.
+GPU_NODE_LABEL_KEY = "nvrx-eks.io/node-pool"
+GPU_NODE_LABEL_VALUE = "gpu"
+SYSTEM_NODE_LABEL_VALUE = "system"
+#: Label carrying the instance type, so pods can assert they landed on the expected hardware.
+INSTANCE_TYPE_LABEL_KEY = "node.kubernetes.io/instance-type"
+#: Taint on GPU nodes so only GPU workloads (and the GPU daemonsets) schedule there.
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_VALUE = "present"
+GPU_TAINT_EFFECT = "NoSchedule"
+
+#: Extended resources advertised by the device plugins.
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+
+#: Tag put on every resource of a deployment; teardown sweeps orphans by it.
+DEPLOYMENT_TAG_KEY = "nvrx-eks:deployment"

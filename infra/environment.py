@@ -1,0 +1,58 @@
+"""Composes the three stacks of a training environment from one DeploymentConfig.
+
+network (VPC, security groups) -> storage (FSx, S3) -> cluster (EKS, nodes, add-ons, outputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import App, Environment, Tags
+
+from infra.cluster import TrainingClusterStack
+from infra.config import DeploymentConfig
+from infra.network import NetworkStack
+from infra.storage import StorageStack
+
+
+@dataclass
+class TrainingEnvironment:
+    network: NetworkStack
+    storage: StorageStack
+    cluster: TrainingClusterStack
+
+    @property
+    def stacks(self):
+        return [self.network, self.storage, self.cluster]
+
+
+def build_environment(app: App, config: DeploymentConfig) -> TrainingEnvironment:
+    env = Environment(account=config.account, region=config.region)
+    prefix = config.stack_prefix
+    network = NetworkStack(app, f"{prefix}-network", config=config, env=env, description=f"{prefix}: VPC and fabric security groups")
+    storage = StorageStack(
+        app,
+        f"{prefix}-storage",
+        config=config,
+        subnet=network.gpu_subnet,
+        security_group=network.fsx_sg,
+        env=env,
+        description=f"{prefix}: FSx for Lustre and its S3 data bucket",
+    )
+    cluster = TrainingClusterStack(
+        app,
+        f"{prefix}-cluster",
+        config=config,
+        vpc=network.vpc,
+        gpu_subnet=network.gpu_subnet,
+        gpu_node_security_group=network.gpu_node_sg,
+        file_system_id=storage.file_system.ref,
+        file_system_dns_name=storage.dns_name,
+        file_system_mount_name=storage.mount_name,
+        data_bucket=storage.data_bucket,
+        env=env,
+        description=f"{prefix}: EKS cluster, EFA GPU nodes, add-ons, trainer image",
+    )
+    for key, value in config.profile_tags.items():
+        Tags.of(app).add(key, value)
+    return TrainingEnvironment(network, storage, cluster)

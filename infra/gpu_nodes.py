@@ -1,0 +1,153 @@
+"""GPU node group: a managed node group on a launch template that wires every EFA interface.
+
+The launch template, not the node group, names the instance type: aws_eks_v2 refuses
+p5.48xlarge with the NVIDIA AMI type in `instance_types` (its GPU list stops at p4d/g6e), and
+EKS accepts it from the template. Network interfaces follow the EC2 guide for multi-card EFA
+instances: card 0 carries the primary ENA+EFA interface, every other card one EFA-only interface.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Fn
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from infra.config import DeploymentConfig
+from infra.conventions import (
+    GPU_NODE_LABEL_KEY,
+    GPU_NODE_LABEL_VALUE,
+    GPU_TAINT_KEY,
+    GPU_TAINT_VALUE,
+)
+from infra.instance_facts import InstanceFacts
+
+# AL2023 nodes are configured by nodeadm. RAID0 over the instance-store NVMe puts containerd and
+# the kubelet on local disks: the multi-GB CUDA image unpacks there instead of on the EBS root.
+_NODEADM_USER_DATA = """MIME-Version: 1.0
+Content-Type: multipart/mixed; boundary="==NVRXEKS=="
+
+--==NVRXEKS==
+Content-Type: application/node.eks.aws
+
+apiVersion: node.eks.aws/v1alpha1
+kind: NodeConfig
+spec:
+  instance:
+    localStorage:
+      strategy: RAID0
+
+--==NVRXEKS==--
+"""
+
+
+def efa_network_interfaces(facts: InstanceFacts, security_group_ids: list[str]) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
+    """One interface per network card: card 0 'efa' (ENA + EFA, device 0, the primary interface),
+    cards 1..n-1 'efa-only' (device 0 of their card). Security groups go on each interface: a
+    launch template with interfaces cannot set instance-level security groups."""
+    return [
+        ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
+            network_card_index=card,
+            device_index=0,
+            interface_type="efa" if card == 0 else "efa-only",
+            groups=security_group_ids,
+            delete_on_termination=True,
+            description=f"EFA network card {card}",
+        )
+        for card in range(facts.efa_interfaces)
+    ]
+
+
+class GpuNodeGroup(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: DeploymentConfig,
+        cluster: eks.Cluster,
+        subnet: ec2.ISubnet,
+        node_security_group: ec2.ISecurityGroup,
+        node_role: iam.IRole,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        nodes = config.gpu_nodes
+        facts = nodes.facts
+
+        self.placement_group: ec2.CfnPlacementGroup | None = None
+        placement = None
+        if nodes.placement_group:
+            self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+            placement = ec2.CfnLaunchTemplate.PlacementProperty(group_name=self.placement_group.ref)
+
+        reservation = None
+        if nodes.capacity_reservation_id:
+            reservation = ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty(
+                capacity_reservation_target=ec2.CfnLaunchTemplate.CapacityReservationTargetProperty(
+                    capacity_reservation_id=nodes.capacity_reservation_id
+                )
+            )
+        market = None
+        if nodes.capacity_type == "capacity-block":
+            market = ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(market_type="capacity-block")
+
+        security_group_ids = [node_security_group.security_group_id, cluster.cluster_security_group_id]
+        self.launch_template = ec2.CfnLaunchTemplate(
+            self,
+            "LaunchTemplate",
+            launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+                instance_type=facts.instance_type,
+                network_interfaces=efa_network_interfaces(facts, security_group_ids),
+                placement=placement,
+                capacity_reservation_specification=reservation,
+                instance_market_options=market,
+                block_device_mappings=[
+                    ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
+                        device_name="/dev/xvda",
+                        ebs=ec2.CfnLaunchTemplate.EbsProperty(
+                            volume_size=nodes.root_volume_gib,
+                            volume_type="gp3",
+                            encrypted=True,
+                            delete_on_termination=True,
+                        ),
+                    )
+                ],
+                # IMDSv2 only, and one hop: pods get AWS credentials from EKS Pod Identity, so a
+                # container must not reach the node role through the metadata service.
+                metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
+                    http_tokens="required", http_put_response_hop_limit=1, http_endpoint="enabled"
+                ),
+                user_data=Fn.base64(_NODEADM_USER_DATA),
+                tag_specifications=[
+                    ec2.CfnLaunchTemplate.TagSpecificationProperty(
+                        resource_type=resource_type,
+                        tags=[{"key": k, "value": v} for k, v in config.profile_tags.items()],
+                    )
+                    for resource_type in ("instance", "volume", "network-interface")
+                ],
+            ),
+        )
+
+        self.nodegroup = cluster.add_nodegroup_capacity(
+            "GpuNodes",
+            nodegroup_name=f"{config.name}-gpu",
+            ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
+            capacity_type=(
+                eks.CapacityType.CAPACITY_BLOCK if nodes.capacity_type == "capacity-block" else eks.CapacityType.ON_DEMAND
+            ),
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=self.launch_template.ref, version=self.launch_template.attr_latest_version_number
+            ),
+            min_size=nodes.min_size,
+            desired_size=nodes.desired_size,
+            max_size=nodes.max_size,
+            subnets=ec2.SubnetSelection(subnets=[subnet]),
+            node_role=node_role,
+            labels={GPU_NODE_LABEL_KEY: GPU_NODE_LABEL_VALUE},
+            taints=[eks.TaintSpec(effect=eks.TaintEffect.NO_SCHEDULE, key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE)],
+            enable_node_auto_repair=nodes.auto_repair,
+            # Replace one node at a time: a training job needs all of them, so rolling more at
+            # once only lengthens the outage.
+            max_unavailable=1,
+        )

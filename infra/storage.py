@@ -1,0 +1,121 @@
+"""Storage: FSx for Lustre (PERSISTENT_2) in the GPU AZ, linked to an encrypted S3 data bucket.
+
+Checkpoints and pre-tokenized data live on Lustre; the data repository association imports new
+objects from the bucket and exports new and changed files back, so checkpoints outlive the file
+system. Both are kept on `cdk destroy` unless the profile sets fsx.removal_policy: destroy.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import CfnDeletionPolicy, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_fsx as fsx
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from infra.config import DeploymentConfig
+
+#: FSx for Lustre version: 2.15 is required for EFA and is the current long-term release.
+LUSTRE_VERSION = "2.15"
+
+
+class StorageStack(Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: DeploymentConfig,
+        subnet: ec2.ISubnet,
+        security_group: ec2.ISecurityGroup,
+        **kwargs,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        fsx_cfg = config.fsx
+        keep_data = fsx_cfg.removal_policy == "retain"
+        removal = RemovalPolicy.RETAIN if keep_data else RemovalPolicy.DESTROY
+
+        self.access_log_bucket = s3.Bucket(
+            self,
+            "AccessLogBucket",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED,
+            lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(90))],
+            removal_policy=removal,
+            auto_delete_objects=False,
+        )
+        self.data_bucket = s3.Bucket(
+            self,
+            "DataBucket",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            versioned=True,
+            server_access_logs_bucket=self.access_log_bucket,
+            server_access_logs_prefix="data-bucket/",
+            # Old versions of overwritten checkpoint shards add up quickly; keep a week of them.
+            lifecycle_rules=[s3.LifecycleRule(noncurrent_version_expiration=Duration.days(7))],
+            removal_policy=removal,
+            # Never empty the bucket on delete: with removal_policy destroy, a non-empty bucket
+            # makes the delete fail rather than lose data silently; teardown --delete-data empties it.
+            auto_delete_objects=False,
+        )
+
+        lustre = fsx.CfnFileSystem.LustreConfigurationProperty(
+            deployment_type="PERSISTENT_2",
+            per_unit_storage_throughput=fsx_cfg.throughput_per_tib,
+            data_compression_type=fsx_cfg.compression,
+            efa_enabled=fsx_cfg.efa_enabled,
+            metadata_configuration=fsx.CfnFileSystem.MetadataConfigurationProperty(
+                mode="USER_PROVISIONED" if fsx_cfg.metadata_iops else "AUTOMATIC",
+                iops=fsx_cfg.metadata_iops,
+            ),
+            # Sunday 05:00 UTC: maintenance restarts Lustre servers, so keep it out of the week.
+            weekly_maintenance_start_time="7:05:00",
+            automatic_backup_retention_days=0,  # the data repository association is the copy
+        )
+        self.file_system = fsx.CfnFileSystem(
+            self,
+            "Lustre",
+            file_system_type="LUSTRE",
+            file_system_type_version=LUSTRE_VERSION,
+            storage_type="SSD",
+            storage_capacity=fsx_cfg.storage_gib,
+            subnet_ids=[subnet.subnet_id],
+            security_group_ids=[security_group.security_group_id],
+            lustre_configuration=lustre,
+        )
+        policy = CfnDeletionPolicy.RETAIN if keep_data else CfnDeletionPolicy.DELETE
+        self.file_system.cfn_options.deletion_policy = policy
+        self.file_system.cfn_options.update_replace_policy = policy
+
+        prefix = fsx_cfg.data_bucket_prefix.strip("/")
+        self.data_repository_association = fsx.CfnDataRepositoryAssociation(
+            self,
+            "DataRepositoryAssociation",
+            file_system_id=self.file_system.ref,
+            file_system_path=fsx_cfg.data_repository_path,
+            data_repository_path=f"s3://{self.data_bucket.bucket_name}/{prefix}" if prefix else f"s3://{self.data_bucket.bucket_name}",
+            batch_import_meta_data_on_create=True,
+            s3=fsx.CfnDataRepositoryAssociation.S3Property(
+                auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
+                    events=["NEW", "CHANGED", "DELETED"]
+                ),
+                # Export NEW and CHANGED only: deleting old checkpoints on Lustre (retention) must
+                # not delete their copies in S3, which are the recovery path if the FS is lost.
+                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
+                    events=["NEW", "CHANGED"]
+                ),
+            ),
+        )
+        self.data_repository_association.cfn_options.deletion_policy = CfnDeletionPolicy.DELETE
+
+    @property
+    def mount_name(self) -> str:
+        return self.file_system.attr_lustre_mount_name
+
+    @property
+    def dns_name(self) -> str:
+        return self.file_system.attr_dns_name
