@@ -67,9 +67,7 @@ def managed_addons(config: DeploymentConfig) -> list[ManagedAddon]:
             # Static provisioning only needs the driver to describe the file system it mounts.
             pod_identity=PodIdentity(
                 service_account="fsx-csi-controller-sa",
-                statements=(
-                    iam.PolicyStatement(actions=["fsx:DescribeFileSystems"], resources=["*"]),
-                ),
+                statements=(iam.PolicyStatement(actions=["fsx:DescribeFileSystems"], resources=["*"]),),
             ),
             after=("eks-pod-identity-agent",),
         ),

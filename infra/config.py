@@ -314,9 +314,7 @@ class DeploymentConfig(StrictModel):
     @classmethod
     def _name(cls, name: str) -> str:
         if not _NAME_RE.match(name):
-            raise ValueError(
-                f"'{name}' must be 3-32 lowercase letters, digits or '-', starting with a letter"
-            )
+            raise ValueError(f"'{name}' must be 3-32 lowercase letters, digits or '-', starting with a letter")
         return name
 
     @field_validator("account")
@@ -353,7 +351,7 @@ class DeploymentConfig(StrictModel):
         if version not in SUPPORTED_KUBERNETES_VERSIONS:
             raise ValueError(
                 f"Kubernetes {version} is not supported; use one of "
-                f"{', '.join(SUPPORTED_KUBERNETES_VERSIONS)} (quote it in YAML: \"1.35\")"
+                f'{", ".join(SUPPORTED_KUBERNETES_VERSIONS)} (quote it in YAML: "1.35")'
             )
         return version
 
@@ -361,9 +359,7 @@ class DeploymentConfig(StrictModel):
     @classmethod
     def _principal(cls, arn: str | None) -> str | None:
         if arn is not None and not _IAM_PRINCIPAL_RE.match(arn):
-            raise ValueError(
-                f"'{arn}' is not an IAM role or user ARN such as arn:aws:iam::123456789012:role/Admin"
-            )
+            raise ValueError(f"'{arn}' is not an IAM role or user ARN such as arn:aws:iam::123456789012:role/Admin")
         return arn
 
     @field_validator("tags")

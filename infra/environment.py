@@ -29,7 +29,9 @@ class TrainingEnvironment:
 def build_environment(app: App, config: DeploymentConfig) -> TrainingEnvironment:
     env = Environment(account=config.account, region=config.region)
     prefix = config.stack_prefix
-    network = NetworkStack(app, f"{prefix}-network", config=config, env=env, description=f"{prefix}: VPC and fabric security groups")
+    network = NetworkStack(
+        app, f"{prefix}-network", config=config, env=env, description=f"{prefix}: VPC and fabric security groups"
+    )
     storage = StorageStack(
         app,
         f"{prefix}-storage",

@@ -42,7 +42,9 @@ spec:
 """
 
 
-def efa_network_interfaces(facts: InstanceFacts, security_group_ids: list[str]) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
+def efa_network_interfaces(
+    facts: InstanceFacts, security_group_ids: list[str]
+) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
     """One interface per network card: card 0 'efa' (ENA + EFA, device 0, the primary interface),
     cards 1..n-1 'efa-only' (device 0 of their card). Security groups go on each interface: a
     launch template with interfaces cannot set instance-level security groups."""
@@ -134,7 +136,9 @@ class GpuNodeGroup(Construct):
             nodegroup_name=f"{config.name}-gpu",
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             capacity_type=(
-                eks.CapacityType.CAPACITY_BLOCK if nodes.capacity_type == "capacity-block" else eks.CapacityType.ON_DEMAND
+                eks.CapacityType.CAPACITY_BLOCK
+                if nodes.capacity_type == "capacity-block"
+                else eks.CapacityType.ON_DEMAND
             ),
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref, version=self.launch_template.attr_latest_version_number

@@ -84,11 +84,13 @@ def enable_nag(app: App) -> None:
     Validations.of(app).add_plugins(AwsSolutionsChecks(app, verbose=True))
 
 
-def acknowledge_findings(environment: TrainingEnvironment) -> None:
-    _acknowledge(environment.cluster, CLUSTER_STACK_ACKNOWLEDGMENTS)
+def acknowledge_findings(environment: TrainingEnvironment) -> int:
+    """Apply the table; returns how many acknowledgments applied to this configuration."""
+    return _acknowledge(environment.cluster, CLUSTER_STACK_ACKNOWLEDGMENTS)
 
 
-def _acknowledge(stack: Stack, entries: list[tuple[str, str, str]]) -> None:
+def _acknowledge(stack: Stack, entries: list[tuple[str, str, str]]) -> int:
+    applied = 0
     for path, finding_id, reason in entries:
         scope = stack
         for part in path.split("/"):
@@ -98,7 +100,11 @@ def _acknowledge(stack: Stack, entries: list[tuple[str, str, str]]) -> None:
                 # to acknowledge; anything else missing means this table went stale.
                 if path.startswith("PodIdentityRole-"):
                     break
-                raise LookupError(f"cdk-nag acknowledgment for a construct that does not exist: {stack.stack_name}/{path}")
+                raise LookupError(
+                    f"cdk-nag acknowledgment for a construct that does not exist: {stack.stack_name}/{path}"
+                )
             scope = child
         else:
             Validations.of(scope).acknowledge(Acknowledgment(id=finding_id, reason=reason))
+            applied += 1
+    return applied

@@ -94,7 +94,11 @@ class NetworkStack(Stack):
         if config.fsx.efa_enabled:
             # EFA-enabled Lustre: file system and clients must allow all traffic to and from each
             # other and the file system group to and from itself, by group id.
-            for src, dst in ((self.fsx_sg, self.fsx_sg), (self.gpu_node_sg, self.fsx_sg), (self.fsx_sg, self.gpu_node_sg)):
+            for src, dst in (
+                (self.fsx_sg, self.fsx_sg),
+                (self.gpu_node_sg, self.fsx_sg),
+                (self.fsx_sg, self.gpu_node_sg),
+            ):
                 dst.add_ingress_rule(src, ec2.Port.all_traffic(), "EFA-enabled Lustre")
             self.fsx_sg.add_egress_rule(self.fsx_sg, ec2.Port.all_traffic(), "EFA-enabled Lustre")
             self.fsx_sg.add_egress_rule(self.gpu_node_sg, ec2.Port.all_traffic(), "EFA-enabled Lustre")

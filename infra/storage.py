@@ -97,7 +97,9 @@ class StorageStack(Stack):
             "DataRepositoryAssociation",
             file_system_id=self.file_system.ref,
             file_system_path=fsx_cfg.data_repository_path,
-            data_repository_path=f"s3://{self.data_bucket.bucket_name}/{prefix}" if prefix else f"s3://{self.data_bucket.bucket_name}",
+            data_repository_path=f"s3://{self.data_bucket.bucket_name}/{prefix}"
+            if prefix
+            else f"s3://{self.data_bucket.bucket_name}",
             batch_import_meta_data_on_create=True,
             s3=fsx.CfnDataRepositoryAssociation.S3Property(
                 auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
@@ -105,9 +107,7 @@ class StorageStack(Stack):
                 ),
                 # Export NEW and CHANGED only: deleting old checkpoints on Lustre (retention) must
                 # not delete their copies in S3, which are the recovery path if the FS is lost.
-                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
-                    events=["NEW", "CHANGED"]
-                ),
+                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=["NEW", "CHANGED"]),
             ),
         )
         self.data_repository_association.cfn_options.deletion_policy = CfnDeletionPolicy.DELETE

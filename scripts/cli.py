@@ -23,6 +23,25 @@ app = typer.Typer(
 )
 err_console = Console(stderr=True)
 
+ProfileOption = typer.Option(None, "--profile", "-p", help="Profile name in infra/profiles (default: p5).")
+ConfigOption = typer.Option(None, "--config", "-c", help="Path to a deployment config YAML instead of a profile.")
+
+
+@app.command()
+def synth(profile: str | None = ProfileOption, config: str | None = ConfigOption) -> None:
+    """Synthesize a profile offline (with cdk-nag) and summarize what `cdk deploy` would create."""
+    from scripts.synth_summary import run
+
+    run(profile, config, Console())
+
+
+@app.command()
+def demo() -> None:
+    """The offline demo: synthesize the default profile and summarize the deployment."""
+    from scripts.synth_summary import run
+
+    run(None, None, Console())
+
 
 def main() -> None:
     try:

@@ -1,0 +1,398 @@
+"""What `cdk deploy` would create, checked on the synthesized templates of the shipped profiles.
+
+One synthesis per profile per session (see conftest.synth); cdk-nag runs in every synthesis, so
+each of these tests also fails if an unacknowledged cdk-nag finding appears.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aws_cdk.assertions import Match, Template
+
+from infra.config import SUPPORTED_KUBERNETES_VERSIONS, resolve_config
+from infra.conventions import (
+    DEPLOYMENT_TAG_KEY,
+    FSX_PVC_NAME,
+    GPU_NODE_LABEL_KEY,
+    GPU_NODE_LABEL_VALUE,
+    GPU_TAINT_KEY,
+    TRAINING_NAMESPACE,
+)
+from infra.instance_facts import facts_for
+from infra.outputs import REQUIRED_OUTPUTS
+
+pytestmark = [pytest.mark.synth, pytest.mark.xdist_group("synth")]
+
+
+def template(synthesized, role: str) -> Template:
+    return Template.from_json(synthesized.templates[role])
+
+
+def launch_template_data(synthesized) -> dict:
+    return synthesized.one("cluster", "AWS::EC2::LaunchTemplate")["Properties"]["LaunchTemplateData"]
+
+
+def gpu_nodegroup(synthesized) -> dict:
+    (nodegroup,) = [
+        ng["Properties"]
+        for ng in synthesized.resources("cluster", "AWS::EKS::Nodegroup").values()
+        if ng["Properties"]["NodegroupName"].endswith("-gpu")
+    ]
+    return nodegroup
+
+
+# --- GPU nodes: launch template wired for EFA --------------------------------------------------
+
+
+@pytest.mark.parametrize("profile,interfaces", [("p5", 32), ("p5en", 16), ("g5-smoke", 1), ("p5-capacity-block", 32)])
+def test_launch_template_attaches_every_efa_interface(synth, profile, interfaces):
+    synthesized = synth(profile)
+    data = launch_template_data(synthesized)
+    nics = data["NetworkInterfaces"]
+    assert len(nics) == interfaces == facts_for(synthesized.config.gpu_nodes.instance_type).efa_interfaces
+    assert [n["NetworkCardIndex"] for n in nics] == list(range(interfaces))
+    assert nics[0]["InterfaceType"] == "efa" and nics[0]["DeviceIndex"] == 0
+    assert all(n["InterfaceType"] == "efa-only" for n in nics[1:])
+    # Security groups go on every interface: the EFA group (self-referencing) and the cluster's.
+    assert all(len(n["Groups"]) == 2 for n in nics)
+    assert "SecurityGroupIds" not in data
+    assert data["InstanceType"] == synthesized.config.gpu_nodes.instance_type
+
+
+def test_launch_template_hardening_and_storage(synth):
+    data = launch_template_data(synth("p5"))
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    (root,) = data["BlockDeviceMappings"]
+    assert root["Ebs"] == {"VolumeSize": 500, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}
+    user_data = data["UserData"]["Fn::Base64"]
+    assert "strategy: RAID0" in user_data and "application/node.eks.aws" in user_data
+
+
+def test_p5_nodes_in_cluster_placement_group(synth):
+    synthesized = synth("p5")
+    group = synthesized.one("cluster", "AWS::EC2::PlacementGroup")
+    assert group["Properties"]["Strategy"] == "cluster"
+    (group_id,) = synthesized.resources("cluster", "AWS::EC2::PlacementGroup")
+    assert launch_template_data(synthesized)["Placement"] == {"GroupName": {"Ref": group_id}}
+
+
+def test_capacity_block_profile_targets_the_reservation(synth):
+    synthesized = synth("p5-capacity-block")
+    data = launch_template_data(synthesized)
+    assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    target = data["CapacityReservationSpecification"]["CapacityReservationTarget"]
+    assert target["CapacityReservationId"] == synthesized.config.gpu_nodes.capacity_reservation_id
+    assert "Placement" not in data
+    assert not synthesized.resources("cluster", "AWS::EC2::PlacementGroup")
+    assert gpu_nodegroup(synthesized)["CapacityType"] == "CAPACITY_BLOCK"
+
+
+def test_gpu_nodegroup(synth):
+    synthesized = synth("p5")
+    nodegroup = gpu_nodegroup(synthesized)
+    assert nodegroup["AmiType"] == "AL2023_x86_64_NVIDIA"
+    assert nodegroup["CapacityType"] == "ON_DEMAND"
+    assert nodegroup["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 2, "MaxSize": 2}
+    assert nodegroup["Labels"] == {GPU_NODE_LABEL_KEY: GPU_NODE_LABEL_VALUE}
+    assert nodegroup["Taints"] == [{"Effect": "NO_SCHEDULE", "Key": GPU_TAINT_KEY, "Value": "present"}]
+    assert nodegroup["NodeRepairConfig"] == {"Enabled": True}
+    assert "InstanceTypes" not in nodegroup  # the launch template names it (see infra/gpu_nodes.py)
+    assert "DiskSize" not in nodegroup  # rejected together with a launch template
+    # Only the GPU AZ's private subnet: EFA traffic and the file system stay in one AZ.
+    assert len(nodegroup["Subnets"]) == 1
+
+
+# --- Network ------------------------------------------------------------------------------------
+
+
+def test_vpc_spans_two_azs_including_the_gpu_az(synth):
+    synthesized = synth("p5")
+    subnets = synthesized.resources("network", "AWS::EC2::Subnet").values()
+    azs = {s["Properties"]["AvailabilityZone"] for s in subnets}
+    assert len(azs) >= 2 and synthesized.config.gpu_availability_zone in azs
+    private = [
+        s
+        for s in subnets
+        if not s["Properties"].get("MapPublicIpOnLaunch", False) and "18" in s["Properties"]["CidrBlock"][-3:]
+    ]
+    assert len(private) == len(azs)  # /18 per AZ: room for many pod IPs
+
+
+def test_network_has_nat_s3_endpoint_and_flow_logs(synth):
+    synthesized = synth("p5")
+    net = template(synthesized, "network")
+    net.resource_count_is("AWS::EC2::NatGateway", 1)
+    net.has_resource_properties(
+        "AWS::EC2::VPCEndpoint", {"VpcEndpointType": "Gateway", "ServiceName": Match.any_value()}
+    )
+    net.has_resource_properties("AWS::EC2::FlowLog", {"ResourceType": "VPC", "TrafficType": "REJECT"})
+    net.has_resource_properties("AWS::Logs::LogGroup", {"KmsKeyId": Match.any_value()})
+
+
+def _ingress_rules(synthesized) -> list[dict]:
+    rules = [r["Properties"] for r in synthesized.resources("network", "AWS::EC2::SecurityGroupIngress").values()]
+    for sg in synthesized.resources("network", "AWS::EC2::SecurityGroup").values():
+        rules.extend(sg["Properties"].get("SecurityGroupIngress", []))
+    return rules
+
+
+def test_efa_security_group_allows_all_traffic_within_itself(synth):
+    synthesized = synth("p5")
+    (node_sg_id,) = [k for k in synthesized.resources("network", "AWS::EC2::SecurityGroup") if k.startswith("GpuNode")]
+    self_rules = [
+        r
+        for r in _ingress_rules(synthesized)
+        if r.get("GroupId") == {"Fn::GetAtt": [node_sg_id, "GroupId"]}
+        and r.get("SourceSecurityGroupId") == {"Fn::GetAtt": [node_sg_id, "GroupId"]}
+    ]
+    assert any(r["IpProtocol"] == "-1" for r in self_rules)
+
+
+def test_lustre_ports_open_only_from_gpu_nodes_without_efa(synth):
+    synthesized = synth("g5-smoke")
+    sgs = synthesized.resources("network", "AWS::EC2::SecurityGroup")
+    (fsx_sg,) = [k for k in sgs if k.startswith("Fsx")]
+    (node_sg,) = [k for k in sgs if k.startswith("GpuNode")]
+    to_fsx = [r for r in _ingress_rules(synthesized) if r.get("GroupId") == {"Fn::GetAtt": [fsx_sg, "GroupId"]}]
+    assert {(r["FromPort"], r["ToPort"]) for r in to_fsx} == {(988, 988), (1018, 1023)}
+    sources = {json.dumps(r["SourceSecurityGroupId"]) for r in to_fsx}
+    assert sources == {json.dumps({"Fn::GetAtt": [s, "GroupId"]}) for s in (fsx_sg, node_sg)}
+    assert not any("CidrIp" in r for r in to_fsx)
+
+
+def test_efa_fsx_security_groups_reference_each_other_by_id(synth):
+    synthesized = synth("p5")
+    sgs = synthesized.resources("network", "AWS::EC2::SecurityGroup")
+    (fsx_sg,) = [k for k in sgs if k.startswith("Fsx")]
+    rules = [r for r in _ingress_rules(synthesized) if r.get("GroupId") == {"Fn::GetAtt": [fsx_sg, "GroupId"]}]
+    assert rules and all(r["IpProtocol"] == "-1" and "SourceSecurityGroupId" in r for r in rules)
+    assert not any("CidrIp" in r for r in rules)  # CIDR rules do not satisfy EFA
+
+
+# --- Storage ------------------------------------------------------------------------------------
+
+
+def test_fsx_persistent_2_in_gpu_az_with_efa(synth):
+    synthesized = synth("p5")
+    fs = synthesized.one("storage", "AWS::FSx::FileSystem")
+    props = fs["Properties"]
+    lustre = props["LustreConfiguration"]
+    assert props["StorageCapacity"] == 4800 and props["StorageType"] == "SSD"
+    assert props["FileSystemTypeVersion"] == "2.15"
+    assert lustre["DeploymentType"] == "PERSISTENT_2"
+    assert lustre["PerUnitStorageThroughput"] == 1000
+    assert lustre["DataCompressionType"] == "LZ4"
+    assert lustre["EfaEnabled"] is True
+    assert lustre["MetadataConfiguration"] == {"Mode": "AUTOMATIC"}
+    assert len(props["SubnetIds"]) == 1
+    assert fs["DeletionPolicy"] == "Retain" and fs["UpdateReplacePolicy"] == "Retain"
+
+
+def test_smoke_profile_deletes_its_data_on_destroy(synth):
+    synthesized = synth("g5-smoke")
+    fs = synthesized.one("storage", "AWS::FSx::FileSystem")
+    assert fs["DeletionPolicy"] == "Delete"
+    assert fs["Properties"]["LustreConfiguration"]["EfaEnabled"] is False
+
+
+def test_data_repository_association_links_the_bucket(synth):
+    synthesized = synth("p5")
+    dra = synthesized.one("storage", "AWS::FSx::DataRepositoryAssociation")["Properties"]
+    assert dra["FileSystemPath"] == "/s3"
+    assert dra["BatchImportMetaDataOnCreate"] is True
+    assert dra["S3"]["AutoImportPolicy"]["Events"] == ["NEW", "CHANGED", "DELETED"]
+    # Deleting an old checkpoint on Lustre must not delete its S3 copy.
+    assert dra["S3"]["AutoExportPolicy"]["Events"] == ["NEW", "CHANGED"]
+    (bucket_id,) = [k for k in synthesized.resources("storage", "AWS::S3::Bucket") if k.startswith("DataBucket")]
+    assert json.dumps({"Ref": bucket_id}) in json.dumps(dra["DataRepositoryPath"])
+
+
+def test_data_bucket_encrypted_ssl_only_logged_and_retained(synth):
+    synthesized = synth("p5")
+    buckets = synthesized.resources("storage", "AWS::S3::Bucket")
+    (data_id,) = [k for k in buckets if k.startswith("DataBucket")]
+    data = buckets[data_id]
+    assert data["DeletionPolicy"] == "Retain"
+    props = data["Properties"]
+    assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    assert props["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
+    }
+    assert "DestinationBucketName" in props["LoggingConfiguration"]
+    policies = [p["Properties"] for p in synthesized.resources("storage", "AWS::S3::BucketPolicy").values()]
+    denies_insecure = [
+        s
+        for p in policies
+        if p["Bucket"] == {"Ref": data_id}
+        for s in p["PolicyDocument"]["Statement"]
+        if s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    ]
+    assert denies_insecure
+
+
+def test_fsx_volume_is_a_static_pv_and_pvc_in_the_training_namespace(synth):
+    synthesized = synth("p5")
+    manifests = [
+        r["Properties"]["Manifest"]
+        for r in synthesized.resources("cluster", "Custom::AWSCDK-EKS-KubernetesResource").values()
+    ]
+    text = json.dumps(manifests)
+    assert "fsx.csi.aws.com" in text and "PersistentVolumeClaim" in text
+    assert FSX_PVC_NAME in text and TRAINING_NAMESPACE in text
+    assert '\\"persistentVolumeReclaimPolicy\\":\\"Retain\\"' in text
+
+
+# --- Cluster ------------------------------------------------------------------------------------
+
+
+def test_cluster_version_encryption_and_logging(synth):
+    synthesized = synth("p5")
+    cluster = synthesized.one("cluster", "AWS::EKS::Cluster")["Properties"]
+    assert cluster["Version"] == synthesized.config.kubernetes_version in SUPPORTED_KUBERNETES_VERSIONS
+    (encryption,) = cluster["EncryptionConfig"]
+    assert encryption["Resources"] == ["secrets"]
+    key_id = encryption["Provider"]["KeyArn"]["Fn::GetAtt"][0]
+    assert synthesized.templates["cluster"]["Resources"][key_id]["Properties"]["EnableKeyRotation"] is True
+    # cdk-nag's EKS2 does not see aws_eks_v2 clusters: every control-plane log type, checked here.
+    enabled = cluster["Logging"]["ClusterLogging"]["EnabledTypes"]
+    assert sorted(t["Type"] for t in enabled) == ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+
+
+def test_public_endpoint_restricted_to_profile_cidrs(synth):
+    # cdk-nag's EKS1 does not see aws_eks_v2 clusters: the endpoint restriction is checked here.
+    synthesized = synth("p5")
+    vpc_config = synthesized.one("cluster", "AWS::EKS::Cluster")["Properties"]["ResourcesVpcConfig"]
+    assert vpc_config["EndpointPrivateAccess"] is True
+    assert vpc_config["EndpointPublicAccess"] is True
+    assert vpc_config["PublicAccessCidrs"] == synthesized.config.endpoint.public_cidrs
+    assert "0.0.0.0/0" not in vpc_config["PublicAccessCidrs"]
+
+
+def test_private_endpoint_profile_has_no_public_access(synth):
+    base = resolve_config("g5-smoke")
+    private = base.model_copy(
+        update={"endpoint": base.endpoint.model_copy(update={"access": "private", "public_cidrs": []})}
+    )
+    vpc_config = synth(private).one("cluster", "AWS::EKS::Cluster")["Properties"]["ResourcesVpcConfig"]
+    assert vpc_config["EndpointPublicAccess"] is False
+    assert vpc_config["EndpointPrivateAccess"] is True
+
+
+def test_admin_access_entry(synth):
+    synthesized = synth("p5")
+    (entry,) = [
+        e["Properties"]
+        for e in synthesized.resources("cluster", "AWS::EKS::AccessEntry").values()
+        if e["Properties"]["PrincipalArn"] == synthesized.config.admin_principal_arn
+    ]
+    (policy,) = entry["AccessPolicies"]
+    assert policy["AccessScope"] == {"Type": "cluster"}
+    assert "AmazonEKSClusterAdminPolicy" in json.dumps(policy["PolicyArn"])
+
+
+def test_system_node_group_runs_the_add_ons(synth):
+    synthesized = synth("p5")
+    (system,) = [
+        ng["Properties"]
+        for ng in synthesized.resources("cluster", "AWS::EKS::Nodegroup").values()
+        if ng["Properties"]["NodegroupName"].endswith("-system")
+    ]
+    assert system["AmiType"] == "AL2023_x86_64_STANDARD"
+    assert system["InstanceTypes"] == [synthesized.config.system_nodes.instance_type]
+    assert "Taints" not in system
+
+
+# --- Add-ons ------------------------------------------------------------------------------------
+
+
+def test_eks_managed_add_ons_pinned_with_pod_identity(synth):
+    synthesized = synth("p5")
+    versions = synthesized.config.addons.versions
+    addons = {
+        a["Properties"]["AddonName"]: a["Properties"]
+        for a in synthesized.resources("cluster", "AWS::EKS::Addon").values()
+    }
+    assert set(addons) == {
+        "vpc-cni",
+        "coredns",
+        "kube-proxy",
+        "eks-pod-identity-agent",
+        "aws-fsx-csi-driver",
+        "amazon-cloudwatch-observability",
+    }
+    assert addons["aws-fsx-csi-driver"]["AddonVersion"] == versions.fsx_csi_driver
+    (association,) = addons["aws-fsx-csi-driver"]["PodIdentityAssociations"]
+    assert association["ServiceAccount"] == "fsx-csi-controller-sa"
+    role_id = association["RoleArn"]["Fn::GetAtt"][0]
+    trust = synthesized.templates["cluster"]["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]
+    (statement,) = trust["Statement"]
+    assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
+
+
+def test_helm_add_ons_device_plugins_and_jobset(synth):
+    synthesized = synth("p5")
+    charts = {
+        c["Properties"]["Chart"]: c["Properties"]
+        for c in synthesized.resources("cluster", "Custom::AWSCDK-EKS-HelmChart").values()
+    }
+    assert {"aws-efa-k8s-device-plugin", "nvidia-device-plugin", "jobset"} <= set(charts)
+    assert "dcgm-exporter" not in charts  # the p5 profile uses the CloudWatch add-on's exporter
+    versions = synthesized.config.addons.versions
+    assert charts["jobset"]["Version"] == versions.jobset_chart
+    assert charts["jobset"]["Repository"].startswith("oci://")
+    for device_plugin in ("aws-efa-k8s-device-plugin", "nvidia-device-plugin"):
+        values = json.loads(charts[device_plugin]["Values"])
+        assert values["nodeSelector"] == {GPU_NODE_LABEL_KEY: GPU_NODE_LABEL_VALUE}
+        assert {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in values["tolerations"]
+
+
+def test_smoke_profile_uses_the_dcgm_exporter_chart(synth):
+    synthesized = synth("g5-smoke")
+    charts = {
+        c["Properties"]["Chart"] for c in synthesized.resources("cluster", "Custom::AWSCDK-EKS-HelmChart").values()
+    }
+    addons = {a["Properties"]["AddonName"] for a in synthesized.resources("cluster", "AWS::EKS::Addon").values()}
+    assert "dcgm-exporter" in charts and "amazon-cloudwatch-observability" not in addons
+
+
+# --- Image and outputs --------------------------------------------------------------------------
+
+
+def test_trainer_image_is_an_asset_built_at_deploy_time(synth):
+    synthesized = synth("p5")
+    assets = json.loads((synthesized.outdir / f"{synthesized.stack_names['cluster']}.assets.json").read_text())
+    (image,) = assets["dockerImages"].values()
+    assert image["source"]["platform"] == "linux/amd64"
+    context = synthesized.outdir / image["source"]["directory"]
+    assert (context / "Dockerfile").is_file()  # the build context is staged; Docker is not needed to synth
+
+
+def test_cluster_stack_exports_every_output_the_cli_reads(synth):
+    synthesized = synth("p5")
+    outputs = synthesized.templates["cluster"]["Outputs"]
+    assert {key.value for key in REQUIRED_OUTPUTS} <= set(outputs)
+    assert outputs["GpuInstanceType"]["Value"] == "p5.48xlarge"
+    assert outputs["FsxPvcName"]["Value"] == FSX_PVC_NAME
+    assert "update-kubeconfig" in json.dumps(outputs["UpdateKubeconfigCommand"]["Value"])
+
+
+def test_every_taggable_resource_carries_the_deployment_tag(synth):
+    synthesized = synth("p5")
+    tag = {"Key": DEPLOYMENT_TAG_KEY, "Value": synthesized.config.name}
+    for role, resource_type in (
+        ("network", "AWS::EC2::VPC"),
+        ("storage", "AWS::S3::Bucket"),
+        ("cluster", "AWS::EKS::Cluster"),
+    ):
+        template(synthesized, role).has_resource_properties(resource_type, {"Tags": Match.array_with([tag])})
+    # Teardown sweeps orphans (ENIs, volumes) by this tag, so the nodes' resources carry it too.
+    lt_tags = launch_template_data(synthesized)["TagSpecifications"]
+    assert {t["ResourceType"] for t in lt_tags} == {"instance", "volume", "network-interface"}
+    assert all({"Key": DEPLOYMENT_TAG_KEY, "Value": synthesized.config.name} in t["Tags"] for t in lt_tags)
