@@ -131,6 +131,49 @@ def helm_addons(config: DeploymentConfig) -> list[HelmAddon]:
     return addons
 
 
+def training_operator_installer(config: DeploymentConfig) -> list[dict]:
+    """A one-shot Job that installs the Kubeflow training operator v1 (PyTorchJob) from its
+    upstream kustomize overlay. The operator ships no Helm chart and its CRDs are far larger than
+    a CloudFormation custom resource can carry, so it is applied from inside the cluster."""
+    v = config.addons.versions
+    name = "training-operator-installer"
+    overlay = f"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref={v.training_operator}"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": "kube-system"}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            # Installing CRDs, a namespace and cluster roles needs cluster-admin.
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "kube-system"}],
+        },
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": f"{name}-{v.training_operator.replace('.', '-')}", "namespace": "kube-system"},
+            "spec": {
+                "backoffLimit": 4,
+                "ttlSecondsAfterFinished": 3600,
+                "template": {
+                    "spec": {
+                        "serviceAccountName": name,
+                        "restartPolicy": "OnFailure",
+                        "containers": [
+                            {
+                                "name": "install",
+                                "image": v.training_operator_installer_image,
+                                # Server-side apply: the CRDs exceed the client-side annotation limit.
+                                "command": ["kubectl", "apply", "--server-side", "-k", overlay],
+                            }
+                        ],
+                    }
+                },
+            },
+        },
+    ]
+
+
 def install_addons(scope: Construct, cluster: eks.Cluster, config: DeploymentConfig) -> dict[str, Construct]:
     """Create every add-on of the config on the cluster; returns them by name/id."""
     created: dict[str, Construct] = {}
@@ -170,6 +213,8 @@ def install_addons(scope: Construct, cluster: eks.Cluster, config: DeploymentCon
             values=chart.values,
             wait=True,
         )
+    if config.addons.install_training_operator:
+        created["TrainingOperator"] = cluster.add_manifest("TrainingOperator", *training_operator_installer(config))
     return created
 
 

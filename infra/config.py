@@ -249,6 +249,9 @@ class AddonVersions(StrictModel):
     jobset_chart: str = "0.12.0"
     #: Kubeflow training operator v1 (for PyTorchJob); off unless install_training_operator.
     training_operator: str = "v1.9.4"
+    #: Image of the one-shot Job that applies the training operator's kustomize overlay
+    #: (it needs kubectl and git, which the kubectl provider Lambda cannot do for remote bases).
+    training_operator_installer_image: str = "alpine/k8s:1.35.0"
 
 
 class AddonsConfig(StrictModel):

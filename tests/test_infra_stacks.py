@@ -396,3 +396,22 @@ def test_every_taggable_resource_carries_the_deployment_tag(synth):
     lt_tags = launch_template_data(synthesized)["TagSpecifications"]
     assert {t["ResourceType"] for t in lt_tags} == {"instance", "volume", "network-interface"}
     assert all({"Key": DEPLOYMENT_TAG_KEY, "Value": synthesized.config.name} in t["Tags"] for t in lt_tags)
+
+
+def test_training_operator_is_optional_and_off_by_default(synth):
+    def manifests(synthesized):
+        return json.dumps(
+            [
+                r["Properties"]["Manifest"]
+                for r in synthesized.resources("cluster", "Custom::AWSCDK-EKS-KubernetesResource").values()
+            ]
+        )
+
+    base = resolve_config("g5-smoke")
+    assert "training-operator" not in manifests(synth(base))
+    with_operator = base.model_copy(
+        update={"addons": base.addons.model_copy(update={"install_training_operator": True})}
+    )
+    text = manifests(synth(with_operator))
+    assert "manifests/overlays/standalone?ref=" + base.addons.versions.training_operator in text
+    assert "--server-side" in text
