@@ -36,6 +36,25 @@ def synth(profile: str | None = ProfileOption, config: str | None = ConfigOption
 
 
 @app.command()
+def plan(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    train_config: str | None = typer.Option(
+        None, "--train-config", help="Trainer config YAML: preset, batch, sequence length and checkpoint interval."
+    ),
+    nodes: int | None = typer.Option(None, min=1, help="GPU nodes (default: the profile's desired_size)."),
+    node_mtbf_hours: float | None = typer.Option(None, min=1, help="Mean time between failures of one node."),
+    sync_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of a synchronous save."),
+    async_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of an NVRx async save."),
+    step_time_s: float | None = typer.Option(None, min=0, help="Measured time of one training step."),
+) -> None:
+    """Optimal checkpoint interval (Young/Daly), expected goodput and the cost of lost time."""
+    from scripts.plan import run
+
+    run(profile, config, train_config, nodes, node_mtbf_hours, sync_stall_s, async_stall_s, step_time_s, Console())
+
+
+@app.command()
 def demo() -> None:
     """The offline demo: synthesize the default profile and summarize the deployment."""
     from scripts.synth_summary import run

@@ -1,0 +1,276 @@
+"""`nvrx-eks plan`: the checkpoint interval that maximizes goodput, and what lost time costs.
+
+Model (Young 1974, Daly 2006): checkpoints every tau seconds of training cost a stall delta each;
+failures arrive with mean time between failures M for the whole job (per-node MTBF / nodes); each
+failure costs the recovery time R plus, on average, half an interval of lost work. Then
+
+    goodput(tau) = tau / (tau + delta) * (1 - (R + (tau + delta) / 2) / M)
+    tau_young    = sqrt(2 delta M)
+    tau_daly     = sqrt(2 delta M) * (1 + sqrt(delta / (2M)) / 3 + delta / (18 M)) - delta   (delta < 2M)
+
+Two strategies are compared for the profile's job: synchronous checkpoints with a Kubernetes pod
+restart after every fault (the baseline), and the layered NVRx configuration (async checkpoints,
+in-process restart). Stalls are estimated from the model's state size unless measured ones are
+given (`nvrx-eks bench` measures them); every assumption is printed next to the result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from infra.config import DeploymentConfig
+from workloads.config import MODEL_PRESETS, ModelShape
+
+#: Per-node MTBF: Llama 3 (Meta, 2024, "The Llama 3 Herd of Models", sec. 3.3.4) saw 419
+#: unexpected interruptions in 54 days on 16,384 H100 GPUs (2,048 8-GPU nodes):
+#: 54 * 24 * 2048 / 419 = 6,335 node-hours between failures.
+DEFAULT_NODE_MTBF_HOURS = 54 * 24 * 2048 / 419
+#: Recovery time after a fault, from the published NVRx/EKS figures this project reproduces:
+#: a Kubernetes pod restart ~270 s, NVRx in-process restart ~10 s.
+POD_RESTART_RECOVERY_S = 270.0
+INPROCESS_RECOVERY_S = 10.0
+#: Bytes of checkpointed state per parameter with FSDP2 + AdamW: fp32 parameters (4) and two
+#: fp32 optimizer moments (8). bf16 compute copies are transient and never saved.
+STATE_BYTES_PER_PARAM = 12
+#: Host-side copy bandwidth per GPU for the async snapshot (device-to-pinned-host over PCIe
+#: Gen5 x16, ~50 GB/s peak): a conservative 20 GB/s.
+DEFAULT_D2H_GBPS = 20.0
+#: Sustained bf16 throughput per H100 for a Llama-8B FSDP run: 40% of the 989 TFLOP/s dense peak.
+DEFAULT_EFFECTIVE_TFLOPS_PER_GPU = 0.40 * 989.0
+
+
+def parameter_count(shape: ModelShape) -> int:
+    """Parameters of the decoder-only transformer the trainer builds (untied embeddings, GQA,
+    SwiGLU, RMSNorm weights)."""
+    head_dim = shape.dim // shape.n_heads
+    attention = shape.dim * head_dim * (2 * shape.n_heads + 2 * shape.n_kv_heads)
+    mlp = 3 * shape.dim * shape.ffn_dim
+    norms = 2 * shape.dim
+    return 2 * shape.vocab_size * shape.dim + shape.n_layers * (attention + mlp + norms) + shape.dim
+
+
+def young_interval(delta: float, mtbf: float) -> float:
+    return math.sqrt(2 * delta * mtbf)
+
+
+def daly_interval(delta: float, mtbf: float) -> float:
+    if delta >= 2 * mtbf:
+        return mtbf
+    root = math.sqrt(delta / (2 * mtbf))
+    return math.sqrt(2 * delta * mtbf) * (1 + root / 3 + delta / (18 * mtbf)) - delta
+
+
+def expected_goodput(interval: float, delta: float, mtbf: float, recovery: float) -> float:
+    """Fraction of wall time spent on productive training, first-order in 1/M."""
+    return max(0.0, interval / (interval + delta) * (1 - (recovery + (interval + delta) / 2) / mtbf))
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    stall_s: float
+    recovery_s: float
+
+
+@dataclass(frozen=True)
+class StrategyPlan:
+    strategy: Strategy
+    optimal_interval_s: float
+    goodput_at_optimal: float
+    configured_interval_s: float
+    goodput_at_configured: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    nodes: int
+    gpus: int
+    node_mtbf_h: float
+    job_mtbf_s: float
+    state_bytes: int
+    step_time_s: float
+    usd_per_hour: float | None
+    strategies: list[StrategyPlan]
+
+    def lost_cost_per_day(self, plan: StrategyPlan, at_optimal: bool = True) -> float | None:
+        if self.usd_per_hour is None:
+            return None
+        goodput = plan.goodput_at_optimal if at_optimal else plan.goodput_at_configured
+        return (1 - goodput) * self.usd_per_hour * 24
+
+
+def make_plan(
+    config: DeploymentConfig,
+    *,
+    nodes: int | None = None,
+    preset: str = "8b",
+    tokens_per_step: int,
+    interval_steps: int,
+    node_mtbf_hours: float = DEFAULT_NODE_MTBF_HOURS,
+    sync_stall_s: float | None = None,
+    async_stall_s: float | None = None,
+    step_time_s: float | None = None,
+) -> Plan:
+    facts = config.gpu_nodes.facts
+    nodes = nodes or config.gpu_nodes.desired_size
+    gpus = nodes * facts.gpus
+    params = parameter_count(MODEL_PRESETS[preset])
+    state_bytes = params * STATE_BYTES_PER_PARAM
+    if step_time_s is None:
+        # 6 FLOPs per parameter per token (forward + backward), spread over every GPU.
+        step_time_s = 6 * params * tokens_per_step / (gpus * DEFAULT_EFFECTIVE_TFLOPS_PER_GPU * 1e12)
+    if sync_stall_s is None:
+        # Every rank writes its shard to Lustre and waits: bounded by the file system's throughput.
+        sync_stall_s = state_bytes / (config.fsx.throughput_mbps * 1e6)
+    if async_stall_s is None:
+        # The loop waits only for the copy of this GPU's shard into host memory.
+        async_stall_s = state_bytes / gpus / (DEFAULT_D2H_GBPS * 1e9)
+    job_mtbf_s = node_mtbf_hours * 3600 / nodes
+    configured_s = interval_steps * step_time_s
+    strategies = [
+        Strategy("sync + pod restart", sync_stall_s, POD_RESTART_RECOVERY_S),
+        Strategy("NVRx async + in-process", async_stall_s, INPROCESS_RECOVERY_S),
+    ]
+    plans = []
+    for s in strategies:
+        tau = daly_interval(s.stall_s, job_mtbf_s)
+        plans.append(
+            StrategyPlan(
+                strategy=s,
+                optimal_interval_s=tau,
+                goodput_at_optimal=expected_goodput(tau, s.stall_s, job_mtbf_s, s.recovery_s),
+                configured_interval_s=configured_s,
+                goodput_at_configured=expected_goodput(configured_s, s.stall_s, job_mtbf_s, s.recovery_s),
+            )
+        )
+    price = facts.on_demand_usd_per_hour
+    return Plan(
+        nodes=nodes,
+        gpus=gpus,
+        node_mtbf_h=node_mtbf_hours,
+        job_mtbf_s=job_mtbf_s,
+        state_bytes=state_bytes,
+        step_time_s=step_time_s,
+        usd_per_hour=None if price is None else price * nodes,
+        strategies=plans,
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Console) -> None:
+    facts = config.gpu_nodes.facts
+    console.print(
+        f"[bold]{config.name}[/]: {plan.nodes}x {facts.instance_type} ({plan.gpus} GPUs), model preset {preset}: "
+        f"{plan.state_bytes / 1e9:.0f} GB of checkpointed state, ~{plan.step_time_s:.2f} s per step"
+    )
+    console.print(
+        f"Failures: node MTBF {plan.node_mtbf_h:,.0f} h -> job MTBF {_duration(plan.job_mtbf_s)} "
+        f"over {plan.nodes} nodes"
+    )
+    table = Table(title="Checkpoint interval plan (Young/Daly)")
+    for column in ("strategy", "stall/save", "recovery", "optimal interval", "goodput", "configured", "goodput"):
+        table.add_column(column, justify="right" if column != "strategy" else "left")
+    if plan.usd_per_hour is not None:
+        table.add_column("lost $/day", justify="right")
+    for p in plan.strategies:
+        steps = max(1, round(p.optimal_interval_s / plan.step_time_s))
+        row = [
+            p.strategy.name,
+            _duration(p.strategy.stall_s),
+            _duration(p.strategy.recovery_s),
+            f"{_duration(p.optimal_interval_s)} (~{steps} steps)",
+            f"{p.goodput_at_optimal:.2%}",
+            _duration(p.configured_interval_s),
+            f"{p.goodput_at_configured:.2%}",
+        ]
+        if plan.usd_per_hour is not None:
+            row.append(f"{plan.lost_cost_per_day(p):,.0f}")
+        table.add_row(*row)
+    console.print(table)
+    if plan.usd_per_hour is not None:
+        for p in plan.strategies:
+            console.print(
+                f"  {p.strategy.name}: lost ${plan.lost_cost_per_day(p, at_optimal=False):,.0f}/day at the "
+                f"configured interval, ${plan.lost_cost_per_day(p):,.0f}/day at the optimal one"
+            )
+    if plan.usd_per_hour is not None:
+        console.print(
+            f"Cost: ${plan.usd_per_hour:,.2f}/h, ${plan.usd_per_hour * 24:,.0f}/day at the on-demand price "
+            "(infra/instance_facts.py, us-east-1, read 2026-11)"
+        )
+    else:
+        console.print(f"Cost: {facts.instance_type} has no on-demand price (Capacity Blocks only)")
+    console.print(
+        "[dim]Stalls are estimates (sync: state / FSx throughput; async: shard / 20 GB/s host copy) unless "
+        "given with --sync-stall-s/--async-stall-s; recoveries are the published ~270 s pod restart and "
+        "~10 s in-process restart. Measure yours with `nvrx-eks bench`.[/]"
+    )
+
+
+def print_scaling(config: DeploymentConfig, plan_for_nodes, node_counts: list[int], console: Console) -> None:
+    """Goodput at each strategy's optimal interval as the job grows: failures scale with nodes."""
+    table = Table(title="The same job at scale (optimal interval per strategy)")
+    table.add_column("nodes", justify="right")
+    table.add_column("job MTBF", justify="right")
+    plans = [plan_for_nodes(n) for n in node_counts]
+    for p in plans[0].strategies:
+        table.add_column(p.strategy.name, justify="right")
+    for n, plan in zip(node_counts, plans, strict=True):
+        table.add_row(str(n), _duration(plan.job_mtbf_s), *[f"{p.goodput_at_optimal:.2%}" for p in plan.strategies])
+    console.print(table)
+
+
+#: Without a trainer config: the 8B preset, 2 sequences of 8192 tokens per GPU per step, and the
+#: trainer's default checkpoint interval.
+_DEFAULT_JOB = {"model": {"preset": "8b"}, "data": {"seq_len": 8192, "batch_size": 2}}
+
+
+def run(
+    profile: str | None,
+    config_path: str | None,
+    train_config_path: str | None,
+    nodes: int | None,
+    node_mtbf_hours: float | None,
+    sync_stall_s: float | None,
+    async_stall_s: float | None,
+    step_time_s: float | None,
+    console: Console,
+) -> Plan:
+    from infra.config import resolve_config
+    from workloads.config import TrainConfig
+
+    config = resolve_config(profile, config_path)
+    if train_config_path:
+        train = TrainConfig.from_yaml(train_config_path)
+    else:
+        train = TrainConfig.from_dict(_DEFAULT_JOB, source="the default 8B job")
+    gpus_per_node = config.gpu_nodes.facts.gpus
+
+    def plan_for(n: int) -> Plan:
+        return make_plan(
+            config,
+            nodes=n,
+            preset=train.model.preset,
+            tokens_per_step=n * gpus_per_node * train.data.batch_size * train.data.seq_len,
+            interval_steps=train.checkpoint.interval_steps,
+            node_mtbf_hours=node_mtbf_hours or DEFAULT_NODE_MTBF_HOURS,
+            sync_stall_s=sync_stall_s,
+            async_stall_s=async_stall_s,
+            step_time_s=step_time_s,
+        )
+
+    result = plan_for(nodes or config.gpu_nodes.desired_size)
+    print_plan(result, config, train.model.preset, console)
+    print_scaling(config, plan_for, [result.nodes, 16, 128, 1024, 2048], console)
+    return result
