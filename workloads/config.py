@@ -1,0 +1,397 @@
+"""TrainConfig: the one validated description of a training run.
+
+Loaded from YAML (the Kubernetes manifests put it in a ConfigMap) with dotted command-line
+overrides (`checkpoint.interval_steps=5`). Imports no torch: the CLI and the manifest renderer
+validate trainer configs without paying for it.
+
+Every model is strict (`extra="forbid"`): a misspelt key is an error naming its path, never a
+silently ignored setting. Cross-field rules live here as validators, most importantly the timeouts
+that must respect each other across the three resilience layers:
+
+* NVRx in-process Wrapper: soft < hard < barrier, and the monitoring intervals below the timeouts
+  they serve (the same rules `nvidia_resiliency_ext.inprocess.Wrapper.__init__` enforces, checked
+  here so the user gets a message naming the field instead of an assertion inside NVRx).
+* Process-group timeout per backend. gloo collectives cannot be aborted: a rank blocked in one
+  returns only when it times out, so that timeout must be shorter than the in-process hard timeout
+  or the rank is killed instead of restarted. NCCL is the reverse: NVRx aborts NCCL communicators
+  itself, and the NCCL watchdog, which kills the process when it fires, must wait longer than the
+  hard timeout.
+* ft_launcher's heartbeat/section timeouts must outlast what the in-process layer may spend on a
+  recovery, or the launcher kills a rank that was about to recover in place.
+
+Public contract (other modules and the manifests rely on it):
+    TrainConfig.from_yaml(path, overrides=()) -> TrainConfig   (raises ConfigError)
+    TrainConfig.from_dict(data, source, overrides=())          (raises ConfigError)
+    cfg.to_yaml() -> str
+    cfg.checkpoint_dir -> str
+    cfg.resolved_pg_timeout_s(backend) -> float
+    cfg.launcher_term_timeout_s() / cfg.recommended_termination_grace_period_s() -> float
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from workloads.errors import ConfigError, describe_validation_error
+from workloads.faults import KINDS_NEEDING_CHECKPOINTS, parse_fault_spec
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Dimensions of a decoder-only transformer (Llama-like: RMSNorm, RoPE, SwiGLU, GQA)."""
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    max_seq_len: int
+    rope_theta: float = 10000.0
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+
+
+MODEL_PRESETS: dict[str, ModelShape] = {
+    # Tests and laptops: learns the synthetic stream in tens of steps. Dropout is on so that
+    # resuming must restore the RNG to reproduce the uninterrupted run.
+    "tiny": ModelShape(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
+                       max_seq_len=256, dropout=0.1),
+    # ~34M parameters: big enough that checkpoint stalls are measurable on a CPU.
+    "small": ModelShape(vocab_size=8192, dim=512, n_layers=8, n_heads=8, n_kv_heads=8,
+                        ffn_dim=1408, max_seq_len=1024),
+    # ~1.1B, TinyLlama-shaped.
+    "1b": ModelShape(vocab_size=32000, dim=2048, n_layers=22, n_heads=32, n_kv_heads=4,
+                     ffn_dim=5632, max_seq_len=2048),
+    # Llama-3-8B-shaped, for p5 nodes.
+    "8b": ModelShape(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                     ffn_dim=14336, max_seq_len=8192, rope_theta=500000.0),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Strict):
+    preset: Literal["tiny", "small", "1b", "8b"] = "tiny"
+
+    @property
+    def shape(self) -> ModelShape:
+        return MODEL_PRESETS[self.preset]
+
+
+class DataConfig(_Strict):
+    source: Literal["synthetic", "memmap"] = "synthetic"
+    # memmap: a directory of pre-tokenized shards (`*.bin`, flat token arrays) or one .bin file.
+    path: str | None = None
+    dtype: Literal["uint16", "uint32"] = "uint16"
+    seq_len: int = Field(64, ge=2)
+    batch_size: int = Field(8, ge=1, description="sequences per rank per step")
+
+    @model_validator(mode="after")
+    def _path_matches_source(self) -> DataConfig:
+        if self.source == "memmap" and not self.path:
+            raise ValueError("data.path: required when data.source is memmap; point it at the "
+                             "directory of .bin token shards")
+        if self.source == "synthetic" and self.path:
+            raise ValueError("data.path: only used with data.source=memmap; remove it or set "
+                             "data.source=memmap")
+        return self
+
+
+class OptimizerConfig(_Strict):
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    beta1: float = Field(0.9, gt=0, lt=1)
+    beta2: float = Field(0.95, gt=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    grad_clip: float | None = Field(1.0, gt=0)
+
+
+class CheckpointConfig(_Strict):
+    backend: Literal["nvrx", "dcp-async", "sync", "none"] = "nvrx"
+    dir: str | None = Field(None, description="default: <run_dir>/checkpoints")
+    interval_steps: int = Field(50, ge=1)
+    interval_seconds: float | None = Field(None, gt=0)
+    keep: int = Field(3, ge=2, description="committed checkpoints kept; the newest can be corrupt")
+    # sha256 catches any damage but every rank hashes its own files at commit time; size only
+    # catches truncation. Loading re-checks what the commit recorded.
+    verify: Literal["sha256", "size"] = "sha256"
+    finalize_timeout_s: float = Field(
+        300.0, gt=0,
+        description="the longest one save may take from hand-off to commit before it is a fault")
+
+
+class DistributedConfig(_Strict):
+    backend: Literal["gloo", "nccl", "auto"] = "auto"
+    timeout_s: float | None = Field(
+        None, gt=0,
+        description="process-group timeout; default derived per backend from inprocess timeouts")
+
+
+class InProcessConfig(_Strict):
+    enabled: bool = True
+    soft_timeout_s: float = Field(60.0, gt=0)
+    hard_timeout_s: float = Field(90.0, gt=0)
+    barrier_timeout_s: float = Field(120.0, gt=0)
+    completion_timeout_s: float = Field(120.0, gt=0)
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    heartbeat_timeout_s: float = Field(30.0, gt=0)
+    monitor_interval_s: float = Field(1.0, gt=0)
+    progress_watchdog_interval_s: float = Field(1.0, gt=0)
+    last_call_wait_s: float = Field(1.0, ge=0)
+    termination_grace_s: float = Field(5.0, ge=0)
+    max_restarts: int | None = Field(None, ge=0, description="in-process restarts per process")
+
+    @model_validator(mode="after")
+    def _nvrx_ordering(self) -> InProcessConfig:
+        # The same relations inprocess.Wrapper enforces with enforce_value(...).
+        rules = [
+            (self.soft_timeout_s < self.hard_timeout_s, "inprocess.soft_timeout_s",
+             "must be below inprocess.hard_timeout_s (a soft timeout restarts, a hard one kills)"),
+            (self.hard_timeout_s < self.barrier_timeout_s, "inprocess.hard_timeout_s",
+             "must be below inprocess.barrier_timeout_s"),
+            (self.heartbeat_timeout_s < self.barrier_timeout_s, "inprocess.heartbeat_timeout_s",
+             "must be below inprocess.barrier_timeout_s"),
+            (self.heartbeat_interval_s < self.heartbeat_timeout_s, "inprocess.heartbeat_interval_s",
+             "must be below inprocess.heartbeat_timeout_s"),
+            (self.monitor_interval_s < min(self.soft_timeout_s, self.heartbeat_timeout_s,
+                                           self.barrier_timeout_s), "inprocess.monitor_interval_s",
+             "must be below inprocess.soft_timeout_s and inprocess.heartbeat_timeout_s"),
+            (self.progress_watchdog_interval_s < self.soft_timeout_s,
+             "inprocess.progress_watchdog_interval_s", "must be below inprocess.soft_timeout_s"),
+        ]
+        problems = [f"{field}: {msg}" for ok, field, msg in rules if not ok]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
+class SectionTimeouts(_Strict):
+    setup: float = Field(900.0, gt=0, description="process group, model build, checkpoint load")
+    step: float = Field(300.0, gt=0)
+    checkpointing: float | None = Field(
+        None, gt=0, description="default: checkpoint.finalize_timeout_s + 60")
+
+
+class FaultToleranceConfig(_Strict):
+    """ft_launcher settings (rendered into its --ft-* flags by workloads.launch)."""
+
+    max_restarts: int = Field(3, ge=0, description="worker-group restarts by ft_launcher")
+    monitor: Literal["heartbeat", "sections"] = "sections"
+    initial_heartbeat_timeout_s: float | None = Field(900.0, gt=0)
+    heartbeat_timeout_s: float | None = Field(300.0, gt=0)
+    section_timeouts_s: SectionTimeouts = SectionTimeouts()
+    out_of_section_timeout_s: float | None = Field(300.0, gt=0)
+    workload_check_interval_s: float = Field(5.0, gt=0)
+    workers_stop_timeout_s: float = Field(
+        15.0, gt=0, description="SIGTERM-to-SIGKILL wait when the launcher restarts its ranks")
+    max_no_progress_cycles: int = Field(
+        3, ge=0, description="restarts without a newer committed checkpoint before exit 93; 0=off")
+
+
+class TrainConfig(_Strict):
+    run_dir: str = "runs/default"
+    steps: int = Field(100, ge=1)
+    seed: int = 1234
+    log_every: int = Field(10, ge=1)
+    faults: str = Field("", description="KIND@STEP[:RANK],... see workloads/faults.py")
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    inprocess: InProcessConfig = InProcessConfig()
+    fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
+
+    @field_validator("faults")
+    @classmethod
+    def _faults_parse(cls, value: str) -> str:
+        parse_fault_spec(value)
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> TrainConfig:
+        problems: list[str] = []
+        shape = self.model.shape
+        if self.data.seq_len > shape.max_seq_len:
+            problems.append(f"data.seq_len: {self.data.seq_len} exceeds the {self.model.preset} "
+                            f"preset's max_seq_len {shape.max_seq_len}; lower it")
+        for fault in parse_fault_spec(self.faults):
+            if fault.step > self.steps:
+                problems.append(f"faults: {fault.label} is after the last step ({self.steps}); "
+                                f"it would never fire")
+            if fault.kind in KINDS_NEEDING_CHECKPOINTS and self.checkpoint.backend == "none":
+                problems.append(f"faults: {fault.label} needs checkpoints; set checkpoint.backend")
+        problems += self._timeout_problems()
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def _timeout_problems(self) -> list[str]:
+        problems: list[str] = []
+        ip, dist, ft = self.inprocess, self.distributed, self.fault_tolerance
+        if dist.backend == "auto" and dist.timeout_s is not None:
+            problems.append(
+                "distributed.timeout_s: cannot be set with distributed.backend=auto, because gloo "
+                "needs it below inprocess.hard_timeout_s and NCCL above it; set "
+                "distributed.backend to gloo or nccl, or leave timeout_s unset to derive it")
+        if ip.enabled and dist.timeout_s is not None:
+            if dist.backend == "gloo" and not dist.timeout_s < ip.hard_timeout_s:
+                problems.append(
+                    f"distributed.timeout_s: {dist.timeout_s:g}s must be below "
+                    f"inprocess.hard_timeout_s ({ip.hard_timeout_s:g}s) with gloo: gloo "
+                    "collectives cannot be aborted, so a rank waiting in one would be killed by "
+                    "the hard timeout instead of restarting in place; lower distributed.timeout_s")
+            if dist.backend == "nccl" and not dist.timeout_s > ip.hard_timeout_s:
+                problems.append(
+                    f"distributed.timeout_s: {dist.timeout_s:g}s must exceed "
+                    f"inprocess.hard_timeout_s ({ip.hard_timeout_s:g}s) with NCCL: the NCCL "
+                    "watchdog kills the process when it fires, before NVRx can restart it; "
+                    "raise distributed.timeout_s")
+        if not ip.enabled:
+            return problems
+        # What the in-process layer may spend before training resumes after a fault: up to the
+        # hard timeout to detect, up to the barrier timeout to regroup.
+        recovery = ip.hard_timeout_s + ip.barrier_timeout_s
+        if ft.monitor == "heartbeat":
+            if ft.heartbeat_timeout_s is not None and not ft.heartbeat_timeout_s > recovery:
+                problems.append(
+                    f"fault_tolerance.heartbeat_timeout_s: {ft.heartbeat_timeout_s:g}s must "
+                    f"exceed inprocess.hard_timeout_s + inprocess.barrier_timeout_s "
+                    f"({recovery:g}s), or ft_launcher kills ranks that are restarting in place")
+        else:
+            st = ft.section_timeouts_s
+            if ft.out_of_section_timeout_s is not None and not ft.out_of_section_timeout_s > recovery:
+                problems.append(
+                    f"fault_tolerance.out_of_section_timeout_s: {ft.out_of_section_timeout_s:g}s "
+                    f"must exceed inprocess.hard_timeout_s + inprocess.barrier_timeout_s "
+                    f"({recovery:g}s): in-process restarts run outside any section")
+            if not st.step > ip.hard_timeout_s:
+                problems.append(
+                    f"fault_tolerance.section_timeouts_s.step: {st.step:g}s must exceed "
+                    f"inprocess.hard_timeout_s ({ip.hard_timeout_s:g}s) so a stuck step is "
+                    "handled by the in-process layer first")
+            if not self.checkpoint_section_timeout_s() > self.checkpoint.finalize_timeout_s:
+                problems.append(
+                    "fault_tolerance.section_timeouts_s.checkpointing: must exceed "
+                    f"checkpoint.finalize_timeout_s ({self.checkpoint.finalize_timeout_s:g}s)")
+        return problems
+
+    # ----- derived values -------------------------------------------------------------------
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.checkpoint.dir or str(Path(self.run_dir) / "checkpoints")
+
+    def resolved_pg_timeout_s(self, backend: str) -> float:
+        """Process-group timeout for the resolved backend ("gloo" or "nccl").
+
+        Derived when unset: gloo uses the soft timeout (a collective that waits longer than that
+        has already triggered a restart, and it stays below the hard timeout); NCCL uses twice the
+        hard timeout so its watchdog never fires before NVRx has acted.
+        """
+        if self.distributed.timeout_s is not None:
+            return self.distributed.timeout_s
+        if backend == "gloo":
+            return self.inprocess.soft_timeout_s if self.inprocess.enabled else 300.0
+        return 2 * self.inprocess.hard_timeout_s if self.inprocess.enabled else 1800.0
+
+    def checkpoint_section_timeout_s(self) -> float:
+        explicit = self.fault_tolerance.section_timeouts_s.checkpointing
+        return explicit if explicit is not None else self.checkpoint.finalize_timeout_s + 60.0
+
+    def launcher_term_timeout_s(self) -> float:
+        """ft_launcher --term-timeout: how long ranks get after a forwarded SIGTERM to finish
+        their in-flight checkpoint (one finalize) before SIGKILL."""
+        return self.checkpoint.finalize_timeout_s + 30.0
+
+    def recommended_termination_grace_period_s(self) -> int:
+        """Kubernetes terminationGracePeriodSeconds for the pod running ft_launcher: the
+        launcher's term timeout plus time for the launcher itself to exit."""
+        return int(self.launcher_term_timeout_s() + 30)
+
+    # ----- loading --------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None, source: str = "config",
+                  overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+        data = apply_overrides(dict(data or {}), overrides)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise _config_error(err, source) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise ConfigError(f"cannot read trainer config {path}: {err.strerror}; "
+                              "check the --config path") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"invalid YAML in {path}: {err}") from None
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(f"invalid configuration in {path}: the top level must be a mapping")
+        return cls.from_dict(data, source=str(path), overrides=overrides)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides; values are parsed as YAML scalars (3, true, null, [1, 2])."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r}: expected dotted.key=value, e.g. "
+                              "checkpoint.interval_steps=5")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _config_error(err: ValidationError, source: str) -> ConfigError:
+    """describe_validation_error, with our cross-field messages ("path: message") filed under
+    their own field path instead of "(top level)" or the enclosing section."""
+    described = describe_validation_error(err, source)
+    lines = str(described).split("\n")
+    fixed = [lines[0]]
+    for line in lines[1:]:
+        head, sep, rest = line.strip().partition(": ")
+        first, _, _ = rest.partition(": ")
+        if sep and "." in first and " " not in first or sep and first == "faults":
+            fixed.append(f"  {rest}")
+        else:
+            fixed.append(line)
+    # A multi-line validator message arrives as one entry whose continuation lines lack the
+    # indentation; indent them like the rest.
+    out = []
+    for line in fixed:
+        out.append(line if line.startswith("  ") or line is fixed[0] else f"  {line}")
+    return ConfigError("\n".join(out))

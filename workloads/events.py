@@ -1,0 +1,217 @@
+"""Run events: the JSONL each rank appends, and the reader the reports build on. No torch.
+
+Layout: `<run_dir>/events/rank<R>.jsonl`, one file per initial rank (ranks never interleave lines
+in one file, which matters on Lustre), appended by every process that ever held that rank, so the
+files span in-process and launcher restarts. Lines are written unbuffered-per-line: a SIGKILL
+loses nothing that was emitted before it.
+
+Every line is one JSON object with these common fields:
+    v          schema version (1)
+    t          wall clock, seconds since the epoch (float); compare across ranks on one host,
+               across hosts only to clock-sync precision
+    event      the event name (below)
+    rank       initial rank of the emitting process
+    pid        process id (unchanged across in-process restarts, new after a launcher restart)
+    host       hostname
+    cycle      ft_launcher restart count of the process (TORCHELASTIC_RESTART_COUNT)
+    iteration  NVRx in-process restart iteration within the process (0 before any restart)
+
+Events and their own fields:
+    run_start             world_size, preset, backend, checkpoint_backend, steps
+    setup_end             resumed_from_step (0 = fresh start), setup_s
+    step_start            step
+    step_end              step, loss (mean over ranks), lr, step_s, batch_sha256 (this rank's
+                          input tokens, first 16 hex digits)
+    checkpoint_stall      step, backend, stall_s (time the training loop was blocked by the save)
+    checkpoint_write_end  step, write_s (hand-off to "written on every rank"), seen at the poll
+    checkpoint_commit     step, path, commit_s (rank 0 only: commit marker + pointer written)
+    checkpoint_load       step, path, load_s
+    checkpoint_fallback   path, reason (a committed checkpoint failed verification or loading)
+    fault_injected        kind, step, target_rank[, damaged]
+    restart_begin         layer="inprocess", reason (emitted when NVRx finalizes the failed
+                          iteration; the fault itself is usually a fault_injected line earlier)
+    restart_end           layer="inprocess"|"launcher", resumed_from_step, since_begin_s (inprocess)
+    sigterm               signal
+    run_end               status ("completed"|"terminated"), final_step, final_loss
+
+summary.json (rank 0, at completion): final_step, final_loss, state_sha256, world_size, preset,
+restarts {"inprocess": n, "launcher": n}, faults [...], checkpoints {...}, goodput; see
+`summarize` for the derived numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+def events_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "events"
+
+
+class EventLog:
+    """Appends this rank's events. `iteration` is updated by the trainer on in-process restart."""
+
+    def __init__(self, run_dir: str | Path, rank: int):
+        self.rank = rank
+        self.iteration = 0
+        self.cycle = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        self._host = socket.gethostname()
+        path = events_dir(run_dir) / f"rank{rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        record = {"v": SCHEMA_VERSION, "t": time.time(), "event": event, "rank": self.rank,
+                  "pid": os.getpid(), "host": self._host, "cycle": self.cycle,
+                  "iteration": self.iteration, **fields}
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        return record
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass
+class Restart:
+    layer: str  # "inprocess" | "launcher"
+    rank: int
+    begin_t: float
+    end_t: float
+    resumed_from_step: int
+    pids: tuple[int, int]  # (pid before, pid after)
+
+    @property
+    def latency_s(self) -> float:
+        return self.end_t - self.begin_t
+
+
+@dataclass
+class RunEvents:
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def of(self, *names: str, rank: int | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.events
+                if e["event"] in names and (rank is None or e["rank"] == rank)]
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({e["rank"] for e in self.events})
+
+    def restarts(self, rank: int = 0) -> list[Restart]:
+        """Restarts seen by `rank`, oldest first.
+
+        In-process: restart_begin -> restart_end of the same pid. Launcher: the new process's
+        restart_end, begun at the last event any rank emitted in the previous cycle (for a
+        sigkill that is the fault_injected line written just before the kill).
+        """
+        out: list[Restart] = []
+        mine = [e for e in self.events if e["rank"] == rank]
+        pending_begin: dict[int, dict[str, Any]] = {}
+        for e in mine:
+            if e["event"] == "restart_begin":
+                pending_begin[e["pid"]] = e
+            elif e["event"] == "restart_end" and e.get("layer") == "inprocess":
+                begin = pending_begin.pop(e["pid"], None)
+                if begin is not None:
+                    out.append(Restart("inprocess", rank, begin["t"], e["t"],
+                                       e["resumed_from_step"], (e["pid"], e["pid"])))
+            elif e["event"] == "restart_end" and e.get("layer") == "launcher":
+                earlier = [x for x in self.events if x["cycle"] < e["cycle"] and x["t"] <= e["t"]]
+                if earlier:
+                    last = max(earlier, key=lambda x: x["t"])
+                    before = [x for x in earlier if x["rank"] == rank]
+                    old_pid = before[-1]["pid"] if before else last["pid"]
+                    out.append(Restart("launcher", rank, last["t"], e["t"],
+                                       e["resumed_from_step"], (old_pid, e["pid"])))
+        return out
+
+
+def load_run(run_dir: str | Path) -> RunEvents:
+    """All ranks' events of a run, sorted by wall clock. Tolerates a torn last line."""
+    events: list[dict[str, Any]] = []
+    directory = events_dir(run_dir)
+    for path in sorted(directory.glob("rank*.jsonl")) if directory.is_dir() else []:
+        for line in path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+    events.sort(key=lambda e: e["t"])
+    return RunEvents(events)
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+@dataclass
+class RunReport:
+    final_step: int
+    wall_s: float
+    productive_s: float
+    restarts: list[Restart]
+    faults: list[dict[str, Any]]
+    stalls_s: list[float]
+    lost_steps: int
+
+    @property
+    def goodput(self) -> float:
+        return self.productive_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def median_stall_s(self) -> float | None:
+        return statistics.median(self.stalls_s) if self.stalls_s else None
+
+    def restarts_by_layer(self) -> dict[str, int]:
+        counts = {"inprocess": 0, "launcher": 0}
+        for r in self.restarts:
+            counts[r.layer] += 1
+        return counts
+
+    def fault_outcomes(self) -> list[dict[str, Any]]:
+        """Each injected fault with the restart that followed it (if any) on the reporting rank."""
+        out = []
+        for f in self.faults:
+            after = [r for r in self.restarts if r.end_t >= f["t"]]
+            rec = {"fault": f"{f['kind']}@{f['step']}:{f['target_rank']}", "t": f["t"]}
+            if after and f["kind"] != "corrupt-latest" and f["kind"] != "slow":
+                r = after[0]
+                rec.update(layer=r.layer, recovered_s=r.end_t - f["t"],
+                           resumed_from_step=r.resumed_from_step,
+                           lost_steps=max(0, f["step"] - 1 - r.resumed_from_step))
+            out.append(rec)
+        return out
+
+
+def summarize(run: RunEvents, rank: int = 0) -> RunReport:
+    """Derived numbers for reports: goodput counts the last execution of each step only (replayed
+    steps after a restart were lost work), over wall time from the first run_start."""
+    starts = run.of("run_start")
+    first_t = starts[0]["t"] if starts else (run.events[0]["t"] if run.events else 0.0)
+    last_t = run.events[-1]["t"] if run.events else first_t
+    step_ends = run.of("step_end", rank=rank)
+    last_exec: dict[int, float] = {}
+    executions: dict[int, int] = {}
+    for e in step_ends:
+        last_exec[e["step"]] = e["step_s"]
+        executions[e["step"]] = executions.get(e["step"], 0) + 1
+    lost = sum(n - 1 for n in executions.values())
+    stalls = [e["stall_s"] for e in run.of("checkpoint_stall", rank=rank)]
+    return RunReport(
+        final_step=max(last_exec) if last_exec else 0,
+        wall_s=last_t - first_t,
+        productive_s=sum(last_exec.values()),
+        restarts=run.restarts(rank),
+        faults=run.of("fault_injected"),
+        stalls_s=stalls,
+        lost_steps=lost,
+    )

@@ -1,0 +1,158 @@
+"""Fault injection: spec parsing (no torch) and the injector the training loop calls.
+
+Spec: comma-separated `KIND@STEP[:RANK]`, e.g. "exception@20:1,hang@35:0,kill-in-save@50". RANK
+defaults to 0. Each fault fires once per run, even across in-process and launcher restarts: before
+acting, the target rank creates a marker file in `<run_dir>/faults/` (O_EXCL, fsync'd), and a fault
+whose marker exists is skipped. Replayed steps after a restart therefore run clean, which is what
+makes a faulted run end bit-identical to a clean one.
+
+Kinds and which resilience layer should recover them:
+  exception      raise at the start of STEP                       -> in-process restart
+  hang           Python-level endless loop without progress pings -> in-process soft timeout
+  block          blocking C-level sleep (async exceptions cannot interrupt it, the watchdog's
+                 automatic heartbeat stops too)                   -> in-process hard timeout kills
+                                                                     the rank -> ft_launcher
+  sigkill        SIGKILL the rank at the start of STEP            -> ft_launcher
+  kill-in-save   SIGKILL the rank right after it handed the first checkpoint at or after STEP to
+                 the writer, before the commit                    -> ft_launcher; the half-written
+                                                                     checkpoint is never loaded
+  corrupt-latest overwrite bytes in the newest committed checkpoint at the start of STEP
+                                                                  -> detected on the next load,
+                                                                     which falls back to the
+                                                                     previous committed one
+  slow           the rank sleeps SLOW_SECONDS_PER_STEP in each of SLOW_STEPS steps from STEP
+                 (a straggler, not a failure: nothing should restart)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+FAULT_KINDS = ("exception", "hang", "block", "sigkill", "kill-in-save", "corrupt-latest", "slow")
+KINDS_NEEDING_CHECKPOINTS = ("kill-in-save", "corrupt-latest")
+SLOW_SECONDS_PER_STEP = 0.5
+SLOW_STEPS = 5
+
+
+class InjectedFault(RuntimeError):
+    """The exception raised by an `exception` fault."""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str
+    step: int
+    rank: int
+    index: int  # position in the spec string; part of the marker name so duplicates stay distinct
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}@{self.step}:{self.rank}"
+
+    @property
+    def marker_name(self) -> str:
+        return f"{self.index:02d}-{self.kind}-step{self.step}-rank{self.rank}"
+
+
+def parse_fault_spec(spec: str) -> tuple[FaultSpec, ...]:
+    """Parse `KIND@STEP[:RANK],...`. Raises ValueError naming the bad item and the accepted form."""
+    faults = []
+    for index, raw in enumerate(item.strip() for item in (spec or "").split(",")):
+        if not raw:
+            continue
+        form = f"expected KIND@STEP[:RANK] with KIND one of {', '.join(FAULT_KINDS)}"
+        kind, sep, where = raw.partition("@")
+        if not sep or kind not in FAULT_KINDS:
+            raise ValueError(f"fault {raw!r}: {form}")
+        step_text, _, rank_text = where.partition(":")
+        try:
+            step = int(step_text)
+            rank = int(rank_text) if rank_text else 0
+        except ValueError:
+            raise ValueError(f"fault {raw!r}: STEP and RANK must be integers; {form}") from None
+        if step < 1 or rank < 0:
+            raise ValueError(f"fault {raw!r}: STEP must be >= 1 and RANK >= 0")
+        faults.append(FaultSpec(kind=kind, step=step, rank=rank, index=index))
+    return tuple(faults)
+
+
+def _block_in_c() -> None:
+    """Sleep inside libc so that neither async exceptions nor the progress watchdog's pending
+    calls can run: only a signal that kills the process ends this."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+    while True:
+        libc.sleep(3600)
+
+
+class FaultInjector:
+    """Fires this rank's faults at the points the training loop reports.
+
+    `emit` records each fault in the event log before it acts (a SIGKILL leaves no later chance).
+    """
+
+    def __init__(
+        self,
+        faults: tuple[FaultSpec, ...],
+        rank: int,
+        marker_dir: Path,
+        emit: Callable[..., object],
+    ):
+        self.mine = [f for f in faults if f.rank == rank]
+        self.rank = rank
+        self.marker_dir = marker_dir
+        self.emit = emit
+        self._slow_until_step = 0
+
+    def _claim(self, fault: FaultSpec) -> bool:
+        """Create the fault's marker; False if it already fired in this run."""
+        self.marker_dir.mkdir(parents=True, exist_ok=True)
+        path = self.marker_dir / fault.marker_name
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, f"{time.time()} pid={os.getpid()}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+
+    def at_step_start(self, step: int, corrupt_latest: Callable[[], str | None]) -> None:
+        if step < self._slow_until_step:
+            time.sleep(SLOW_SECONDS_PER_STEP)
+        for fault in self.mine:
+            if fault.step != step or fault.kind == "kill-in-save" or not self._claim(fault):
+                continue
+            if fault.kind == "corrupt-latest":
+                damaged = corrupt_latest()
+                self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank,
+                          damaged=damaged)
+                continue
+            self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank)
+            if fault.kind == "exception":
+                raise InjectedFault(f"injected exception at step {step} on rank {self.rank}")
+            if fault.kind == "hang":
+                while True:  # no ping: the in-process soft timeout must notice
+                    time.sleep(0.05)
+            if fault.kind == "block":
+                _block_in_c()
+            if fault.kind == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if fault.kind == "slow":
+                self._slow_until_step = step + SLOW_STEPS
+                time.sleep(SLOW_SECONDS_PER_STEP)
+
+    def in_save(self, step: int) -> None:
+        """Called right after a save of `step` was handed to the writer, before its commit."""
+        for fault in self.mine:
+            if fault.kind == "kill-in-save" and step >= fault.step and self._claim(fault):
+                self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank)
+                os.kill(os.getpid(), signal.SIGKILL)

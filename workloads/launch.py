@@ -1,0 +1,105 @@
+"""The ft_launcher command line for a TrainConfig: one function, used by `nvrx-eks local` now and
+rendered into the Kubernetes manifests, so it assumes nothing about this machine (no localhost, no
+local paths beyond what the caller passes). No torch.
+
+Contract:
+    build_ft_launcher_argv(cfg, *, config_path, nnodes, nproc_per_node, rdzv_endpoint,
+                           rdzv_id="nvrx-eks", launcher="ft_launcher", log_dir=None) -> list[str]
+    build_preflight_argv(*, config_path, world_size, python="python") -> list[str]
+    inprocess_store_port(rdzv_endpoint) -> int
+
+Flags checked against nvidia-resiliency-ext 0.7.0 (fault_tolerance/launcher.py): c10d is the only
+rendezvous backend and barrier the only FT rendezvous implementation; timeouts accept "none".
+
+Ports: ft_launcher's rendezvous store listens on the endpoint's port P on the rendezvous host.
+The trainer's in-process restart store (NVRx Wrapper store plus the per-restart process-group
+prefixes) listens on P+1 on the rank-0 host and is passed explicitly (`--store-port`). Deriving it
+from the endpoint rather than from MASTER_PORT (a random free port chosen by the launcher) keeps
+concurrent local runs from colliding: each owns P and P+1 and nothing else.
+"""
+
+from __future__ import annotations
+
+from workloads.config import TrainConfig
+from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
+
+
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}"
+
+
+def inprocess_store_port(rdzv_endpoint: str) -> int:
+    host, sep, port = rdzv_endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"rendezvous endpoint {rdzv_endpoint!r}: expected HOST:PORT")
+    return int(port) + 1
+
+
+def build_ft_launcher_argv(
+    cfg: TrainConfig,
+    *,
+    config_path: str,
+    nnodes: int | str,
+    nproc_per_node: int,
+    rdzv_endpoint: str,
+    rdzv_id: str = "nvrx-eks",
+    launcher: str = "ft_launcher",
+    log_dir: str | None = None,
+) -> list[str]:
+    """ft_launcher argv that starts `nproc_per_node` trainer ranks on each of `nnodes` nodes.
+
+    `nnodes` is an int or "MIN:MAX"; `rdzv_endpoint` is HOST:PORT of the rendezvous host (in
+    Kubernetes the headless-service name of pod 0). `config_path` is where the TrainConfig YAML is
+    found on every node (the ConfigMap mount).
+    """
+    ft = cfg.fault_tolerance
+    argv = [
+        launcher,
+        "--nnodes", str(nnodes),
+        "--nproc-per-node", str(nproc_per_node),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", rdzv_endpoint,
+        "--rdzv-id", rdzv_id,
+        "--ft-rdzv-impl", "barrier",
+        "--max-restarts", str(ft.max_restarts),
+        # A forwarded SIGTERM (eviction) gives ranks one checkpoint finalize before SIGKILL.
+        "--term-timeout", _seconds(cfg.launcher_term_timeout_s()),
+        "--workers-stop-timeout", _seconds(ft.workers_stop_timeout_s),
+        "--ft-workload-check-interval", _seconds(ft.workload_check_interval_s),
+        "--ft-no-restart-exit-code", str(EXIT_DO_NOT_REQUEUE),
+        "--ft-max-no-progress-cycles", str(ft.max_no_progress_cycles),
+        # Progress = a newer committed checkpoint; the trainer rewrites this file at each commit.
+        "--ft-checkpoint-iteration-file", f"{cfg.checkpoint_dir}/latest_step",
+    ]
+    if ft.monitor == "heartbeat":
+        argv += [
+            "--ft-initial-rank-heartbeat-timeout", _seconds(ft.initial_heartbeat_timeout_s),
+            "--ft-rank-heartbeat-timeout", _seconds(ft.heartbeat_timeout_s),
+            "--ft-rank-out-of-section-timeout", "none",
+        ]
+    else:
+        st = ft.section_timeouts_s
+        sections = (f"setup:{st.setup:g},step:{st.step:g},"
+                    f"checkpointing:{cfg.checkpoint_section_timeout_s():g}")
+        argv += [
+            "--ft-initial-rank-heartbeat-timeout", "none",
+            "--ft-rank-heartbeat-timeout", "none",
+            "--ft-rank-section-timeouts", sections,
+            "--ft-rank-out-of-section-timeout", _seconds(ft.out_of_section_timeout_s),
+        ]
+    if log_dir is not None:
+        argv += ["--log-dir", log_dir]
+    argv += [
+        "-m", "workloads.train",
+        "--config", config_path,
+        "--store-port", str(inprocess_store_port(rdzv_endpoint)),
+    ]
+    return argv
+
+
+def build_preflight_argv(*, config_path: str, world_size: int, python: str = "python") -> list[str]:
+    """The check to run before ft_launcher in the container command (`PREFLIGHT && exec LAUNCHER`):
+    exits 93 on errors no restart can fix (invalid config, incompatible checkpoint, missing data),
+    before any rank starts, so the job fails instead of crash-looping."""
+    return [python, "-m", "workloads.train", "--config", config_path, "--preflight",
+            "--world-size", str(world_size)]
