@@ -1,0 +1,31 @@
+"""The deployment a command works on: the validated DeploymentConfig plus how it was chosen, so
+that messages can print the exact `cdk` command for the same profile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infra.config import DEFAULT_PROFILE, DeploymentConfig, resolve_config
+
+
+@dataclass(frozen=True)
+class Deployment:
+    config: DeploymentConfig
+    profile: str | None = None
+    config_path: str | None = None
+
+    @property
+    def cdk_context_args(self) -> list[str]:
+        """The `-c` arguments that make the CDK app load this same deployment config."""
+        if self.config_path:
+            return ["-c", f"config={self.config_path}"]
+        return ["-c", f"profile={self.profile or DEFAULT_PROFILE}"]
+
+    @property
+    def deploy_command(self) -> str:
+        return "cdk deploy --all " + " ".join(self.cdk_context_args)
+
+
+def load_deployment(profile: str | None = None, config_path: str | None = None) -> Deployment:
+    """Resolve `--profile`/`--config` (default: the p5 profile); ConfigError names the mistake."""
+    return Deployment(resolve_config(profile, config_path), profile, config_path)
