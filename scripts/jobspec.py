@@ -1,0 +1,268 @@
+"""JobSpec: everything a training job manifest depends on, validated once, then rendered.
+
+A JobSpec is built from facts stated elsewhere and never retyped here:
+- the deployment: DeploymentConfig (offline) or the cluster stack's outputs (live), for the
+  namespace, the FSx claim, the instance type and the Kubernetes version;
+- the instance facts table, for GPUs (= processes per node), EFA interfaces, CPU and memory;
+- infra/conventions.py, for node labels, taints and extended resource names;
+- the TrainConfig, for everything the trainer and ft_launcher need, including the timeouts that
+  size the pod's termination grace period.
+
+Offline image choice: a rendered manifest needs an image, but the trainer image is built and
+pushed by `cdk deploy`. Offline (no stack), the image is, in order: `--image`, the profile's
+`image.uri`, else OFFLINE_PLACEHOLDER_IMAGE, a tag under `localhost/` that no cluster can pull,
+so a manifest rendered offline validates but is never mistaken for a deployable one (validation
+warns, and live submission refuses it). `submit` without `--dry-run` takes the image from the
+stack output TrainerImageUri.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from infra.config import DeploymentConfig
+from infra.conventions import FSX_PVC_NAME, TRAINING_NAMESPACE
+from infra.instance_facts import InstanceFacts, facts_for
+from scripts.stack_outputs import StackOutputs
+from workloads.config import TrainConfig
+from workloads.errors import ConfigError, describe_validation_error
+
+#: Where the FSx claim is mounted in every pod: data, checkpoints and run directories live there.
+FSX_MOUNT_PATH = "/fsx"
+#: Where the trainer ConfigMap is mounted, and the key holding the TrainConfig YAML.
+TRAIN_CONFIG_DIR = "/etc/nvrx-eks"
+TRAIN_CONFIG_KEY = "train.yaml"
+TRAIN_CONFIG_PATH = f"{TRAIN_CONFIG_DIR}/{TRAIN_CONFIG_KEY}"
+
+#: The image of an offline render when nothing names one (see the module docstring).
+OFFLINE_PLACEHOLDER_IMAGE = "localhost/nvrx-eks-trainer:offline-render"
+#: nccl-tests built with Open MPI, libfabric/EFA and aws-ofi-nccl, as AWS's EKS EFA guide uses.
+#: Pin a digest (`--image ...@sha256:...`) for repeatable fabric baselines.
+NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:latest"
+
+#: c10d rendezvous port on pod 0 (ft_launcher's store); the trainer's in-process store uses +1.
+RENDEZVOUS_PORT = 29500
+#: The replicated job / replica type that runs the trainer, and its container.
+JOBSET_REPLICATED_JOB = "worker"
+TRAINER_CONTAINER = "trainer"
+#: The training operator requires this container name in every PyTorchJob replica.
+PYTORCHJOB_CONTAINER = "pytorch"
+
+Api = Literal["jobset", "pytorchjob"]
+Workload = Literal["train", "nccl-test"]
+
+# Kubernetes object names here become DNS labels: pod hostnames are
+# `<name>-worker-<job>-<index>` (JobSet) or `<name>-worker-<index>` (PyTorchJob), which must fit 63.
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME_LENGTH = 40
+
+
+class JobSpec(BaseModel):
+    """The validated inputs of one rendered job (training or fabric smoke test)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    namespace: str = TRAINING_NAMESPACE
+    api: Api = "jobset"
+    workload: Workload = "train"
+    nodes: Annotated[int, Field(ge=1, le=1024)]
+    instance_type: str
+    image: str
+    pvc_name: str = FSX_PVC_NAME
+    kubernetes_version: str
+    #: Kubernetes-level restarts of the whole job (JobSet maxRestarts / PyTorchJob backoffLimit).
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    train: TrainConfig = TrainConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, name: str) -> str:
+        if len(name) > MAX_NAME_LENGTH or not _NAME_RE.match(name):
+            raise ValueError(
+                f"'{name}' must be lower-case letters, digits and '-', start with a letter, end with a "
+                f"letter or digit, and be at most {MAX_NAME_LENGTH} characters (pod host names derive "
+                "from it)"
+            )
+        return name
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known_instance(cls, instance_type: str) -> str:
+        facts_for(instance_type)
+        return instance_type
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, image: str) -> str:
+        if not image or image != image.strip() or " " in image:
+            raise ValueError(
+                "give a container image reference such as 123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0"
+            )
+        return image
+
+    @model_validator(mode="after")
+    def _api_for_workload(self) -> JobSpec:
+        if self.workload == "nccl-test" and self.api != "jobset":
+            raise ValueError("the NCCL/EFA fabric test is rendered as a JobSet only; drop --api pytorchjob")
+        return self
+
+    # ----- derived facts --------------------------------------------------------------------
+
+    @property
+    def facts(self) -> InstanceFacts:
+        return facts_for(self.instance_type)
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.facts.gpus
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+    @property
+    def rendezvous_host(self) -> str:
+        """Pod 0's stable DNS name: the JobSet headless service (subdomain = JobSet name) or the
+        per-replica service the training operator creates for the PyTorchJob master."""
+        if self.api == "jobset":
+            return f"{self.name}-{JOBSET_REPLICATED_JOB}-0-0.{self.name}"
+        return f"{self.name}-master-0"
+
+    @property
+    def rendezvous_endpoint(self) -> str:
+        return f"{self.rendezvous_host}:{RENDEZVOUS_PORT}"
+
+    @property
+    def config_map_name(self) -> str:
+        return f"{self.name}-config"
+
+    @property
+    def container_name(self) -> str:
+        return PYTORCHJOB_CONTAINER if self.api == "pytorchjob" else TRAINER_CONTAINER
+
+    @property
+    def cpu_request(self) -> int:
+        return self.facts.allocatable_vcpus
+
+    @property
+    def memory_request_gib(self) -> int:
+        return self.facts.allocatable_memory_gib
+
+    @property
+    def shm_size_gib(self) -> int:
+        """/dev/shm holds NCCL's intra-node buffers, DataLoader batches and NVRx's async-checkpoint
+        staging copy of this node's shards. Pages there count against the pod's memory, so cap it
+        at half the request: a runaway writer fails its own writes instead of OOM-killing ranks."""
+        return self.memory_request_gib // 2
+
+    @property
+    def termination_grace_period_s(self) -> int:
+        """Long enough for ft_launcher to forward SIGTERM and for ranks to finish the checkpoint in
+        flight (derived by the TrainConfig from its checkpoint finalize timeout)."""
+        return self.train.recommended_termination_grace_period_s()
+
+
+def resolve_train_paths(train: TrainConfig, job_name: str) -> TrainConfig:
+    """Place the run on the shared file system.
+
+    Pods are ephemeral, so every path the trainer writes or reads must be on the FSx claim:
+    relative paths in the TrainConfig are taken relative to FSX_MOUNT_PATH, and a run directory
+    left at its default becomes `runs/<job name>` so two jobs never share checkpoints.
+    """
+    run_dir = train.run_dir if "run_dir" in train.model_fields_set else f"runs/{job_name}"
+    data = train.model_dump(mode="json")
+    data["run_dir"] = _on_fsx(run_dir)
+    if train.checkpoint.dir:
+        data["checkpoint"]["dir"] = _on_fsx(train.checkpoint.dir)
+    if train.data.path:
+        data["data"]["path"] = _on_fsx(train.data.path)
+    return TrainConfig.from_dict(data, source="the trainer config placed on FSx")
+
+
+def _on_fsx(path: str) -> str:
+    p = PurePosixPath(path)
+    return str(p if p.is_absolute() else PurePosixPath(FSX_MOUNT_PATH) / p)
+
+
+def load_train_config(path: str | None, overrides: list[str], faults: str | None) -> TrainConfig:
+    """The TrainConfig from `--train-config` (default: the trainer's defaults), `--set` overrides
+    and `--faults` (the fault-injection spec passed through to the trainer for chaos runs)."""
+    overrides = list(overrides)
+    if faults is not None:
+        overrides.append(f"faults={faults}")
+    if path:
+        return TrainConfig.from_yaml(path, overrides=overrides)
+    return TrainConfig.from_dict({}, source="--set/--faults", overrides=overrides)
+
+
+def build_jobspec(
+    config: DeploymentConfig,
+    *,
+    nodes: int,
+    name: str,
+    api: Api = "jobset",
+    workload: Workload = "train",
+    image: str | None = None,
+    train: TrainConfig | None = None,
+    max_restarts: int = 3,
+    outputs: StackOutputs | None = None,
+) -> JobSpec:
+    """A JobSpec for `config`: from live stack outputs when given, else derived offline.
+
+    Raises ConfigError naming the flag to fix.
+    """
+    if outputs is not None:
+        namespace, pvc_name = outputs.namespace, outputs.pvc_name
+        instance_type, k8s_version = outputs.instance_type, outputs.kubernetes_version
+        default_image = outputs.image_uri
+    else:
+        namespace, pvc_name = TRAINING_NAMESPACE, FSX_PVC_NAME
+        instance_type, k8s_version = config.gpu_nodes.instance_type, config.kubernetes_version
+        default_image = config.image.uri or OFFLINE_PLACEHOLDER_IMAGE
+    if workload == "nccl-test":
+        default_image = NCCL_TESTS_IMAGE
+    train = resolve_train_paths(train or TrainConfig(), name)
+    try:
+        return JobSpec(
+            name=name,
+            namespace=namespace,
+            api=api,
+            workload=workload,
+            nodes=nodes,
+            instance_type=instance_type,
+            image=image or default_image,
+            pvc_name=pvc_name,
+            kubernetes_version=k8s_version,
+            max_restarts=max_restarts,
+            train=train,
+        )
+    except ValidationError as e:
+        raise _flag_error(e) from None
+
+
+#: JobSpec field -> the CLI flag that sets it, so errors name what the user typed.
+_FLAGS = {
+    "name": "--name",
+    "nodes": "--nodes",
+    "image": "--image",
+    "api": "--api",
+    "max_restarts": "--max-restarts",
+    "instance_type": "the profile's gpu_nodes.instance_type",
+}
+
+
+def _flag_error(err: ValidationError) -> ConfigError:
+    lines = []
+    for e in err.errors():
+        field = str(e["loc"][0]) if e["loc"] else ""
+        where = _FLAGS.get(field, field or "job")
+        message = e["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where}: {message}")
+    if not lines:
+        return describe_validation_error(err, "job spec")
+    return ConfigError("invalid job options:\n" + "\n".join(lines))
