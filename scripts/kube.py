@@ -77,14 +77,15 @@ def client_configuration(host: str, token_source, ca_data_b64: str | None = None
         configuration.verify_ssl = True
     token = token_source()
 
+    # The header value carries its own "Bearer " prefix: client versions disagree on which key
+    # the prefix is looked up under, but all send api_key["authorization"] as the header.
     def refresh(cfg: k8s.Configuration) -> None:
         nonlocal token
         if token.stale:
             token = token_source()
-        cfg.api_key["authorization"] = token.value
+        cfg.api_key["authorization"] = f"Bearer {token.value}"
 
-    configuration.api_key = {"authorization": token.value}
-    configuration.api_key_prefix = {"authorization": "Bearer"}
+    configuration.api_key = {"authorization": f"Bearer {token.value}"}
     configuration.refresh_api_key_hook = refresh
     return configuration
 

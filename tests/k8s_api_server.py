@@ -46,6 +46,9 @@ RESOURCES: dict[str, dict[str, tuple[str, bool]]] = {
     "kubeflow.org/v1": {"pytorchjobs": ("PyTorchJob", True)},
 }
 
+#: Kinds whose delete answers with a Status rather than the deleted object.
+_STATUS_ON_DELETE = {"ConfigMap", "Service", "Event", "Namespace"}
+
 #: Labels by which the controllers mark the pods of a job: used for cascading deletion.
 _POD_OWNER_LABELS = {
     "JobSet": "jobset.sigs.k8s.io/jobset-name",
@@ -277,7 +280,13 @@ class _Handler(BaseHTTPRequestHandler):
             if method != "GET":
                 return self._send(405, _status(405, "MethodNotAllowed", "discovery is read-only"))
             resources = [
-                {"name": p, "kind": k, "namespaced": n, "verbs": ["create", "delete", "get", "list", "patch"]}
+                {
+                    "name": p,
+                    "singularName": k.lower(),
+                    "kind": k,
+                    "namespaced": n,
+                    "verbs": ["create", "delete", "get", "list", "patch"],
+                }
                 for p, (k, n) in RESOURCES[api_version].items()
             ]
             return self._send(200, {"kind": "APIResourceList", "groupVersion": api_version, "resources": resources})
@@ -374,13 +383,50 @@ class _Handler(BaseHTTPRequestHandler):
         if not name:
             return self._send(405, _status(405, "MethodNotAllowed", "collection delete not served"))
         with state._lock:
-            obj = state.objects.pop((api_version, plural, namespace, name), None)
+            key = (api_version, plural, namespace, name)
+            obj = state.objects.get(key)
             if obj is None:
                 return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
-            self._cascade(obj)
-        return self._send(
-            200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name, "kind": plural}}
-        )
+            obj["metadata"].setdefault("deletionTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            if not self._protected(obj):
+                state.objects.pop(key)
+                self._cascade(obj)
+            self._release_protected()
+            result = copy.deepcopy(obj)
+        if kind in _STATUS_ON_DELETE:
+            return self._send(
+                200,
+                {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name, "kind": plural}},
+            )
+        # Like the API server, most kinds answer a delete with the object as last seen.
+        return self._send(200, result)
+
+    def _protected(self, obj: dict) -> bool:
+        """The storage protection finalizers: a claim mounted by a pod, or a volume bound to a
+        claim, is only marked for deletion until that use ends."""
+        state = self.server_state
+        meta = obj["metadata"]
+        if obj["kind"] == "PersistentVolumeClaim":
+            for pod in state.list("v1", "pods", meta.get("namespace", "")):
+                for volume in (pod.get("spec") or {}).get("volumes") or []:
+                    if (volume.get("persistentVolumeClaim") or {}).get("claimName") == meta["name"]:
+                        return True
+        if obj["kind"] == "PersistentVolume":
+            for claim in state.list("v1", "persistentvolumeclaims"):
+                if (claim.get("spec") or {}).get("volumeName") == meta["name"]:
+                    return True
+        return False
+
+    def _release_protected(self) -> None:
+        state = self.server_state
+        changed = True
+        while changed:
+            changed = False
+            for key, obj in list(state.objects.items()):
+                if obj["metadata"].get("deletionTimestamp") and not self._protected(obj):
+                    state.objects.pop(key, None)
+                    self._cascade(obj)
+                    changed = True
 
     def _cascade(self, owner: dict) -> None:
         """What the garbage collector does: remove dependents (by ownerReference uid, and the
