@@ -8,6 +8,7 @@ raise ConfigError and end here as one message with exit code 2, never a tracebac
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -60,6 +61,203 @@ def demo() -> None:
     from scripts.synth_summary import run
 
     run(None, None, Console())
+
+
+# ----- training jobs: render, validate, submit, follow, delete -------------------------------
+
+NodesOption = typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes (default: the profile's desired_size).")
+ApiOption = typer.Option("jobset", "--api", help="jobset (default) or pytorchjob (needs the training operator).")
+FabricTestOption = typer.Option(
+    False, "--fabric-test", help="The NCCL/EFA nccl-tests all_reduce smoke job instead of training."
+)
+NameOption = typer.Option(None, "--name", help="Job name (default: train, or nccl-test with --fabric-test).")
+ImageOption = typer.Option(
+    None,
+    "--image",
+    help="Container image. Offline default: the profile's image.uri, else a localhost/ placeholder; live: the stack's.",
+)
+TrainConfigOption = typer.Option(None, "--train-config", help="Trainer config YAML (default: the trainer's defaults).")
+SetOption = typer.Option(None, "--set", help="Trainer config override KEY=VALUE (repeatable), e.g. steps=500.")
+FaultsOption = typer.Option(None, "--faults", help="Fault-injection spec passed to the trainer, e.g. sigkill@50:3.")
+MaxRestartsOption = typer.Option(3, "--max-restarts", min=0, help="Whole-job restarts by Kubernetes (layer 3).")
+LiveOption = typer.Option(False, "--live", help="Take namespace, claim, image and versions from the deployed stack.")
+OutputOption = typer.Option(None, "--output", "-o", help="Write one file per object into this directory.")
+
+
+def _job_options(nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts):
+    from scripts.job_commands import JobOptions
+
+    return JobOptions(nodes, api, fabric_test, name, image, train_config, list(overrides or []), faults, max_restarts)
+
+
+def _deployment(profile: str | None, config: str | None):
+    from scripts.deployment import load_deployment
+
+    return load_deployment(profile, config)
+
+
+@app.command()
+def render(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    nodes: int | None = NodesOption,
+    api: str = ApiOption,
+    fabric_test: bool = FabricTestOption,
+    name: str | None = NameOption,
+    image: str | None = ImageOption,
+    train_config: str | None = TrainConfigOption,
+    overrides: list[str] | None = SetOption,
+    faults: str | None = FaultsOption,
+    max_restarts: int = MaxRestartsOption,
+    live: bool = LiveOption,
+    output: Path | None = OutputOption,
+) -> None:
+    """Render the training job (JobSet or PyTorchJob + trainer ConfigMap) to stdout or a directory."""
+    from scripts import job_commands
+
+    options = _job_options(nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts)
+    job_commands.render(_deployment(profile, config), options, live=live, output=output, out=Console(), err=err_console)
+
+
+@app.command()
+def validate(
+    path: str | None = typer.Argument(None, help="Manifest file, or - for stdin (default: render with the flags)."),
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    nodes: int | None = NodesOption,
+    api: str = ApiOption,
+    fabric_test: bool = FabricTestOption,
+    name: str | None = NameOption,
+    image: str | None = ImageOption,
+    train_config: str | None = TrainConfigOption,
+    overrides: list[str] | None = SetOption,
+    faults: str | None = FaultsOption,
+    max_restarts: int = MaxRestartsOption,
+    live: bool = LiveOption,
+) -> None:
+    """Validate manifests offline: strict Kubernetes schemas, the JobSet/PyTorchJob CRDs, project rules."""
+    from scripts import job_commands
+
+    options = _job_options(nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts)
+    job_commands.validate(_deployment(profile, config), options, path=path, live=live, console=Console())
+
+
+@app.command()
+def submit(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    nodes: int | None = NodesOption,
+    api: str = ApiOption,
+    fabric_test: bool = FabricTestOption,
+    name: str | None = NameOption,
+    image: str | None = ImageOption,
+    train_config: str | None = TrainConfigOption,
+    overrides: list[str] | None = SetOption,
+    faults: str | None = FaultsOption,
+    max_restarts: int = MaxRestartsOption,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Render and validate offline and print; no cluster needed."),
+) -> None:
+    """Render, validate, server-side dry-run, then create the job on the deployed cluster."""
+    from scripts import job_commands
+
+    options = _job_options(nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts)
+    job_commands.submit(_deployment(profile, config), options, dry_run=dry_run, out=Console(), err=err_console)
+
+
+@app.command()
+def status(
+    name: str | None = typer.Argument(None, help="Job name (default: list this project's jobs)."),
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Job phase, pods, restarts per resilience layer."""
+    from scripts import job_commands
+
+    job_commands.status(_deployment(profile, config), name, Console())
+
+
+@app.command()
+def logs(
+    name: str = typer.Argument(..., help="Job name."),
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the pods end."),
+    node: int | None = typer.Option(None, "--node", min=0, help="Only this node's pod (0 hosts the rendezvous)."),
+    rank: int | None = typer.Option(None, "--rank", min=0, help="Only this global rank's lines."),
+    tail: int | None = typer.Option(None, "--tail", min=0, help="Only the last N lines of each pod."),
+) -> None:
+    """Logs of all pods (prefixed by node), one node, or one rank."""
+    from scripts import job_commands
+
+    job_commands.logs(
+        _deployment(profile, config), name, node=node, rank=rank, follow=follow, tail=tail, console=Console()
+    )
+
+
+@app.command()
+def delete(
+    name: str = typer.Argument(..., help="Job name."),
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    wait: bool = typer.Option(False, "--wait", help="Wait until the job's pods are gone."),
+) -> None:
+    """Delete a training job and its ConfigMap (checkpoints on FSx stay)."""
+    from scripts import job_commands
+
+    job_commands.delete(_deployment(profile, config), name, wait=wait, console=Console())
+
+
+@app.command()
+def token(profile: str | None = ProfileOption, config: str | None = ConfigOption) -> None:
+    """Print an EKS ExecCredential (as `aws eks get-token` does), for kubectl."""
+    from scripts import job_commands
+
+    job_commands.token(_deployment(profile, config))
+
+
+@app.command()
+def kubeconfig(profile: str | None = ProfileOption, config: str | None = ConfigOption) -> None:
+    """Print a kubeconfig for the deployed cluster that authenticates through `nvrx-eks token`."""
+    from scripts import job_commands
+
+    job_commands.kubeconfig(_deployment(profile, config))
+
+
+@app.command()
+def preflight(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    nodes: int | None = typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes to plan for (default: max_size)."),
+) -> None:
+    """Before deploying: credentials, vCPU quota, instance offering, reservation, FSx quota, EKS version."""
+    from scripts import preflight as checks
+
+    checks.run(_deployment(profile, config), nodes, Console())
+
+
+@app.command()
+def teardown(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before deleting."),
+    delete_data: bool = typer.Option(False, "--delete-data", help="Also delete the data bucket, FSx and its backups."),
+    skip_kubernetes: bool = typer.Option(
+        False, "--skip-kubernetes", help="Do not delete jobs and the FSx claim first (API unreachable)."
+    ),
+) -> None:
+    """Delete jobs, the FSx claim, the stacks (cdk destroy), then sweep leftovers. Keeps data by default."""
+    from scripts.teardown import teardown as run_teardown
+
+    result = run_teardown(
+        _deployment(profile, config),
+        yes=yes,
+        delete_data=delete_data,
+        skip_kubernetes=skip_kubernetes,
+        console=Console(),
+        confirm=lambda question: typer.confirm(question, default=False),
+    )
+    if result.aborted:
+        raise typer.Exit(1)
 
 
 def main() -> None:
