@@ -150,7 +150,9 @@ class InProcessConfig(_Strict):
     progress_watchdog_interval_s: float = Field(1.0, gt=0)
     last_call_wait_s: float = Field(1.0, ge=0)
     termination_grace_s: float = Field(5.0, ge=0)
-    max_restarts: int | None = Field(None, ge=0, description="in-process restarts per process")
+    # A deterministic bug would otherwise restart in place forever; past the cap the ranks exit
+    # and ft_launcher (with its own max_restarts) takes over.
+    max_restarts: int | None = Field(10, ge=0, description="in-process restarts per process")
 
     @model_validator(mode="after")
     def _nvrx_ordering(self) -> InProcessConfig:

@@ -1,0 +1,226 @@
+"""`nvrx-eks local`: the trainer under ft_launcher on this machine (CPU ranks, gloo).
+
+The same launcher command the Kubernetes manifests render (workloads.launch), with a CPU profile
+of short timeouts so faults recover in seconds. Afterwards it prints what happened, from the
+run's event log, and makes sure no process of the run is left: the launcher's process group
+(ranks, checkpoint workers) and the NVRx in-process monitor daemons (their own sessions, found
+through the pidfiles the trainer asks NVRx to write).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+from workloads.config import TrainConfig
+from workloads.errors import ConfigError
+from workloads.events import load_run, summarize
+from workloads.faults import parse_fault_spec
+from workloads.launch import build_ft_launcher_argv
+
+# Short timeouts for CPU runs: a hang is noticed in seconds, gloo (which cannot be aborted) gives
+# up on a dead peer at the soft timeout, and ft_launcher's timeouts stay above what the
+# in-process layer may spend (hard + barrier), as TrainConfig enforces.
+LOCAL_CPU_PROFILE: dict[str, Any] = {
+    "data": {"seq_len": 64, "batch_size": 8},
+    "optimizer": {"lr": 3e-3, "warmup_steps": 5},
+    "checkpoint": {"keep": 2, "finalize_timeout_s": 60},
+    "distributed": {"backend": "gloo"},
+    "inprocess": {"soft_timeout_s": 5, "hard_timeout_s": 12, "barrier_timeout_s": 30,
+                  "completion_timeout_s": 30, "heartbeat_interval_s": 0.5,
+                  "heartbeat_timeout_s": 10, "monitor_interval_s": 0.5,
+                  "progress_watchdog_interval_s": 0.5, "last_call_wait_s": 0.3,
+                  "termination_grace_s": 2},
+    "fault_tolerance": {"max_restarts": 5, "monitor": "sections",
+                        "section_timeouts_s": {"setup": 120, "step": 30},
+                        "out_of_section_timeout_s": 60, "workers_stop_timeout_s": 5,
+                        "workload_check_interval_s": 1},
+}
+
+
+def local_config(*, run_dir: Path, steps: int, faults: str, preset: str, checkpoint_interval: int,
+                 backend: str, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    data = {**LOCAL_CPU_PROFILE, "run_dir": str(run_dir), "steps": steps, "faults": faults,
+            "model": {"preset": preset}}
+    data["checkpoint"] = {**LOCAL_CPU_PROFILE["checkpoint"], "backend": backend,
+                          "interval_steps": checkpoint_interval}
+    return TrainConfig.from_dict(data, source="nvrx-eks local", overrides=overrides)
+
+
+def _port_pair_free(port: int) -> bool:
+    for p in (port, port + 1):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                return False
+    return True
+
+
+def free_port_pair(low: int = 20000, high: int = 32000) -> int:
+    """A port P with P and P+1 free, below Linux's ephemeral range (where ft_launcher picks
+    MASTER_PORT), so it cannot collide with a port the launcher picks."""
+    for _ in range(200):
+        port = random.randrange(low, high - 1)
+        if _port_pair_free(port):
+            return port
+    raise RuntimeError("no free port pair found")
+
+
+class ProcessTracker:
+    """Every process of a run, by pid and start time (so a recycled pid is never mistaken for
+    ours): the launcher's descendants, sampled while it runs (ft_launcher starts each rank in its
+    own session, so a process group does not cover them), and the NVRx monitor daemons, which
+    detach on purpose and are found through the pidfiles the trainer asks NVRx to write."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.seen: dict[int, float] = {}
+
+    def _remember(self, proc: psutil.Process) -> None:
+        try:
+            self.seen.setdefault(proc.pid, proc.create_time())
+        except psutil.NoSuchProcess:
+            pass
+
+    def sample(self, launcher_pid: int) -> None:
+        try:
+            launcher = psutil.Process(launcher_pid)
+            self._remember(launcher)
+            for child in launcher.children(recursive=True):
+                self._remember(child)
+        except psutil.NoSuchProcess:
+            pass
+        for pidfile in sorted((self.run_dir / "pids").glob("*.pid")):
+            try:
+                self._remember(psutil.Process(int(pidfile.read_text().strip())))
+            except (ValueError, psutil.NoSuchProcess, FileNotFoundError):
+                continue
+
+    def alive(self) -> list[psutil.Process]:
+        procs = []
+        for pid, created in self.seen.items():
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                    procs.append(proc)
+            except psutil.NoSuchProcess:
+                continue
+        return procs
+
+    def reap(self, grace_s: float) -> list[int]:
+        """Wait up to grace_s for the run's processes to exit on their own (NVRx monitor daemons
+        leave after their barrier timeout), then SIGKILL the rest by pid. Returns killed pids."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and self.alive():
+            time.sleep(0.25)
+        killed = []
+        for proc in self.alive():
+            try:
+                proc.kill()
+                killed.append(proc.pid)
+            except psutil.NoSuchProcess:
+                continue
+        return killed
+
+
+def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, preset: str,
+              checkpoint_interval: int, backend: str, resume: bool = False,
+              overrides: list[str] | tuple[str, ...] = (), port: int | None = None,
+              console: Console | None = None) -> int:
+    console = console or Console()
+    if nproc < 1:
+        raise ConfigError("--nproc: must be at least 1")
+    run_dir = (run_dir or Path("runs") / time.strftime("local-%Y%m%d-%H%M%S")).resolve()
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+        raise ConfigError(f"--run-dir: {run_dir} already holds a run; pass --resume to continue "
+                          "it or choose another directory")
+    cfg = local_config(run_dir=run_dir, steps=steps, faults=faults, preset=preset,
+                       checkpoint_interval=checkpoint_interval, backend=backend,
+                       overrides=overrides)
+    for fault in parse_fault_spec(cfg.faults):
+        if fault.rank >= nproc:
+            raise ConfigError(f"--faults: {fault.label} targets rank {fault.rank}; with "
+                              f"--nproc {nproc} use a rank below {nproc}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(cfg.to_yaml())
+    port = port or free_port_pair()
+    argv = build_ft_launcher_argv(
+        cfg, config_path=str(config_path), nnodes=1, nproc_per_node=nproc,
+        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=f"local-{port}",
+        launcher=str(Path(sys.executable).parent / "ft_launcher"))
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
+    log_path = run_dir / "launcher.log"
+    console.print(f"run dir {run_dir}\nlauncher log {log_path}")
+    started = time.monotonic()
+    tracker = ProcessTracker(run_dir)
+    with open(log_path, "ab") as log_file:
+        launcher = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        try:
+            with console.status("starting") as status:
+                while launcher.poll() is None:
+                    tracker.sample(launcher.pid)
+                    ends = load_run(run_dir).of("step_end", rank=0)
+                    if ends:
+                        status.update(f"step {ends[-1]['step']}/{steps}  "
+                                      f"loss {ends[-1]['loss']:.3f}")
+                    time.sleep(0.5)
+        except KeyboardInterrupt:
+            # Like an eviction: SIGTERM lets the ranks finish their in-flight checkpoint.
+            launcher.send_signal(signal.SIGTERM)
+            while launcher.poll() is None:
+                tracker.sample(launcher.pid)
+                time.sleep(0.2)
+    code = launcher.returncode
+    tracker.sample(launcher.pid)
+    killed = tracker.reap(grace_s=cfg.inprocess.barrier_timeout_s + 10)
+    print_report(console, run_dir, code, time.monotonic() - started, killed)
+    return code
+
+
+def print_report(console: Console, run_dir: Path, code: int, wall_s: float,
+                 killed: list[int]) -> None:
+    run = load_run(run_dir)
+    report = summarize(run)
+    table = Table(title=f"nvrx-eks local: launcher exit {code}, {wall_s:.1f}s", show_header=False)
+    table.add_row("final step", str(report.final_step))
+    ends = run.of("step_end", rank=0)
+    if ends:
+        table.add_row("loss first -> last", f"{ends[0]['loss']:.3f} -> {ends[-1]['loss']:.3f}")
+    by_layer = report.restarts_by_layer()
+    table.add_row("restarts", f"in-process {by_layer['inprocess']}, launcher {by_layer['launcher']}")
+    for outcome in report.fault_outcomes():
+        if "layer" in outcome:
+            text = (f"recovered by {outcome['layer']} in {outcome['recovered_s']:.1f}s, resumed "
+                    f"from step {outcome['resumed_from_step']} ({outcome['lost_steps']} steps lost)")
+        else:
+            text = "injected (no restart needed)"
+        table.add_row(f"fault {outcome['fault']}", text)
+    for fb in run.of("checkpoint_fallback", rank=0):
+        table.add_row("checkpoint fallback", f"{Path(fb['path']).name}: {fb['reason']}")
+    if report.stalls_s:
+        table.add_row("checkpoint stall", f"median {report.median_stall_s * 1000:.1f} ms, max "
+                      f"{max(report.stalls_s) * 1000:.1f} ms over {len(report.stalls_s)} saves")
+    table.add_row("goodput", f"{report.goodput:.1%} (replayed steps: {report.lost_steps})")
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        import json
+
+        table.add_row("state_sha256", json.loads(summary.read_text())["state_sha256"][:16] + "…")
+    table.add_row("processes left", "none" if not killed else f"killed {killed}")
+    console.print(table)

@@ -1,0 +1,474 @@
+"""Checkpoints: DCP format, written by NVRx async checkpointing (or torch's async_save, or
+synchronously), committed atomically, verified and restored.
+
+Layout under checkpoint.dir:
+    step_00000040-<attempt>/      one save: DCP shards (`__<rank>_<n>.distcp`) and `.metadata`
+        commit.json               written by rank 0 only after every rank finished writing
+    latest.json                   the run-level pointer: {"latest", "step", "committed": [...]}
+    latest_step                   the newest committed step as a bare integer (ft_launcher's
+                                  progress tracker reads it)
+
+A checkpoint counts only once it is listed in latest.json, which rank 0 replaces atomically
+(write, fsync, rename) after writing the directory's commit.json, which itself is written only
+after the global finalize saw every rank's data on disk. A rank killed mid-save therefore leaves a
+directory that nothing ever loads. Each save goes to a fresh directory (the attempt token differs
+per restart), so an abandoned save is never overwritten in place, and nothing is deleted before a
+newer checkpoint committed: at each commit rank 0 keeps the newest `keep` committed checkpoints and
+removes everything else (older commits, abandoned saves, and commits from a timeline that a
+fallback abandoned, i.e. at or after the new step).
+
+commit.json records every file's size and, with checkpoint.verify=sha256, its SHA-256 (each rank
+hashes the files it wrote). Loading re-checks them (spread over the ranks) and refuses, with a
+ConfigError, a checkpoint from another world size or model preset; a checkpoint that fails the
+check or fails to load is skipped with a warning and the previous committed one is used.
+
+Backends (checkpoint.backend):
+    nvrx       NVRx: persistent AsyncCallsQueue worker (cpu_shm_mode), FileSystemWriterAsync with
+               shared-memory staging, save_state_dict_async_plan / save_state_dict_async_finalize.
+               The training loop blocks only while the state is copied into shared memory, which
+               happens before the call returns, i.e. before the optimizer can change a weight.
+    dcp-async  torch.distributed.checkpoint.async_save on its own gloo group (on the default
+               group its collectives would interleave with FSDP's and deadlock).
+    sync       torch.distributed.checkpoint.save.
+At most one save is in flight: a new save first waits for the previous commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
+
+from workloads.config import TrainConfig
+from workloads.errors import ConfigError
+from workloads.events import EventLog
+from workloads.faults import FaultInjector
+
+log = logging.getLogger(__name__)
+
+POINTER_FILE = "latest.json"
+ITERATION_FILE = "latest_step"
+COMMIT_FILE = "commit.json"
+METADATA_FILE = ".metadata"
+_NAME = re.compile(r"^step_(\d{8})-([0-9a-z.]+)$")
+
+
+class CheckpointIncompatible(ConfigError):
+    """The newest committed checkpoint belongs to another world size or model."""
+
+
+class NoUsableCheckpoint(ConfigError):
+    """Committed checkpoints exist but none passed verification and loading."""
+
+
+class CheckpointTimeout(RuntimeError):
+    """A save did not commit within checkpoint.finalize_timeout_s: treated as a fault."""
+
+
+def _worker_ready_probe() -> None:
+    """Runs in the NVRx checkpoint worker; its completion proves the worker is up."""
+
+
+# ----- small file helpers ------------------------------------------------------------------------
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _file_digest(path: Path, with_sha: bool) -> list[Any]:
+    size = path.stat().st_size
+    if not with_sha:
+        return [size, None]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return [size, h.hexdigest()]
+
+
+def read_pointer(ckpt_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(ckpt_dir) / POINTER_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def step_of(name: str) -> int:
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else -1
+
+
+def checkpoint_dirs(ckpt_dir: str | Path) -> list[Path]:
+    root = Path(ckpt_dir)
+    return sorted(p for p in root.iterdir() if _NAME.match(p.name)) if root.is_dir() else []
+
+
+def committed_checkpoints(ckpt_dir: str | Path) -> list[str]:
+    pointer = read_pointer(ckpt_dir)
+    return list(pointer["committed"]) if pointer else []
+
+
+# ----- layout-independent state hash ------------------------------------------------------------
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key in value:
+            _flatten(f"{prefix}.{key}" if prefix else str(key), value[key], out)
+    elif isinstance(value, (list, tuple)) and not any(isinstance(v, torch.Tensor) for v in value):
+        if all(isinstance(v, dict) for v in value) and value:
+            for i, v in enumerate(value):
+                _flatten(f"{prefix}.{i}", v, out)
+        else:
+            out[prefix] = list(value)
+    else:
+        out[prefix] = value
+
+
+def state_sha256(state: dict[str, Any]) -> str:
+    """SHA-256 of a (possibly sharded) state dict in canonical order: keys sorted, each tensor as
+    its full (unsharded) value with dtype and shape. Identical for any shard layout of the same
+    state. Collective: every rank must call it with the same keys; DTensors are gathered one at a
+    time so no rank ever holds more than one full tensor. Returns the digest on every rank."""
+    flat: dict[str, Any] = {}
+    _flatten("", state, flat)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    h = hashlib.sha256()
+    for key in sorted(flat):
+        value = flat[key]
+        if isinstance(value, torch.Tensor):
+            full = value.full_tensor() if isinstance(value, DTensor) else value
+            if rank == 0:
+                cpu = full.detach().to("cpu").contiguous()
+                h.update(f"{key}|{cpu.dtype}|{tuple(cpu.shape)}|".encode())
+                h.update(cpu.reshape(-1).view(torch.uint8).numpy().tobytes())
+            del full
+        elif rank == 0:
+            h.update(f"{key}|{json.dumps(value, sort_keys=True, default=str)}|".encode())
+    digest = [h.hexdigest() if rank == 0 else None]
+    if dist.is_initialized():
+        dist.broadcast_object_list(digest, src=0)
+    return digest[0]
+
+
+# ----- the checkpointer --------------------------------------------------------------------------
+
+@dataclass
+class PendingSave:
+    step: int
+    path: Path
+    handed_off_t: float
+    handle: Any = None  # dcp-async future
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoadResult:
+    step: int
+    path: Path
+    state: dict[str, Any]
+
+
+class Checkpointer:
+    """Saves, commits, verifies and loads checkpoints for one in-process iteration.
+
+    Collective methods (every rank, same order): the constructor, save, poll, wait, close,
+    load_latest. `atomic` wraps rank 0's commit so an in-process abort never interrupts it half
+    way; `ping` reports progress to the in-process watchdog while waiting.
+    """
+
+    def __init__(self, cfg: TrainConfig, *, events: EventLog, faults: FaultInjector,
+                 identity: dict[str, Any], device: torch.device,
+                 atomic: Callable[[], Any] = contextlib.nullcontext,
+                 ping: Callable[[], None] = lambda: None):
+        self.cfg = cfg
+        self.device = device  # where the small control tensors live (CUDA for NCCL)
+        self.backend = cfg.checkpoint.backend
+        self.dir = Path(cfg.checkpoint_dir)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.events, self.faults, self.identity = events, faults, identity
+        self.atomic, self.ping = atomic, ping
+        self.pending: PendingSave | None = None
+        self.last_saved_step = -1
+        self._queue = None
+        self._group = None
+        if self.backend == "none":
+            return
+        if self.rank == 0:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        # One token per attempt, shared by all ranks: every save of this attempt gets a directory
+        # no earlier attempt can have used, even for the same step.
+        token = [f"{int(time.time() * 1000):x}.{events.cycle}.{events.iteration}"]
+        dist.broadcast_object_list(token, src=0)
+        self.attempt = token[0]
+        if self.backend == "nvrx":
+            self._start_nvrx_worker()
+        elif self.backend == "dcp-async":
+            self._group = dist.new_group(backend="gloo")
+
+    # -- NVRx ------------------------------------------------------------------------------------
+
+    def _start_nvrx_worker(self) -> None:
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (
+            AsyncCallsQueue,
+            AsyncRequest,
+        )
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import (
+            CheckpointMetadataCache,
+        )
+
+        from workloads.cuda_compat import install_cpu_checkpoint_shim
+
+        install_cpu_checkpoint_shim()
+        # cpu_shm_mode: the worker stages through shared CPU memory and never touches CUDA. On
+        # CPU this is the only mode that works (the default queue's worker dies on
+        # `rank % torch.cuda.device_count()` and the trainer waits forever); on GPU it avoids
+        # CUDA IPC handles entirely.
+        AsyncCallsQueue.warmup_persistent_caller(self.rank, cpu_shm_mode=True)
+        self._queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True)
+        self._metadata_cache = CheckpointMetadataCache()
+        # Wait for the spawned worker here, during setup: otherwise the first save would block for
+        # the worker's start-up (seconds) and look like a hang to the in-process watchdog.
+        self._queue.schedule_async_request(AsyncRequest(_worker_ready_probe, (), []))
+        self._queue.maybe_finalize_async_calls(blocking=True)
+
+    def _nvrx_hand_off(self, pending: PendingSave, state: dict[str, Any]) -> None:
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import (
+            FileSystemWriterAsync,
+        )
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import (
+            save_state_dict_async_finalize,
+            save_state_dict_async_plan,
+        )
+
+        writer = FileSystemWriterAsync(pending.path, use_cpu_shm_for_gpu_tensors=True,
+                                       use_cached_data_structure=True)
+        writer, metadata, dist_wrapper = save_state_dict_async_plan(
+            state, writer, None, enable_cache=True, metadata_cache=self._metadata_cache)
+        save_fn, preload_fn, save_args = writer.get_save_function_and_args()
+        finalize = [partial(save_state_dict_async_finalize, writer, metadata, dist_wrapper),
+                    partial(self._commit, pending)]
+        self._queue.schedule_async_request(
+            AsyncRequest(save_fn, save_args, finalize, preload_fn=preload_fn))
+
+    # -- saving ----------------------------------------------------------------------------------
+
+    def save(self, step: int, state: dict[str, Any]) -> float:
+        """Hand off a save of `state` as of `step`; returns the stall (seconds blocked)."""
+        if self.backend == "none":
+            return 0.0
+        self.wait()  # one save in flight at most
+        start = time.monotonic()
+        pending = PendingSave(step=step, path=self.dir / f"step_{step:08d}-{self.attempt}",
+                              handed_off_t=time.monotonic())
+        if self.backend == "nvrx":
+            self._nvrx_hand_off(pending, state)
+        elif self.backend == "dcp-async":
+            response = dcp.async_save(state, checkpoint_id=str(pending.path),
+                                      process_group=self._group)
+            pending.handle = getattr(response, "upload_completion", response)
+        else:
+            dcp.save(state, checkpoint_id=str(pending.path))
+        stall = time.monotonic() - start
+        pending.handed_off_t = time.monotonic()
+        self.pending = pending
+        self.last_saved_step = step
+        self.events.emit("checkpoint_stall", step=step, backend=self.backend, stall_s=stall)
+        self.faults.in_save(step)
+        if self.backend == "sync":
+            self._commit(pending)
+        return stall
+
+    def poll(self) -> None:
+        """Commit the in-flight save if every rank finished writing it. Call once per step."""
+        if self.pending is None:
+            return
+        if self.backend == "nvrx":
+            # Runs the finalize functions (.metadata, then our commit) once all ranks are done.
+            self._queue.maybe_finalize_async_calls(blocking=False)
+        elif self.backend == "dcp-async":
+            done = torch.tensor([1 if self.pending.handle.done() else 0], device=self.device)
+            dist.all_reduce(done, op=dist.ReduceOp.MIN)
+            if int(done.item()):
+                self.pending.handle.result()  # raises the writer's error, if any
+                self._commit(self.pending)
+
+    def wait(self) -> None:
+        """Block until the in-flight save committed, reporting progress meanwhile; a save that
+        takes longer than checkpoint.finalize_timeout_s raises CheckpointTimeout."""
+        deadline = time.monotonic() + self.cfg.checkpoint.finalize_timeout_s
+        while self.pending is not None:
+            self.poll()
+            if self.pending is None:
+                break
+            if time.monotonic() > deadline:
+                raise CheckpointTimeout(f"checkpoint of step {self.pending.step} did not commit "
+                                        f"within {self.cfg.checkpoint.finalize_timeout_s:g}s")
+            self.ping()
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        """Finish the in-flight save and stop the writer (normal end and SIGTERM)."""
+        self.wait()
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
+
+    # -- committing ------------------------------------------------------------------------------
+
+    def _commit(self, pending: PendingSave) -> None:
+        """Collective. Every rank's data is on disk when this runs."""
+        started = time.monotonic()
+        self.events.emit("checkpoint_write_end", step=pending.step,
+                         write_s=started - pending.handed_off_t)
+        with_sha = self.cfg.checkpoint.verify == "sha256"
+        mine = {p.name: _file_digest(p, with_sha)
+                for p in sorted(pending.path.glob(f"__{self.rank}_*.distcp"))}
+        gathered: list[dict[str, Any] | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine)
+        if self.rank == 0:
+            files: dict[str, Any] = {}
+            for part in gathered:
+                files.update(part or {})
+            files[METADATA_FILE] = _file_digest(pending.path / METADATA_FILE, with_sha)
+            with self.atomic():
+                self._write_commit(pending, files)
+            self.events.emit("checkpoint_commit", step=pending.step, path=str(pending.path),
+                             commit_s=time.monotonic() - started)
+        self.pending = None
+
+    def _write_commit(self, pending: PendingSave, files: dict[str, Any]) -> None:
+        manifest = {"step": pending.step, "backend": self.backend, "verify": self.cfg.checkpoint.verify,
+                    "files": files, "committed_at": time.time(), **self.identity}
+        _atomic_write(pending.path / COMMIT_FILE, json.dumps(manifest, indent=1, sort_keys=True))
+        previous = committed_checkpoints(self.dir)
+        # A newer commit supersedes anything at or after its step: those belong to a timeline a
+        # fallback or restart abandoned.
+        keep = ([pending.path.name] + [n for n in previous if step_of(n) < pending.step])
+        keep = keep[: self.cfg.checkpoint.keep]
+        pointer = {"latest": pending.path.name, "step": pending.step, "committed": keep}
+        _atomic_write(self.dir / POINTER_FILE, json.dumps(pointer, indent=1))
+        _atomic_write(self.dir / ITERATION_FILE, f"{pending.step}\n")
+        for path in checkpoint_dirs(self.dir):
+            if path.name not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    # -- loading ---------------------------------------------------------------------------------
+
+    def _verify_share(self, path: Path, manifest: dict[str, Any]) -> str | None:
+        """Check this rank's share of the files; returns a reason on failure."""
+        names = sorted(manifest["files"])
+        for name in names[self.rank::self.world_size]:
+            size, sha = manifest["files"][name]
+            target = path / name
+            if not target.is_file():
+                return f"{name} is missing"
+            actual = _file_digest(target, sha is not None)
+            if actual[0] != size:
+                return f"{name} has {actual[0]} bytes, the commit recorded {size}"
+            if sha is not None and actual[1] != sha:
+                return f"{name} does not match its recorded SHA-256"
+        return None
+
+    def _check_compatible(self, path: Path, manifest: dict[str, Any]) -> None:
+        for key, expected in self.identity.items():
+            if manifest.get(key) != expected:
+                field_name = {"world_size": "the world size (nnodes x nproc-per-node)",
+                              "preset": "model.preset"}.get(key, key)
+                raise CheckpointIncompatible(
+                    f"checkpoint {path} was written with {key}={manifest.get(key)!r}, this run has "
+                    f"{key}={expected!r}; resume with the same {field_name} or point "
+                    "checkpoint.dir at an empty directory to start a new run")
+
+    def load_latest(self, build_state: Callable[[], dict[str, Any]]) -> LoadResult | None:
+        """Load the newest usable committed checkpoint into the tensors of `build_state()`.
+
+        Returns None when no checkpoint was ever committed (fresh start). The choice of candidates
+        is rank 0's, broadcast, so ranks never pick different checkpoints while a commit races.
+        """
+        if self.backend == "none":
+            return None
+        names = [committed_checkpoints(self.dir) if self.rank == 0 else None]
+        dist.broadcast_object_list(names, src=0)
+        for name in names[0]:
+            path = self.dir / name
+            started = time.monotonic()
+            try:
+                manifest = json.loads((path / COMMIT_FILE).read_text())
+            except (OSError, ValueError) as err:
+                manifest, reason = None, f"unreadable {COMMIT_FILE}: {err}"
+            if manifest is not None:
+                self._check_compatible(path, manifest)
+                reason = self._verify_share(path, manifest)
+            failed = torch.tensor([0 if reason is None else 1], device=self.device)
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+            state = None
+            if not int(failed.item()):
+                state = build_state()
+                try:
+                    dcp.load(state, checkpoint_id=str(path))
+                except Exception as err:  # noqa: BLE001 - any load failure means: try the previous
+                    reason = f"load failed: {type(err).__name__}: {err}"
+                failed = torch.tensor([0 if reason is None else 1], device=self.device)
+                dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+            if int(failed.item()):
+                reason = reason or "another rank could not verify or load its share"
+                log.warning("skipping checkpoint %s: %s; falling back to the previous committed "
+                            "checkpoint", path, reason)
+                self.events.emit("checkpoint_fallback", path=str(path), reason=reason)
+                continue
+            self.events.emit("checkpoint_load", step=manifest["step"], path=str(path),
+                             load_s=time.monotonic() - started)
+            return LoadResult(step=manifest["step"], path=path, state=state)
+        if names[0]:
+            raise NoUsableCheckpoint(
+                f"checkpoint.dir: none of the committed checkpoints in {self.dir} "
+                f"({', '.join(names[0])}) passed verification and loading; inspect or restore "
+                "them, or point checkpoint.dir at an empty directory to start over")
+        return None
+
+    # -- fault hook ------------------------------------------------------------------------------
+
+    def corrupt_latest(self) -> str | None:
+        """The `corrupt-latest` fault: overwrite bytes in the middle of the largest shard of the
+        newest committed checkpoint (same size, so only content checks can notice)."""
+        committed = committed_checkpoints(self.dir)
+        if not committed:
+            return None
+        shards = sorted((self.dir / committed[0]).glob("*.distcp"), key=lambda p: p.stat().st_size)
+        if not shards:
+            return None
+        target = shards[-1]
+        fd = os.open(target, os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"\xde\xad\xbe\xef" * 16, max(0, target.stat().st_size // 2 - 32))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return str(target)

@@ -1,0 +1,139 @@
+"""Token batches with a checkpointable position.
+
+Both sources address the data by a global sequence index, and the loader's whole state is
+(epoch, cursor): the number of sequences all ranks together have consumed in the current epoch.
+Step s of rank r reads sequences [cursor + r*B, cursor + (r+1)*B), then every rank advances the
+cursor by world_size*B. Restoring (epoch, cursor) therefore resumes exactly at the next unread
+batch, and a batch never depends on how many restarts happened before it.
+
+* synthetic: an endless deterministic stream from a fixed sparse Markov chain (each token has 4
+  likely successors), so a model can really learn it: loss falls from ln(vocab) toward ~ln(4).
+  Sequence i is generated from a generator seeded by (seed, i).
+* memmap: pre-tokenized shards (flat uint16/uint32 `.bin` token arrays, e.g. on FSx), read
+  through np.memmap as windows of seq_len+1 tokens. Each epoch visits all windows in an order
+  given by an affine permutation i -> (a*i + b) mod N with gcd(a, N) = 1, chosen from
+  (seed, epoch): a full shuffle in O(1) memory, whatever the dataset size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from workloads.config import DataConfig
+from workloads.errors import ConfigError
+
+_SUCCESSORS = 4
+
+
+class TokenBatches:
+    """Base: cursor bookkeeping and the state_dict protocol DCP calls."""
+
+    def __init__(self, cfg: DataConfig, rank: int, world_size: int, vocab_size: int, seed: int):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.vocab_size, self.seed = vocab_size, seed
+        self.epoch = 0
+        self.cursor = 0
+
+    def _sequences(self, indices: np.ndarray) -> np.ndarray:  # [n, seq_len + 1] int64
+        raise NotImplementedError
+
+    def _epoch_length(self) -> int | None:  # None: endless
+        return None
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        per_step = self.world_size * self.cfg.batch_size
+        length = self._epoch_length()
+        if length is not None and self.cursor + per_step > length:
+            self.epoch, self.cursor = self.epoch + 1, 0
+        start = self.cursor + self.rank * self.cfg.batch_size
+        tokens = self._sequences(np.arange(start, start + self.cfg.batch_size))
+        self.cursor += per_step
+        if int(tokens.max()) >= self.vocab_size:
+            raise ConfigError(f"data.path: token id {int(tokens.max())} is outside the model's "
+                              f"vocabulary ({self.vocab_size}); check data.dtype and model.preset")
+        batch = torch.from_numpy(tokens)
+        return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor, "epoch_length": self._epoch_length() or 0}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if int(state["epoch_length"]) != (self._epoch_length() or 0):
+            raise ConfigError(
+                f"data.path: the dataset has {self._epoch_length() or 0} windows but the "
+                f"checkpoint was taken with {state['epoch_length']}; resume with the same data")
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+
+
+class SyntheticTokens(TokenBatches):
+    def __init__(self, cfg: DataConfig, rank: int, world_size: int, vocab_size: int, seed: int):
+        super().__init__(cfg, rank, world_size, vocab_size, seed)
+        chain = np.random.default_rng([seed, 0xC4A1])
+        self.successors = chain.integers(0, vocab_size, size=(vocab_size, _SUCCESSORS))
+        self.weights = chain.dirichlet(np.ones(_SUCCESSORS), size=vocab_size).cumsum(axis=1)
+
+    def _sequences(self, indices: np.ndarray) -> np.ndarray:
+        out = np.empty((len(indices), self.cfg.seq_len + 1), dtype=np.int64)
+        for row, index in enumerate(indices):
+            rng = np.random.default_rng([self.seed, 0x5EED, int(index)])
+            draws = rng.random(self.cfg.seq_len)
+            token = int(rng.integers(0, self.vocab_size))
+            out[row, 0] = token
+            for t in range(self.cfg.seq_len):
+                choice = int(np.searchsorted(self.weights[token], draws[t]))
+                token = int(self.successors[token, min(choice, _SUCCESSORS - 1)])
+                out[row, t + 1] = token
+        return out
+
+
+class MemmapTokens(TokenBatches):
+    def __init__(self, cfg: DataConfig, rank: int, world_size: int, vocab_size: int, seed: int):
+        super().__init__(cfg, rank, world_size, vocab_size, seed)
+        root = Path(cfg.path or "")
+        files = sorted(root.glob("*.bin")) if root.is_dir() else [root] if root.is_file() else []
+        if not files:
+            raise ConfigError(f"data.path: no .bin token shards at {root}; point it at a "
+                              "directory of pre-tokenized shards")
+        self.shards = [np.memmap(f, dtype=np.dtype(cfg.dtype), mode="r") for f in files]
+        window = cfg.seq_len
+        counts = [max(0, (len(s) - 1) // window) for s in self.shards]
+        self.offsets = np.cumsum([0] + counts)
+        if self.offsets[-1] < world_size * cfg.batch_size:
+            raise ConfigError(f"data.path: {self.offsets[-1]} windows of {window} tokens cannot "
+                              f"fill one step of {world_size}x{cfg.batch_size} sequences")
+
+    def _epoch_length(self) -> int:
+        return int(self.offsets[-1])
+
+    def _permuted(self, index: int) -> int:
+        n = self._epoch_length()
+        digest = hashlib.sha256(f"{self.seed}:{self.epoch}".encode()).digest()
+        a = int.from_bytes(digest[:8], "little") % n or 1
+        while math.gcd(a, n) != 1:
+            a = a % n + 1
+        b = int.from_bytes(digest[8:16], "little") % n
+        return (a * index + b) % n
+
+    def _sequences(self, indices: np.ndarray) -> np.ndarray:
+        out = np.empty((len(indices), self.cfg.seq_len + 1), dtype=np.int64)
+        for row, index in enumerate(indices):
+            window = self._permuted(int(index))
+            shard = int(np.searchsorted(self.offsets, window, side="right") - 1)
+            start = (window - int(self.offsets[shard])) * self.cfg.seq_len
+            out[row] = self.shards[shard][start:start + self.cfg.seq_len + 1]
+        return out
+
+
+def build_batches(cfg: DataConfig, rank: int, world_size: int, vocab_size: int,
+                  seed: int) -> TokenBatches:
+    cls = MemmapTokens if cfg.source == "memmap" else SyntheticTokens
+    return cls(cfg, rank, world_size, vocab_size, seed)
+
+
+def batch_fingerprint(inputs: torch.Tensor) -> str:
+    return hashlib.sha256(inputs.numpy().tobytes()).hexdigest()[:16]

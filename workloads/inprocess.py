@@ -1,0 +1,122 @@
+"""The NVRx in-process restart Wrapper, composed from TrainConfig.
+
+On a soft fault (an exception in any rank, or a rank that stops pinging for soft_timeout_s) NVRx
+aborts the process groups and the async checkpoint worker, raises an asynchronous exception in every
+rank's training function, runs `finalize` and the health check, and calls the function again in the
+same processes; the function rebuilds everything and reloads the newest committed checkpoint.
+
+Composition:
+  initialize   RetryController: the world may not shrink (a terminated rank makes every rank leave
+               the wrapper, so ft_launcher restarts the whole group; the checkpoint's data position
+               and RNG are per rank), optional cap on in-process restarts; and a check that turns a
+               pending SIGTERM into termination instead of another restart.
+  abort        AbortPersistentCheckpointProcesses (kills the NVRx checkpoint worker: an abandoned
+               save must not complete behind the next iteration's back), then
+               AbortTorchDistributed (destroys the process groups). Compose runs right to left.
+  finalize     RestartFinalize: records restart_begin, closes ft sections, drops the failed
+               iteration's objects, and on CUDA synchronizes in a thread with a timeout.
+               (NVRx's ThreadedFinalize refuses to run without CUDA.)
+  health_check CudaHealthCheck on GPU only; the GPU/NVLink/NIC checks NVRx adds when LOCAL_RANK is
+               set are kept on GPU and suppressed on CPU (see cuda_compat).
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from nvidia_resiliency_ext import inprocess
+from nvidia_resiliency_ext.inprocess.abort import (
+    AbortPersistentCheckpointProcesses,
+    AbortTorchDistributed,
+)
+
+from workloads.config import InProcessConfig
+from workloads.cuda_compat import local_rank_hidden_on_cpu
+from workloads.events import EventLog
+from workloads.ft_integration import FaultToleranceReporter
+
+
+class TerminationRequested(inprocess.exception.RestartAbort):
+    """SIGTERM arrived: leave the wrapper instead of restarting in place."""
+
+
+class StopOnSigterm(inprocess.initialize.Initialize):
+    def __init__(self, sigterm_received: Callable[[], bool]):
+        self.sigterm_received = sigterm_received
+
+    def __call__(self, state):
+        if state.iteration > 0 and self.sigterm_received():
+            raise TerminationRequested("SIGTERM received; not restarting in process")
+        return state
+
+
+class RestartFinalize(inprocess.finalize.Finalize):
+    def __init__(self, events: EventLog, ft: FaultToleranceReporter,
+                 drop_iteration_state: Callable[[], None], cuda_timeout_s: float):
+        self.events, self.ft = events, ft
+        self.drop_iteration_state = drop_iteration_state
+        self.cuda_timeout_s = cuda_timeout_s
+
+    def __call__(self, state):
+        reason = repr(state.fn_exception) if state.fn_exception is not None else "peer fault"
+        self.events.emit("restart_begin", layer="inprocess", reason=reason[:500])
+        self.ft.end_all_sections()
+        self.drop_iteration_state()
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            done = threading.Event()
+
+            def drain() -> None:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                done.set()
+
+            threading.Thread(target=drain, daemon=True, name="RestartFinalizeCuda").start()
+            if not done.wait(self.cuda_timeout_s):
+                raise inprocess.exception.TimeoutError("CUDA did not drain during finalize")
+        return state
+
+
+def build_wrapper(cfg: InProcessConfig, *, store_port: int, world_size: int, run_dir: Path,
+                  events: EventLog, ft: FaultToleranceReporter,
+                  drop_iteration_state: Callable[[], None],
+                  sigterm_received: Callable[[], bool]) -> inprocess.Wrapper:
+    seconds = lambda s: datetime.timedelta(seconds=s)  # noqa: E731
+    pid_dir = (run_dir / "pids").resolve()
+    pid_dir.mkdir(parents=True, exist_ok=True)
+    tag = f"c{events.cycle}-p{os.getpid()}"
+    health_check = (inprocess.health_check.CudaHealthCheck(timeout=seconds(cfg.hard_timeout_s))
+                    if torch.cuda.is_available() else None)
+    with local_rank_hidden_on_cpu():
+        return inprocess.Wrapper(
+            store_kwargs={"port": store_port, "timeout": seconds(cfg.barrier_timeout_s)},
+            initialize=inprocess.Compose(
+                StopOnSigterm(sigterm_received),
+                inprocess.initialize.RetryController(
+                    max_iterations=None if cfg.max_restarts is None else cfg.max_restarts + 1,
+                    min_world_size=world_size, min_active_world_size=world_size),
+            ),
+            abort=inprocess.Compose(AbortTorchDistributed(), AbortPersistentCheckpointProcesses()),
+            finalize=RestartFinalize(events, ft, drop_iteration_state, cfg.hard_timeout_s),
+            health_check=health_check,
+            monitor_thread_interval=seconds(cfg.monitor_interval_s),
+            monitor_process_interval=seconds(cfg.monitor_interval_s),
+            heartbeat_interval=seconds(cfg.heartbeat_interval_s),
+            progress_watchdog_interval=seconds(cfg.progress_watchdog_interval_s),
+            soft_timeout=seconds(cfg.soft_timeout_s),
+            hard_timeout=seconds(cfg.hard_timeout_s),
+            heartbeat_timeout=seconds(cfg.heartbeat_timeout_s),
+            barrier_timeout=seconds(cfg.barrier_timeout_s),
+            completion_timeout=seconds(cfg.completion_timeout_s),
+            last_call_wait=seconds(cfg.last_call_wait_s),
+            termination_grace_time=seconds(cfg.termination_grace_s),
+            monitor_process_logfile=str(pid_dir / f"inprocess-monitor-r{{rank}}-{tag}.log"),
+            monitor_process_pidfile=str(pid_dir / f"inprocess-monitor-r{{rank}}-{tag}.pid"),
+            enabled=True,
+        )

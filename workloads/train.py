@@ -1,0 +1,420 @@
+"""Trainer entry point: `python -m workloads.train --config PATH [dotted.key=value ...]`.
+
+Started by ft_launcher (see workloads.launch), one process per rank. The training function runs
+under NVRx's in-process restart Wrapper (workloads.inprocess); each call of it is one "iteration":
+it builds the process group, model, optimizer, data and checkpointer from scratch, loads the newest
+committed checkpoint, trains, and on completion writes summary.json.
+
+Exit codes: 0 done; 93 (workloads.exit_codes.EXIT_DO_NOT_REQUEUE) for errors no restart can fix;
+143 after a SIGTERM was honoured (in-flight checkpoint finished); anything else is a failure that
+ft_launcher restarts.
+
+`--preflight --world-size N` checks, before any rank starts, everything that can be checked on the
+config, the data path and the checkpoint directory, and exits 0 or 93.
+
+The `if __name__ == "__main__"` guard matters: NVRx's checkpoint worker is a spawned process that
+re-imports this module as __mp_main__.
+"""
+
+# No `from __future__ import annotations` in this module: NVRx finds the parameter that receives
+# its CallWrapper by the annotation object, which postponed annotations would turn into a string.
+
+import argparse
+import contextlib
+import datetime
+import json
+import logging
+import math
+import os
+import pickle
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from nvidia_resiliency_ext.inprocess import CallWrapper
+
+from workloads.config import TrainConfig
+from workloads.errors import ConfigError
+from workloads.exit_codes import EXIT_DO_NOT_REQUEUE, EXIT_TERMINATED
+from workloads.faults import parse_fault_spec
+
+log = logging.getLogger("workloads.train")
+
+
+class Unrecoverable(BaseException):
+    """A ConfigError raised inside the wrapped function. A BaseException so the NVRx Wrapper
+    terminates instead of restarting: retrying cannot fix a configuration."""
+
+
+class ProcessState:
+    """What outlives in-process restarts: identity, event log, ft connection, SIGTERM flag."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, store_port: Optional[int]):
+        from workloads.events import EventLog
+        from workloads.faults import FaultInjector
+        from workloads.ft_integration import FaultToleranceReporter
+
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.store_port = store_port
+        self.events = EventLog(cfg.run_dir, rank)
+        self.ft = FaultToleranceReporter(cfg.fault_tolerance)
+        self.faults = FaultInjector(parse_fault_spec(cfg.faults), rank,
+                                    Path(cfg.run_dir) / "faults", self.events.emit)
+        self.sigterm_received = False
+        self.restart_begin_t: Optional[float] = None
+        self.iteration_objects: dict[str, Any] = {}
+        self.wrapper_store = None
+
+    def drop_iteration_state(self) -> None:
+        self.restart_begin_t = time.time()
+        self.iteration_objects.clear()
+
+
+def _lr_lambda(cfg: TrainConfig):
+    opt = cfg.optimizer
+
+    def factor(step: int) -> float:
+        if step < opt.warmup_steps:
+            return (step + 1) / opt.warmup_steps
+        if opt.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - opt.warmup_steps) / max(1, cfg.steps - opt.warmup_steps))
+        cosine = 0.5 * (1 + math.cos(math.pi * progress))
+        return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * cosine
+
+    return factor
+
+
+def _rng_state(cuda: bool) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if cuda else torch.zeros(0, dtype=torch.uint8),
+            "python": pickle.dumps(random.getstate()),
+            "numpy": pickle.dumps(np.random.get_state())}
+
+
+def _restore_rng(state: dict[str, Any], cuda: bool) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    if cuda:
+        torch.cuda.set_rng_state(state["cuda"])
+    random.setstate(pickle.loads(state["python"]))
+    np.random.set_state(pickle.loads(state["numpy"]))
+
+
+def _init_process_group(process: ProcessState, runtime, iteration: int) -> None:
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=runtime.pg_timeout_s)
+    device_id = runtime.device if runtime.is_cuda else None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if process.store_port is None:
+        dist.init_process_group(runtime.backend, rank=rank, world_size=world, timeout=timeout,
+                                device_id=device_id)
+        return
+    if process.wrapper_store is None:
+        # A client of the store NVRx's Wrapper hosts on rank 0 (or, without the Wrapper, our own
+        # server); each iteration uses a fresh key prefix, so a restart never reads stale keys.
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        is_host = not process.cfg.inprocess.enabled and rank == 0
+        process.wrapper_store = dist.TCPStore(host, process.store_port, world, is_master=is_host,
+                                              timeout=datetime.timedelta(seconds=300),
+                                              wait_for_workers=False)
+    store = dist.PrefixStore(f"pg-cycle{process.events.cycle}-iter{iteration}",
+                             process.wrapper_store)
+    dist.init_process_group(runtime.backend, store=store, rank=rank, world_size=world,
+                            timeout=timeout, device_id=device_id)
+
+
+def train_attempt(process: ProcessState, call_wrapper: Optional[CallWrapper] = None) -> dict:
+    """One in-process iteration: build, load, train, finish. Returns {"status": ...}."""
+    try:
+        return _train_attempt(process, call_wrapper)
+    except ConfigError as err:
+        raise Unrecoverable(str(err)) from None
+
+
+def _train_attempt(process: ProcessState, call_wrapper) -> dict:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from workloads.checkpoint import Checkpointer, state_sha256
+    from workloads.data import batch_fingerprint, build_batches
+    from workloads.device import resolve_runtime
+    from workloads.events import load_run, summarize
+    from workloads.model import build_model
+
+    cfg, events, ft, faults = process.cfg, process.events, process.ft, process.faults
+    iteration = call_wrapper.iteration if call_wrapper is not None else 0
+    ping = call_wrapper.ping if call_wrapper is not None else (lambda: None)
+    atomic = call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext
+    events.iteration = iteration
+    setup_started = time.monotonic()
+    objects = process.iteration_objects
+
+    with ft.section("setup"):
+        runtime = resolve_runtime(cfg)
+        _init_process_group(process, runtime, iteration)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        mesh = init_device_mesh(runtime.device.type, (world,))
+        shape = cfg.model.shape
+        torch.manual_seed(cfg.seed + rank)
+        random.seed(cfg.seed + rank)
+        import numpy as np
+
+        np.random.seed(cfg.seed + rank)
+        model = objects["model"] = build_model(shape, runtime, mesh, cfg.seed)
+        opt = cfg.optimizer
+        optimizer = objects["optimizer"] = torch.optim.AdamW(
+            model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
+            weight_decay=opt.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
+        batches = build_batches(cfg.data, rank, world, shape.vocab_size, cfg.seed)
+        checkpointer = objects["checkpointer"] = Checkpointer(
+            cfg, events=events, faults=faults, device=runtime.device, atomic=atomic, ping=ping,
+            identity={"world_size": world, "preset": cfg.model.preset})
+
+        progress = {"step": 0, "last_loss": float("nan")}
+
+        def checkpoint_state() -> dict[str, Any]:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            return {"model": model_sd, "optim": optim_sd,
+                    "train": {**progress, "scheduler": scheduler.state_dict()},
+                    "data": batches.state_dict(),
+                    f"rng_rank{rank}": _rng_state(runtime.is_cuda)}
+
+        loaded = checkpointer.load_latest(checkpoint_state)
+        if loaded is not None:
+            state = loaded.state
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+            scheduler.load_state_dict(state["train"]["scheduler"])
+            batches.load_state_dict(state["data"])
+            _restore_rng(state[f"rng_rank{rank}"], runtime.is_cuda)
+            progress.update(step=int(state["train"]["step"]),
+                            last_loss=float(state["train"]["last_loss"]))
+    start_step = progress["step"]
+    checkpointer.last_saved_step = start_step
+    events.emit("setup_end", resumed_from_step=start_step,
+                setup_s=time.monotonic() - setup_started)
+    if iteration > 0:
+        since = time.time() - process.restart_begin_t if process.restart_begin_t else None
+        events.emit("restart_end", layer="inprocess", resumed_from_step=start_step,
+                    since_begin_s=since)
+    elif events.cycle > 0:
+        events.emit("restart_end", layer="launcher", resumed_from_step=start_step)
+    if rank == 0:
+        log.info("iteration %d: %s at step %d (world %d, %s, %s)", iteration,
+                 "resumed" if loaded else "starting", start_step, world, runtime.backend,
+                 runtime.device)
+
+    interval, every_s = cfg.checkpoint.interval_steps, cfg.checkpoint.interval_seconds
+    last_save_t = time.monotonic()
+    stop_requested = False
+    model.train()
+    for step in range(start_step + 1, cfg.steps + 1):
+        ping()
+        if checkpointer.pending is not None:
+            with ft.section("checkpointing"):
+                checkpointer.poll()
+        faults.at_step_start(step, checkpointer.corrupt_latest)
+        events.emit("step_start", step=step)
+        started = time.monotonic()
+        with ft.section("step"):
+            inputs, targets = batches.next_batch()
+            fingerprint = batch_fingerprint(inputs)
+            inputs, targets = inputs.to(runtime.device), targets.to(runtime.device)
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            loss.backward()
+            if opt.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), opt.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            save_due = every_s is not None and time.monotonic() - last_save_t >= every_s
+            # One all-reduce per step carries the loss and the decisions every rank must take at
+            # the same step: stop after a SIGTERM, save because the time interval elapsed.
+            control = torch.tensor([loss.detach().float().item(), float(process.sigterm_received),
+                                    float(save_due)], device=runtime.device)
+            dist.all_reduce(control)
+        mean_loss = float(control[0].item()) / world
+        stop_requested = bool(control[1].item() > 0)
+        progress.update(step=step, last_loss=mean_loss)
+        step_s = time.monotonic() - started
+        events.emit("step_end", step=step, loss=mean_loss, lr=scheduler.get_last_lr()[0],
+                    step_s=step_s, batch_sha256=fingerprint)
+        if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
+            log.info("step %d loss %.4f lr %.2e %.3fs/step", step, mean_loss,
+                     scheduler.get_last_lr()[0], step_s)
+        if (step % interval == 0 or step == cfg.steps or stop_requested
+                or bool(control[2].item() > 0)):
+            with ft.section("checkpointing"):
+                checkpointer.save(step, checkpoint_state())
+            last_save_t = time.monotonic()
+        if stop_requested:
+            events.emit("sigterm", signal=int(signal.SIGTERM), step=step)
+            break
+
+    with ft.section("checkpointing"):
+        if checkpointer.last_saved_step < progress["step"]:
+            checkpointer.save(progress["step"], checkpoint_state())
+        checkpointer.close()
+    if stop_requested:
+        events.emit("run_end", status="terminated", final_step=progress["step"],
+                    final_loss=progress["last_loss"])
+        dist.destroy_process_group()
+        return {"status": "terminated"}
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    digest = state_sha256({"model": model_sd, "optim": optim_sd})
+    events.emit("run_end", status="completed", final_step=progress["step"],
+                final_loss=progress["last_loss"])
+    if rank == 0:
+        report = summarize(load_run(cfg.run_dir), rank=0)
+        summary = {
+            "final_step": progress["step"], "final_loss": progress["last_loss"],
+            "state_sha256": digest, "world_size": world, "preset": cfg.model.preset,
+            "restarts": report.restarts_by_layer(), "faults": report.fault_outcomes(),
+            "checkpoints": {"backend": cfg.checkpoint.backend,
+                            "median_stall_s": report.median_stall_s,
+                            "stalls": len(report.stalls_s)},
+            "goodput": report.goodput, "wall_s": report.wall_s,
+            "replayed_steps": report.lost_steps,
+        }
+        tmp = Path(cfg.run_dir) / ".summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=1))
+        os.replace(tmp, Path(cfg.run_dir) / "summary.json")
+    dist.destroy_process_group()
+    return {"status": "completed"}
+
+
+def run(cfg: TrainConfig, store_port: Optional[int]) -> int:
+    from nvidia_resiliency_ext.inprocess.exception import RestartAbort
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    for fault in parse_fault_spec(cfg.faults):
+        if fault.rank >= world:
+            raise ConfigError(f"faults: {fault.label} targets rank {fault.rank} but the world "
+                              f"has {world} ranks; use a rank below {world}")
+    if store_port is None and cfg.inprocess.enabled:
+        store_port = int(os.environ["MASTER_PORT"]) + 1
+    process = ProcessState(cfg, rank, world, store_port)
+
+    def on_sigterm(signum, frame):
+        if process.sigterm_received:
+            os._exit(EXIT_TERMINATED)  # a second SIGTERM: stop now
+        process.sigterm_received = True
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    process.events.emit("run_start", world_size=world, preset=cfg.model.preset,
+                        backend=cfg.distributed.backend, checkpoint_backend=cfg.checkpoint.backend,
+                        steps=cfg.steps)
+    fn = train_attempt
+    if cfg.inprocess.enabled:
+        from workloads.inprocess import TerminationRequested, build_wrapper
+
+        fn = build_wrapper(cfg.inprocess, store_port=store_port, world_size=world,
+                           run_dir=Path(cfg.run_dir), events=process.events, ft=process.ft,
+                           drop_iteration_state=process.drop_iteration_state,
+                           sigterm_received=lambda: process.sigterm_received)(train_attempt)
+    else:
+        TerminationRequested = ()  # noqa: N806 - nothing to catch without the Wrapper
+    try:
+        outcome = fn(process)
+    except Unrecoverable as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return EXIT_DO_NOT_REQUEUE
+    except TerminationRequested:
+        return EXIT_TERMINATED
+    except RestartAbort as err:
+        print(f"in-process restart gave up: {err}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        process.ft.shutdown()
+    return EXIT_TERMINATED if outcome and outcome.get("status") == "terminated" else 0
+
+
+def preflight(cfg: TrainConfig, world_size: int) -> int:
+    """Checks that need no rank: fault ranks, data path, checkpoint compatibility."""
+    problems = []
+    for fault in parse_fault_spec(cfg.faults):
+        if fault.rank >= world_size:
+            problems.append(f"faults: {fault.label} targets rank {fault.rank}; the world has "
+                            f"{world_size} ranks")
+    if cfg.data.source == "memmap":
+        root = Path(cfg.data.path or "")
+        if not (root.is_file() or (root.is_dir() and any(root.glob("*.bin")))):
+            problems.append(f"data.path: no .bin token shards at {root}")
+    pointer_path = Path(cfg.checkpoint_dir) / "latest.json"
+    if cfg.checkpoint.backend != "none" and pointer_path.is_file():
+        pointer = json.loads(pointer_path.read_text())
+        commit = Path(cfg.checkpoint_dir) / pointer["latest"] / "commit.json"
+        if commit.is_file():
+            manifest = json.loads(commit.read_text())
+            for key, expected in (("world_size", world_size), ("preset", cfg.model.preset)):
+                if manifest.get(key) != expected:
+                    problems.append(f"checkpoint.dir: the newest checkpoint was written with "
+                                    f"{key}={manifest.get(key)!r}, this run has {expected!r}; "
+                                    "resume with the same setting or use an empty checkpoint.dir")
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return EXIT_DO_NOT_REQUEUE if problems else 0
+
+
+def main(argv: Optional[list] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workloads.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="TrainConfig YAML")
+    parser.add_argument("--store-port", type=int, default=None,
+                        help="port of the in-process restart store on the rank-0 host "
+                             "(default MASTER_PORT+1)")
+    parser.add_argument("--preflight", action="store_true",
+                        help="only check config, data and checkpoint compatibility")
+    parser.add_argument("--world-size", type=int, default=None, help="with --preflight")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
+    args = parser.parse_args(argv)
+    # Before torch is imported: NVRx's store polling makes c10d log a warning per wait timeout.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
+                        format=f"%(asctime)s [rank{os.environ.get('RANK', '0')}] %(message)s")
+    try:
+        cfg = TrainConfig.from_yaml(args.config, args.overrides)
+        if args.preflight:
+            if args.world_size is None:
+                raise ConfigError("--preflight needs --world-size (nnodes x nproc-per-node)")
+            return preflight(cfg, args.world_size)
+        return run(cfg, args.store_port)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return EXIT_DO_NOT_REQUEUE
+
+
+def _die_with_parent() -> None:
+    """In NVRx's spawned checkpoint worker (which imports this module as __mp_main__): ask the
+    kernel to kill it when its trainer dies. Otherwise a SIGKILLed rank leaves its worker blocked
+    forever on a queue whose write end the worker itself inherited."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+    if os.getppid() == 1:  # the trainer died before the request was made
+        os._exit(1)
+
+
+if __name__ == "__mp_main__" and sys.platform == "linux":
+    _die_with_parent()
+
+if __name__ == "__main__":
+    sys.exit(main())
