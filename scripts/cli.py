@@ -260,6 +260,28 @@ def teardown(
         raise typer.Exit(1)
 
 
+@app.command()
+def local(
+    nproc: int = typer.Option(2, "--nproc", help="CPU ranks (gloo)."),
+    steps: int = typer.Option(60, help="Training steps."),
+    faults: str = typer.Option("", help='Faults to inject, e.g. "exception@20:1,sigkill@40:0".'),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Default: runs/local-<time>."),
+    preset: str = typer.Option("tiny", help="Model preset: tiny, small, 1b, 8b."),
+    checkpoint_interval: int = typer.Option(10, "--checkpoint-interval", help="Steps between saves."),
+    backend: str = typer.Option("nvrx", help="Checkpoint backend: nvrx, dcp-async, sync, none."),
+    resume: bool = typer.Option(False, help="Continue the run already in --run-dir."),
+    overrides: list[str] = typer.Option([], "--set", help="TrainConfig override key=value (repeatable)."),
+    port: int | None = typer.Option(None, help="Rendezvous port (P and P+1 are used). Default: a free one."),
+) -> None:
+    """Run the trainer under ft_launcher on this machine, inject faults, print how it recovered."""
+    from scripts.local_run import run_local
+
+    code = run_local(nproc=nproc, steps=steps, faults=faults, run_dir=run_dir, preset=preset,
+                     checkpoint_interval=checkpoint_interval, backend=backend, resume=resume,
+                     overrides=overrides, port=port, console=Console())
+    raise typer.Exit(code)
+
+
 def main() -> None:
     try:
         app()
