@@ -9,6 +9,7 @@ through the pidfiles the trainer asks NVRx to write).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -189,7 +190,11 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
     code = launcher.returncode
     tracker.sample(launcher.pid)
     killed = tracker.reap(grace_s=cfg.inprocess.barrier_timeout_s + 10)
-    print_report(console, run_dir, code, time.monotonic() - started, killed)
+    wall_s = time.monotonic() - started
+    (run_dir / "local_run.json").write_text(json.dumps(
+        {"exit_code": code, "wall_s": wall_s, "processes_seen": len(tracker.seen),
+         "killed_after_exit": killed}, indent=1))
+    print_report(console, run_dir, code, wall_s, killed)
     return code
 
 
@@ -219,8 +224,6 @@ def print_report(console: Console, run_dir: Path, code: int, wall_s: float,
     table.add_row("goodput", f"{report.goodput:.1%} (replayed steps: {report.lost_steps})")
     summary = run_dir / "summary.json"
     if summary.is_file():
-        import json
-
         table.add_row("state_sha256", json.loads(summary.read_text())["state_sha256"][:16] + "…")
     table.add_row("processes left", "none" if not killed else f"killed {killed}")
     console.print(table)

@@ -215,6 +215,7 @@ class Checkpointer:
         self.atomic, self.ping = atomic, ping
         self.pending: PendingSave | None = None
         self.last_saved_step = -1
+        self._saves = 0
         self._queue = None
         self._group = None
         if self.backend == "none":
@@ -285,7 +286,9 @@ class Checkpointer:
             return 0.0
         self.wait()  # one save in flight at most
         start = time.monotonic()
-        pending = PendingSave(step=step, path=self.dir / f"step_{step:08d}-{self.attempt}",
+        self._saves += 1
+        pending = PendingSave(step=step,
+                              path=self.dir / f"step_{step:08d}-{self.attempt}.{self._saves}",
                               handed_off_t=time.monotonic())
         if self.backend == "nvrx":
             self._nvrx_hand_off(pending, state)

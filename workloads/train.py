@@ -32,7 +32,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from nvidia_resiliency_ext.inprocess import CallWrapper
 
@@ -52,7 +52,7 @@ class Unrecoverable(BaseException):
 class ProcessState:
     """What outlives in-process restarts: identity, event log, ft connection, SIGTERM flag."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, store_port: Optional[int]):
+    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, store_port: int | None):
         from workloads.events import EventLog
         from workloads.faults import FaultInjector
         from workloads.ft_integration import FaultToleranceReporter
@@ -64,7 +64,7 @@ class ProcessState:
         self.faults = FaultInjector(parse_fault_spec(cfg.faults), rank,
                                     Path(cfg.run_dir) / "faults", self.events.emit)
         self.sigterm_received = False
-        self.restart_begin_t: Optional[float] = None
+        self.restart_begin_t: float | None = None
         self.iteration_objects: dict[str, Any] = {}
         self.wrapper_store = None
 
@@ -133,7 +133,7 @@ def _init_process_group(process: ProcessState, runtime, iteration: int) -> None:
                             timeout=timeout, device_id=device_id)
 
 
-def train_attempt(process: ProcessState, call_wrapper: Optional[CallWrapper] = None) -> dict:
+def train_attempt(process: ProcessState, call_wrapper: CallWrapper | None = None) -> dict:
     """One in-process iteration: build, load, train, finish. Returns {"status": ...}."""
     try:
         return _train_attempt(process, call_wrapper)
@@ -299,7 +299,7 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
     return {"status": "completed"}
 
 
-def run(cfg: TrainConfig, store_port: Optional[int]) -> int:
+def run(cfg: TrainConfig, store_port: int | None) -> int:
     from nvidia_resiliency_ext.inprocess.exception import RestartAbort
 
     rank = int(os.environ.get("RANK", "0"))
@@ -373,7 +373,7 @@ def preflight(cfg: TrainConfig, world_size: int) -> int:
     return EXIT_DO_NOT_REQUEUE if problems else 0
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workloads.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="TrainConfig YAML")

@@ -1,0 +1,65 @@
+"""Shared helpers for the trainer tests: port allocation safe across xdist workers, a local run
+under ft_launcher, and the check that a run left no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def port_pair() -> int:
+    """A port P with P and P+1 free. Each xdist worker draws from its own range below the
+    ephemeral ports, so parallel runs never pick the same pair."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    low = 20000 + index * 1000
+    for _ in range(200):
+        port = random.randrange(low, low + 998)
+        ok = True
+        for p in (port, port + 1):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+        if ok:
+            return port
+    raise RuntimeError("no free port pair")
+
+
+def local_run(run_dir: Path, *, steps: int, faults: str = "", interval: int = 5,
+              backend: str = "nvrx", nproc: int = 2, overrides: tuple[str, ...] = ()) -> dict:
+    """Run the trainer under ft_launcher like `nvrx-eks local` and return local_run.json."""
+    from scripts.local_run import run_local
+
+    run_local(nproc=nproc, steps=steps, faults=faults, run_dir=run_dir, preset="tiny",
+              checkpoint_interval=interval, backend=backend, overrides=overrides,
+              port=port_pair(), console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
+    return json.loads((run_dir / "local_run.json").read_text())
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if proc.info["cmdline"] and text in " ".join(proc.info["cmdline"]):
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def assert_nothing_left(run_dir: Path, record: dict) -> None:
+    """Every process of the run exited by itself (the runner killed nothing) and none whose
+    command line names the run directory is alive."""
+    assert record["killed_after_exit"] == [], f"processes had to be killed: {record}"
+    assert processes_mentioning(str(run_dir)) == []
