@@ -22,7 +22,7 @@ from rich.table import Table
 from scripts.deployment import Deployment
 from scripts.jobspec import JobSpec, build_jobspec, load_train_config
 from scripts.render import RenderedJob, render_job, write_documents
-from scripts.stack_outputs import StackOutputs, read_stack_outputs
+from scripts.stack_outputs import StackOutputs, aws_session, read_stack_outputs
 from scripts.validate import Expectations, ValidationReport, load_documents, validate_documents
 from workloads.errors import ConfigError
 
@@ -152,7 +152,7 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
         err.print("dry run: nothing was sent to a cluster")
         return rendered
 
-    outputs = read_stack_outputs(deployment)
+    outputs, client = connect(deployment, err)
     rendered = render_job(build_spec(deployment, options, outputs))
     report = validate_documents(rendered.documents, expectations(deployment, outputs))
     print_report(report, err)
@@ -162,7 +162,6 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
             f"[yellow]note:[/] the job needs {rendered.spec.nodes} nodes and the GPU node group runs "
             f"{outputs.node_count}; pods wait in Pending until the node group is scaled up"
         )
-    client = job_client(deployment, outputs, err)
     job = client.submit(rendered)
     err.print(
         f"created {job['kind']} {job['metadata']['name']} in {outputs.namespace} "
@@ -172,16 +171,19 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
     return rendered
 
 
-def job_client(deployment: Deployment, outputs: StackOutputs, console: Console):
+def connect(deployment: Deployment, console: Console):
+    """(stack outputs, JobClient) for the deployed cluster, on one AWS session."""
     from scripts.jobs import JobClient
     from scripts.kube import api_client_for
 
-    return JobClient(api_client_for(outputs, deployment.config), outputs.namespace, console)
+    session = aws_session(deployment.config)
+    outputs = read_stack_outputs(deployment, session)
+    client = JobClient(api_client_for(outputs, deployment.config, session), outputs.namespace, console)
+    return outputs, client
 
 
 def status(deployment: Deployment, name: str | None, console: Console):
-    outputs = read_stack_outputs(deployment)
-    client = job_client(deployment, outputs, console)
+    outputs, client = connect(deployment, console)
     if name is None:
         table = Table(title=f"Training jobs in {outputs.namespace}")
         for column in ("name", "kind", "created"):
@@ -207,14 +209,12 @@ def logs(
 ):
     if node is not None and rank is not None:
         raise ConfigError("give either --node or --rank, not both")
-    outputs = read_stack_outputs(deployment)
-    client = job_client(deployment, outputs, console)
+    _, client = connect(deployment, console)
     return client.logs(name, node=node, rank=rank, follow=follow, tail_lines=tail)
 
 
 def delete(deployment: Deployment, name: str, *, wait: bool, console: Console):
-    outputs = read_stack_outputs(deployment)
-    client = job_client(deployment, outputs, console)
+    _, client = connect(deployment, console)
     kind = client.delete(name, wait=wait)
     console.print(
         f"deleted {kind.kind} {name}" + (" and its pods" if wait else " (pods stop within their grace period)")

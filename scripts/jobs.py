@@ -454,7 +454,7 @@ class JobStatus:
         console.print(layers)
         table = Table(title="Pods", show_header=True)
         for column in ("node", "pod", "phase", "on node", "restarts", "last exit", "attempt"):
-            table.add_column(column)
+            table.add_column(column, no_wrap=column == "pod")
         for p in self.pods:
             table.add_row(str(p.node_rank), p.name, p.phase, p.node, str(p.restarts), p.last_exit, p.restart_attempt)
         console.print(table)

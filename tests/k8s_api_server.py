@@ -77,6 +77,10 @@ class InjectedError:
     reason: str
     message: str
     times: int = 1
+    #: Let this many matching requests through first (e.g. fail the create after its dry run).
+    after: int = 0
+    #: Only requests whose dryRun parameter is this ("All") or absent (None); "any" matches both.
+    dry_run: str | None = "any"
 
 
 @dataclass
@@ -159,8 +163,19 @@ class KubeApiTestServer:
         with self._lock:
             self.logs.setdefault((namespace, pod), []).append(line)
 
-    def inject_error(self, method: str, path_pattern: str, code: int, reason: str, message: str, times: int = 1):
-        self.errors.append(InjectedError(method, path_pattern, code, reason, message, times))
+    def inject_error(
+        self,
+        method: str,
+        path_pattern: str,
+        code: int,
+        reason: str,
+        message: str,
+        *,
+        times: int = 1,
+        after: int = 0,
+        dry_run: str | None = "any",
+    ) -> None:
+        self.errors.append(InjectedError(method, path_pattern, code, reason, message, times, after, dry_run))
 
     def requests_to(self, method: str, path_fragment: str) -> list[RecordedRequest]:
         return [r for r in self.requests if r.method == method and path_fragment in r.path]
@@ -173,12 +188,18 @@ class KubeApiTestServer:
         meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         meta["resourceVersion"] = str(self._resource_version)
 
-    def _take_error(self, method: str, path: str) -> InjectedError | None:
+    def _take_error(self, method: str, path: str, dry_run: str | None) -> InjectedError | None:
         with self._lock:
             for error in self.errors:
-                if error.method == method and re.search(error.path_pattern, path) and error.times > 0:
-                    error.times -= 1
-                    return error
+                if error.method != method or not re.search(error.path_pattern, path) or error.times <= 0:
+                    continue
+                if error.dry_run != "any" and error.dry_run != dry_run:
+                    continue
+                if error.after > 0:
+                    error.after -= 1
+                    continue
+                error.times -= 1
+                return error
         return None
 
 
@@ -259,7 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
             state.required_auth_prefix
         ):
             return self._send(401, _status(401, "Unauthorized", "Unauthorized"))
-        injected = state._take_error(method, url.path)
+        injected = state._take_error(method, url.path, (query.get("dryRun") or [None])[0])
         if injected:
             return self._send(injected.code, _status(injected.code, injected.reason, injected.message))
         if url.path == "/version":
@@ -450,7 +471,8 @@ class _Handler(BaseHTTPRequestHandler):
         state = self.server_state
         if state.get("v1", "pods", namespace, name) is None:
             return self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
-        follow = (query.get("follow") or ["false"])[0] == "true"
+        # Query booleans are parsed like Go's strconv.ParseBool: the Python client sends "True".
+        follow = (query.get("follow") or ["false"])[0].lower() in ("1", "t", "true")
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Transfer-Encoding", "chunked")
