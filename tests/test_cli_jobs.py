@@ -15,17 +15,20 @@ import pytest
 import yaml
 
 from infra.outputs import OutputKey
-from tests.cli_harness import (  # noqa: F401  (fixtures)
+from tests import cli_harness
+from tests.cli_harness import (
     DEPLOYED_IMAGE,
     add_fsx_volume,
     add_job_pods,
-    aws,
     create_stack,
     deploy_fake_environment,
-    k8s_server,
-    no_credentials,
     run_cli,
 )
+
+# Fixtures shared with the other CLI test modules.
+aws = cli_harness.aws
+no_credentials = cli_harness.no_credentials
+k8s_server = cli_harness.k8s_server
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/training/jobsets"
