@@ -34,10 +34,16 @@ Answer = Callable[[dict], dict]
 class ServiceGaps:
     session: boto3.Session
     calls: list[tuple[str, str, dict]] = field(default_factory=list)
+    answers: dict[tuple[str, str], Answer] = field(default_factory=dict)
 
     def answer(self, service_id: str, operation: str, fn: Answer) -> None:
-        """Serve `operation` (e.g. "ec2", "DescribeCapacityReservations") with `fn(params)`."""
-        events = self.session.events
+        """Serve `operation` (e.g. "ec2", "DescribeCapacityReservations") with `fn(params)`;
+        a later answer for the same operation replaces the earlier one."""
+        key = (service_id, operation)
+        first = key not in self.answers
+        self.answers[key] = fn
+        if not first:
+            return
 
         def keep_params(params, context, **_):
             context["gap_params"] = dict(params)
@@ -46,7 +52,7 @@ class ServiceGaps:
             params = context.get("gap_params", {})
             self.calls.append((service_id, operation, params))
             try:
-                parsed = fn(params)
+                parsed = self.answers[key](params)
             except ServiceError as e:
                 error = {
                     "Error": {"Code": e.code, "Message": e.message},
@@ -57,9 +63,9 @@ class ServiceGaps:
             return AWSResponse(None, 200, {}, None), {**parsed, "ResponseMetadata": {"HTTPStatusCode": 200}}
 
         # Registered on the session before clients are created, so every client made from it
-        # carries the handlers; unique ids make re-registration replace rather than stack.
-        events.register(f"before-parameter-build.{service_id}.{operation}", keep_params, unique_id=f"gap-p-{operation}")
-        events.register(f"before-call.{service_id}.{operation}", respond, unique_id=f"gap-c-{operation}")
+        # carries the handlers.
+        self.session.events.register(f"before-parameter-build.{service_id}.{operation}", keep_params)
+        self.session.events.register(f"before-call.{service_id}.{operation}", respond)
 
     def called(self, operation: str) -> list[dict]:
         return [params for _, op, params in self.calls if op == operation]
