@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from workloads.checkpoint import (
-    CheckpointIncompatible,
     Checkpointer,
+    CheckpointIncompatible,
     checkpoint_dirs,
     committed_checkpoints,
     state_sha256,
