@@ -285,7 +285,7 @@ def teardown(
     delete_data: bool,
     console: Console,
     confirm: Confirm,
-    run_cdk: CommandRunner = run_command,
+    run_cdk: CommandRunner | None = None,
     session: boto3.Session | None = None,
     api_client_factory: Callable[[StackOutputs], k8s.ApiClient] | None = None,
     skip_kubernetes: bool = False,
@@ -335,7 +335,7 @@ def teardown(
     if existing:
         argv = cdk_destroy_argv(deployment)
         console.print(f"running {' '.join(argv[1:])}")
-        status = run_cdk(argv)
+        status = (run_cdk or run_command)(argv)
         if status != 0:
             raise ConfigError(
                 f"cdk destroy failed (exit {status}); see its output above, fix the cause and run teardown again "

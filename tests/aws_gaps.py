@@ -59,7 +59,10 @@ class ServiceGaps:
                     "ResponseMetadata": {"HTTPStatusCode": e.status},
                 }
                 return AWSResponse(None, e.status, {}, None), error
-            validate_parameters(parsed, model.output_shape)
+            if model.output_shape is None:
+                assert parsed == {}, f"{operation} returns no data"
+            else:
+                validate_parameters(parsed, model.output_shape)
             return AWSResponse(None, 200, {}, None), {**parsed, "ResponseMetadata": {"HTTPStatusCode": 200}}
 
         # Registered on the session before clients are created, so every client made from it
