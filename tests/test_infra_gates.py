@@ -44,7 +44,7 @@ def test_cdk_nag_fails_synth_on_a_new_finding(tmp_path):
     stack = Stack(app, "Leaky")
     s3.Bucket(stack, "Bucket")
     enable_nag(app)
-    with pytest.raises(Exception, match="Validation failed"):
+    with pytest.raises(Exception, match="ValidationFailed"):
         app.synth()
     report = json.loads((tmp_path / "validation-report.json").read_text())
     rules = {v["ruleName"] for r in report["pluginReports"] for v in r["violations"]}
