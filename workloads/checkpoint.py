@@ -80,6 +80,10 @@ class CheckpointTimeout(RuntimeError):
     """A save did not commit within checkpoint.finalize_timeout_s: treated as a fault."""
 
 
+class CheckpointWriterDied(RuntimeError):
+    """The NVRx checkpoint worker exited with a save in flight: the save is abandoned."""
+
+
 def _worker_ready_probe() -> None:
     """Runs in the NVRx checkpoint worker; its completion proves the worker is up."""
 
@@ -330,11 +334,19 @@ class Checkpointer:
             self.poll()
             if self.pending is None:
                 break
+            self._raise_if_writer_died()
             if time.monotonic() > deadline:
                 raise CheckpointTimeout(f"checkpoint of step {self.pending.step} did not commit "
                                         f"within {self.cfg.checkpoint.finalize_timeout_s:g}s")
             self.ping()
             time.sleep(0.02)
+
+    def _raise_if_writer_died(self) -> None:
+        caller = getattr(self._queue, "persistent_caller", None) if self._queue else None
+        process = getattr(caller, "process", None)
+        if process is not None and not process.is_alive():
+            raise CheckpointWriterDied(f"the checkpoint worker exited (code {process.exitcode}) "
+                                       f"while writing step {self.pending.step}")
 
     def close(self) -> None:
         """Finish the in-flight save and stop the writer (normal end and SIGTERM)."""

@@ -401,12 +401,17 @@ def main(argv: list | None = None) -> int:
         return EXIT_DO_NOT_REQUEUE
 
 
-def _die_with_parent() -> None:
-    """In NVRx's spawned checkpoint worker (which imports this module as __mp_main__): ask the
-    kernel to kill it when its trainer dies. Otherwise a SIGKILLed rank leaves its worker blocked
-    forever on a queue whose write end the worker itself inherited."""
+def _tie_checkpoint_worker_to_trainer() -> None:
+    """Runs in NVRx's spawned checkpoint worker, which imports this module as __mp_main__.
+
+    Own process group: ft_launcher stops a rank by signalling the rank's whole process group, and
+    the worker would die with it before the rank could finish its in-flight checkpoint after a
+    SIGTERM. Parent-death signal: a SIGKILLed rank would otherwise leave its worker blocked forever
+    on a queue whose write end the worker itself inherited. The trainer still stops the worker
+    itself (NVRx's close/abort signal its pid)."""
     import ctypes
 
+    os.setpgid(0, 0)
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
     if os.getppid() == 1:  # the trainer died before the request was made
@@ -414,7 +419,7 @@ def _die_with_parent() -> None:
 
 
 if __name__ == "__mp_main__" and sys.platform == "linux":
-    _die_with_parent()
+    _tie_checkpoint_worker_to_trainer()
 
 if __name__ == "__main__":
     sys.exit(main())
