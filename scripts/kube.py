@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 import boto3
+import urllib3
 from botocore.exceptions import BotoCoreError, ClientError
 from kubernetes import client as k8s
 
@@ -30,6 +31,7 @@ CLUSTER_ID_HEADER = "x-k8s-aws-id"
 #: a token for 15 minutes after signing, so we refresh well before that.
 PRESIGN_EXPIRES_S = 60
 TOKEN_REFRESH_AFTER_S = 10 * 60
+CONNECT_TIMEOUT_S = 15
 
 
 @dataclass
@@ -102,4 +104,11 @@ def api_client_for(
         except (BotoCoreError, ClientError) as e:
             raise aws_error(e, config, "signing the EKS authentication token") from None
 
-    return k8s.ApiClient(client_configuration(outputs.endpoint, token_source, outputs.certificate_authority_data))
+    api_client = k8s.ApiClient(client_configuration(outputs.endpoint, token_source, outputs.certificate_authority_data))
+    # Without a connect timeout, a private endpoint seen from outside the VPC hangs for minutes
+    # (the OS's SYN retries) before the CLI can say what is wrong. Reads stay unbounded for
+    # `logs -f`.
+    api_client.rest_client.pool_manager.connection_pool_kw["timeout"] = urllib3.Timeout(
+        connect=CONNECT_TIMEOUT_S, read=None
+    )
+    return api_client

@@ -813,12 +813,18 @@ class _Rules:
         if site.container is None:
             return
         cpath = site.path + ["spec", "containers", site.container_index]
-        command = site.container.get("command")
-        if not (isinstance(command, list) and len(command) == 3 and command[:2] == ["/bin/sh", "-c"]):
-            self.error(cpath + ["command"], "must be [/bin/sh, -c, <entrypoint>] as rendered")
+        if "command" in site.container:
+            self.error(
+                cpath + ["command"],
+                "must not be set: it replaces the image's tini entrypoint, which reaps NVRx's detached "
+                "monitor processes and passes SIGTERM to ft_launcher; put the entrypoint in args",
+            )
+        args = site.container.get("args")
+        if not (isinstance(args, list) and len(args) == 3 and args[:2] == ["/bin/sh", "-c"]):
+            self.error(cpath + ["args"], "must be [/bin/sh, -c, <entrypoint>] as rendered")
             return
-        script_path = cpath + ["command", 2]
-        launcher, preflight, dns_host = _parse_entrypoint(str(command[2]))
+        script_path = cpath + ["args", 2]
+        launcher, preflight, dns_host = _parse_entrypoint(str(args[2]))
         if launcher is None:
             self.error(script_path, "no ft_launcher command in the entrypoint")
             return

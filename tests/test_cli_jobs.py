@@ -326,9 +326,13 @@ def test_logs_follow_streams_until_the_pod_ends(cluster):
     cluster.set_log("training", pod, ["[rank0] step 1"])
 
     def training_goes_on():
-        time.sleep(0.3)
+        # Once the client is streaming: one more line, then the pod ends.
+        deadline = time.monotonic() + 60
+        while not cluster.requests_to("GET", "/log") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)
         cluster.append_log("training", pod, "[rank0] step 2")
-        time.sleep(0.3)
+        time.sleep(0.2)
         cluster.objects.pop(("v1", "pods", "training", pod))
 
     threading.Thread(target=training_goes_on, daemon=True).start()

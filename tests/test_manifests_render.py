@@ -36,7 +36,7 @@ def _pods(job: dict) -> list[dict]:
 
 
 def _launcher_argv(pod: dict) -> list[str]:
-    script = pod["spec"]["containers"][0]["command"][2]
+    script = pod["spec"]["containers"][0]["args"][2]
     line = next(line for line in script.splitlines() if "ft_launcher" in line and not line.lstrip().startswith("#"))
     tokens = shlex.split(line)
     tokens = tokens[1:] if tokens[0] == "exec" else tokens
@@ -97,10 +97,11 @@ def test_pytorchjob_entrypoint_keeps_93_and_makes_other_failures_retryable():
     """The training operator retries only 130/137/138/143 under restartPolicy ExitCode; the
     entrypoint keeps 93 permanent and maps other launcher failures to 138."""
     job = render_job(build_jobspec(resolve_config(), nodes=2, name="llm", api="pytorchjob")).job_document
-    script = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"][2]
+    script = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"][2]
     assert "0|93|130|137|143) exit" in script
     assert "exit 138" in script
-    assert "trap 'kill -TERM" in script  # SIGTERM reaches ft_launcher through the wrapper
+    # The wrapper survives SIGTERM (tini -g delivers it to ft_launcher too) and waits for the launcher.
+    assert "trap : TERM INT" in script and 'wait "$launcher_pid"' in script
 
 
 def test_command_is_the_trainers_launch_command():

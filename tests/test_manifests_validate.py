@@ -48,9 +48,9 @@ def _container(docs) -> dict:
 
 
 def _replace_in_script(docs, old: str, new: str) -> None:
-    command = _container(docs)["command"]
-    assert old in command[2]
-    command[2] = command[2].replace(old, new)
+    args = _container(docs)["args"]
+    assert old in args[2]
+    args[2] = args[2].replace(old, new)
 
 
 def _edit_train_yaml(docs, old: str, new: str) -> None:
@@ -113,7 +113,7 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
             d, "--rdzv-endpoint train-worker-0-0.train:29500", "--rdzv-endpoint 10.0.3.7:29500"
         ),
         "project",
-        f"{CONTAINER}.command[2]",
+        f"{CONTAINER}.args[2]",
     ),
     (
         "exit-93 pod failure policy removed",
@@ -137,7 +137,7 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
         "world size: parallelism disagrees with ft_launcher --nnodes",
         lambda d: d[1]["spec"]["replicatedJobs"][0]["template"]["spec"].update(parallelism=3, completions=3),
         "project",
-        f"{CONTAINER}.command[2]",
+        f"{CONTAINER}.args[2]",
     ),
     (
         "grace period shorter than the trainer's checkpoint finalize",
@@ -149,7 +149,7 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
         "timeouts: ft_launcher flag hand-edited away from the trainer config",
         lambda d: _replace_in_script(d, "--term-timeout 330", "--term-timeout 30"),
         "project",
-        f"{CONTAINER}.command[2]",
+        f"{CONTAINER}.args[2]",
     ),
     (
         "trainer config with an unknown key",
@@ -210,6 +210,12 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
         lambda d: d[1]["metadata"].__setitem__("namespace", "default"),
         "project",
         "metadata.namespace",
+    ),
+    (
+        "command set, replacing the image's tini entrypoint",
+        lambda d: _container(d).__setitem__("command", ["python"]),
+        "project",
+        f"{CONTAINER}.command",
     ),
     (
         "restartPolicy OnFailure defeats the pod failure policy",
