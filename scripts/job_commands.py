@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from scripts.deployment import Deployment
@@ -61,7 +62,7 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
     train = None if options.fabric_test else load_train_config(options.train_config, options.overrides, options.faults)
     return build_jobspec(
         deployment.config,
-        nodes=options.nodes or deployment.config.gpu_nodes.desired_size,
+        nodes=options.nodes or (outputs.node_count if outputs else deployment.config.gpu_nodes.desired_size),
         name=options.name or DEFAULT_JOB_NAME[options.workload],
         api=api,
         workload=options.workload,
@@ -89,14 +90,14 @@ def expectations(deployment: Deployment, outputs: StackOutputs | None) -> Expect
 
 def print_report(report: ValidationReport, console: Console) -> None:
     for message in report.skipped:
-        console.print(f"[yellow]note:[/] {message}")
+        console.print(f"[yellow]note:[/] {escape(message)}")
     if report.findings:
         table = Table(title="Validation findings")
         for column in ("severity", "layer", "object", "field", "problem"):
             table.add_column(column, overflow="fold")
         for f in report.findings:
             style = "red" if f.severity == "error" else "yellow"
-            table.add_row(f"[{style}]{f.severity}[/]", f.layer, f.document, f.path, f.message)
+            table.add_row(f"[{style}]{f.severity}[/]", f.layer, escape(f.document), escape(f.path), escape(f.message))
         console.print(table)
     layers = "kubernetes, project" + ("" if report.skipped else ", crd")
     verdict = "[green]valid[/]" if report.ok else f"[red]{len(report.errors)} error(s)[/]"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from urllib3.exceptions import HTTPError as Urllib3Error
 
@@ -441,7 +442,8 @@ class JobStatus:
         restarts = "n/a" if self.controller_restarts is None else str(self.controller_restarts)
         limit = "" if self.max_restarts is None else f" of {self.max_restarts}"
         console.print(
-            f"[bold]{self.kind.kind} {self.name}[/]: {self.phase}" + (f" ({self.message})" if self.message else "")
+            f"[bold]{self.kind.kind} {self.name}[/]: {self.phase}"
+            + (f" ({escape(self.message)})" if self.message else "")
         )
         layers = Table(title="Restarts by resilience layer", show_header=True)
         layers.add_column("layer")
@@ -456,7 +458,15 @@ class JobStatus:
         for column in ("node", "pod", "phase", "on node", "restarts", "last exit", "attempt"):
             table.add_column(column, no_wrap=column == "pod")
         for p in self.pods:
-            table.add_row(str(p.node_rank), p.name, p.phase, p.node, str(p.restarts), p.last_exit, p.restart_attempt)
+            table.add_row(
+                str(p.node_rank),
+                escape(p.name),
+                p.phase,
+                escape(p.node),
+                str(p.restarts),
+                p.last_exit,
+                p.restart_attempt,
+            )
         console.print(table)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from infra.config import DeploymentConfig
@@ -327,7 +328,7 @@ def print_results(results: list[CheckResult], console: Console) -> None:
     for column in ("check", "result", "detail", "fix"):
         table.add_column(column)
     for r in results:
-        table.add_row(r.name, f"[{styles[r.status]}]{r.status}[/]", r.detail, r.fix)
+        table.add_row(escape(r.name), f"[{styles[r.status]}]{r.status}[/]", escape(r.detail), escape(r.fix))
     console.print(table)
 
 

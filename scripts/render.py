@@ -78,12 +78,8 @@ def fabric_env(facts: InstanceFacts, *, debug: str = "WARN") -> dict[str, str]:
 
 
 def trainer_env(spec: JobSpec) -> dict[str, str]:
-    return {
-        **fabric_env(spec.facts),
-        "PYTHONUNBUFFERED": "1",
-        # Where the trainer writes events and checkpoints: stated for operators reading the pod.
-        "NVRX_EKS_RUN_DIR": spec.train.run_dir,
-    }
+    # Unbuffered: a rank killed by a fault must not take its last log lines with it.
+    return {**fabric_env(spec.facts), "PYTHONUNBUFFERED": "1"}
 
 
 def trainer_entrypoint_args(spec: JobSpec) -> tuple[list[str], list[str]]:

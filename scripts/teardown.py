@@ -28,6 +28,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from urllib3.exceptions import HTTPError as Urllib3Error
 
@@ -319,9 +320,15 @@ def teardown(
 
     if outputs is not None and not skip_kubernetes:
         factory = api_client_factory or _default_api_client_factory(deployment, session)
-        result.jobs_deleted = delete_kubernetes_objects(
-            factory(outputs), outputs.namespace, outputs.pvc_name, console, timeout_s=timeout_s, poll_s=poll_s
-        )
+        try:
+            result.jobs_deleted = delete_kubernetes_objects(
+                factory(outputs), outputs.namespace, outputs.pvc_name, console, timeout_s=timeout_s, poll_s=poll_s
+            )
+        except ConfigError as e:
+            raise ConfigError(
+                f"{e}; nothing was destroyed. If the cluster cannot be reached from here, --skip-kubernetes "
+                "leaves the jobs and the claim to cdk destroy"
+            ) from None
 
     if delete_data:
         # Before destroy: a non-empty bucket would fail the stack deletion.
@@ -397,7 +404,7 @@ def _print_report(console: Console, result: TeardownResult) -> None:
     for column in ("resource", "id", "detail", "outcome"):
         table.add_column(column)
     for orphan in result.orphans:
-        table.add_row(orphan.kind, orphan.identifier, orphan.detail, orphan.outcome)
+        table.add_row(orphan.kind, escape(orphan.identifier), escape(orphan.detail), escape(orphan.outcome))
     if result.orphans:
         console.print(table)
     else:

@@ -8,8 +8,11 @@ import boto3
 import pytest
 from rich.console import Console
 
+from infra.config import resolve_config
 from infra.conventions import DEPLOYMENT_TAG_KEY
 from scripts.deployment import load_deployment
+from scripts.jobspec import build_jobspec
+from scripts.render import render_job
 from scripts.teardown import teardown
 from tests import cli_harness
 from tests.aws_gaps import PlacementGroups, ServiceGaps
@@ -147,7 +150,9 @@ def deployed(aws, k8s_server):
     """A deployment with a running 2-node job whose pods mount the FSx claim."""
     deploy_fake_environment(k8s_server.url)
     add_fsx_volume(k8s_server)
-    assert run_cli("submit", "--nodes", "2").code == 0
+    # What `submit` leaves in the cluster (submit itself is tested in test_cli_jobs.py).
+    for document in render_job(build_jobspec(resolve_config(), nodes=2, name="train")).documents:
+        k8s_server.add(document)
     add_job_pods(k8s_server, "train", 2)
     session = boto3.Session(region_name=REGION)
     return k8s_server, session, Leftovers(session)
