@@ -104,3 +104,13 @@ def test_sigterm_to_the_group_reaches_the_launcher_once(sandbox, api):
     assert process.wait(timeout=20) == 143
     # Exactly one SIGTERM: a second one would cut ft_launcher's graceful shutdown short.
     assert (work / "launcher-signals").read_text().splitlines() == ["term"]
+
+
+@pytest.mark.parametrize("nodes", [1, 4])
+def test_fabric_test_script_parses_under_bash(nodes):
+    job = render_job(build_jobspec(resolve_config(), nodes=nodes, name="nccl-test", workload="nccl-test")).job_document
+    container = job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    shell, flag, script = container["command"]
+    assert (shell, flag) == ("/bin/bash", "-c")
+    checked = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
