@@ -203,6 +203,8 @@ def print_report(console: Console, run_dir: Path, code: int, wall_s: float,
     run = load_run(run_dir)
     report = summarize(run)
     table = Table(title=f"nvrx-eks local: launcher exit {code}, {wall_s:.1f}s", show_header=False)
+    table.add_column(no_wrap=True)  # labels stay greppable on narrow terminals
+    table.add_column(overflow="fold")
     table.add_row("final step", str(report.final_step))
     ends = run.of("step_end", rank=0)
     if ends:

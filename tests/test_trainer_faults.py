@@ -33,7 +33,9 @@ FAULTS = ("exception@7:1,hang@13:0,corrupt-latest@17:0,exception@17:0,sigkill@21
           "kill-in-save@25")
 
 
-@pytest.fixture(scope="module")
+# Session scope: the CLI tests share this xdist group and may be scheduled between these tests;
+# a module-scoped fixture would then be torn down and the runs repeated.
+@pytest.fixture(scope="session")
 def clean(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("clean")
     record = local_run(run_dir, steps=STEPS, interval=INTERVAL)
@@ -41,7 +43,7 @@ def clean(tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def faulted(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("faulted")
     record = local_run(run_dir, steps=STEPS, faults=FAULTS, interval=INTERVAL)

@@ -191,3 +191,18 @@ def test_event_reader_pairs_restarts_and_reports_goodput(tmp_path):
         f.write('{"v":1,"t":')
     assert len(load_run(tmp_path).events) == len(run.events)
     assert json.loads((tmp_path / "events" / "rank0.jsonl").read_text().splitlines()[0])["pid"]
+
+
+@pytest.mark.parametrize("backend", ["nvrx", "dcp-async"])
+def test_async_backends_save_the_state_as_of_the_hand_off(single_rank, tmp_path, backend):
+    """The staging copy is taken before save() returns: changing the weights afterwards (as the
+    next optimizer step does) must not leak into the checkpoint."""
+    ckpt = _checkpointer(tmp_path, **{"checkpoint.backend": backend})
+    state = _state(5.0)
+    ckpt.save(5, state)
+    state["weights"].add_(100.0)  # what the next optimizer step would do
+    ckpt.close()
+    loaded = ckpt.load_latest(lambda: _state(0.0))
+    assert loaded.step == 5 and torch.equal(loaded.state["weights"], torch.full((64,), 5.0))
+    manifest = json.loads((loaded.path / "commit.json").read_text())
+    assert manifest["backend"] == backend and ".metadata" in manifest["files"]

@@ -209,14 +209,15 @@ class Checkpointer:
     def __init__(self, cfg: TrainConfig, *, events: EventLog, faults: FaultInjector,
                  identity: dict[str, Any], device: torch.device,
                  atomic: Callable[[], Any] = contextlib.nullcontext,
-                 ping: Callable[[], None] = lambda: None):
+                 ping: Callable[[], None] = lambda: None,
+                 unguarded: Callable[[], Any] = contextlib.nullcontext):
         self.cfg = cfg
         self.device = device  # where the small control tensors live (CUDA for NCCL)
         self.backend = cfg.checkpoint.backend
         self.dir = Path(cfg.checkpoint_dir)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.events, self.faults, self.identity = events, faults, identity
-        self.atomic, self.ping = atomic, ping
+        self.atomic, self.ping, self.unguarded = atomic, ping, unguarded
         self.pending: PendingSave | None = None
         self.last_saved_step = -1
         self._saves = 0
@@ -294,7 +295,14 @@ class Checkpointer:
         pending = PendingSave(step=step,
                               path=self.dir / f"step_{step:08d}-{self.attempt}.{self._saves}",
                               handed_off_t=time.monotonic())
-        if self.backend == "nvrx":
+        if self.backend == "nvrx" and self._saves == 1:
+            # The first NVRx save of an iteration plans, allocates the shared-memory staging
+            # buffers and ships them to the worker: seconds on a busy host, which the in-process
+            # watchdog would take for a hang. It runs without hang protection; the ft
+            # `checkpointing` section still bounds it. Later saves reuse plan and buffers.
+            with self.unguarded():
+                self._nvrx_hand_off(pending, state)
+        elif self.backend == "nvrx":
             self._nvrx_hand_off(pending, state)
         elif self.backend == "dcp-async":
             response = dcp.async_save(state, checkpoint_id=str(pending.path),

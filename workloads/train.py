@@ -158,6 +158,8 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
     iteration = call_wrapper.iteration if call_wrapper is not None else 0
     ping = call_wrapper.ping if call_wrapper is not None else (lambda: None)
     atomic = call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext
+    unguarded = (call_wrapper.disable_hang_protection if call_wrapper is not None
+                 else contextlib.nullcontext)
     events.iteration = iteration
     setup_started = time.monotonic()
     objects = process.iteration_objects
@@ -182,7 +184,7 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         batches = build_batches(cfg.data, rank, world, shape.vocab_size, cfg.seed)
         checkpointer = objects["checkpointer"] = Checkpointer(
             cfg, events=events, faults=faults, device=runtime.device, atomic=atomic, ping=ping,
-            identity={"world_size": world, "preset": cfg.model.preset})
+            unguarded=unguarded, identity={"world_size": world, "preset": cfg.model.preset})
 
         progress = {"step": 0, "last_loss": float("nan")}
 
