@@ -19,6 +19,8 @@ from infra.instance_facts import INSTANCE_FACTS, InstanceFacts, facts_for
 from workloads.errors import ConfigError, describe_validation_error
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
+#: The stacks of one deployment, in deployment order (see infra/environment.py).
+STACK_ROLES = ("network", "storage", "cluster")
 DEFAULT_PROFILE = "p5"
 
 #: EKS versions this project supports: the kubectl Lambda layer we ship (v35) must be within one
@@ -391,9 +393,11 @@ class DeploymentConfig(StrictModel):
             )
         return self
 
-    @property
-    def stack_prefix(self) -> str:
-        return self.name
+    def stack_name(self, role: str) -> str:
+        """CloudFormation stack name of one of the STACK_ROLES."""
+        if role not in STACK_ROLES:
+            raise ValueError(f"unknown stack role {role!r}; expected one of {STACK_ROLES}")
+        return f"{self.name}-{role}"
 
     @property
     def cluster_name(self) -> str:

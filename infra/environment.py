@@ -28,13 +28,17 @@ class TrainingEnvironment:
 
 def build_environment(app: App, config: DeploymentConfig) -> TrainingEnvironment:
     env = Environment(account=config.account, region=config.region)
-    prefix = config.stack_prefix
+    prefix = config.name
     network = NetworkStack(
-        app, f"{prefix}-network", config=config, env=env, description=f"{prefix}: VPC and fabric security groups"
+        app,
+        config.stack_name("network"),
+        config=config,
+        env=env,
+        description=f"{prefix}: VPC and fabric security groups",
     )
     storage = StorageStack(
         app,
-        f"{prefix}-storage",
+        config.stack_name("storage"),
         config=config,
         subnet=network.gpu_subnet,
         security_group=network.fsx_sg,
@@ -43,7 +47,7 @@ def build_environment(app: App, config: DeploymentConfig) -> TrainingEnvironment
     )
     cluster = TrainingClusterStack(
         app,
-        f"{prefix}-cluster",
+        config.stack_name("cluster"),
         config=config,
         vpc=network.vpc,
         gpu_subnet=network.gpu_subnet,

@@ -35,6 +35,9 @@ class InstanceFacts:
     #: Can mount an EFA-enabled FSx for Lustre file system over EFA (with GPUDirect Storage):
     #: FSx names P5, P5e, P5en (and P6-B200) as its EFA/GDS clients; p4d and g5 use TCP (ENA).
     fsx_efa_client: bool = False
+    #: The EFA device supports RDMA (read), so NCCL can move GPU memory straight to the NIC
+    #: (GPUDirect RDMA). g5's EFA has no RDMA: traffic is staged through host memory.
+    efa_rdma: bool = False
 
     @property
     def family(self) -> str:
@@ -56,21 +59,79 @@ class InstanceFacts:
         return self.vcpus - max(4, self.vcpus // 10)
 
 
+def _p5_class(instance_type: str, gpu: str, gpu_memory_gib: int, cards: int, usd: float | None) -> InstanceFacts:
+    """p5 / p5e / p5en share everything but the GPU and the network card count."""
+    return InstanceFacts(
+        instance_type, gpu, gpus=8, gpu_memory_gib=gpu_memory_gib, vcpus=192, memory_gib=2048,
+        network_cards=cards, efa_interfaces=cards, network_gbps=3200, nvme_gib=8 * 3576,
+        on_demand_usd_per_hour=usd, fsx_efa_client=True, efa_rdma=True,
+    )  # fmt: skip
+
+
 INSTANCE_FACTS: dict[str, InstanceFacts] = {
     f.instance_type: f
     for f in (
         # 8x H100 SXM 80 GB; 32 network cards, EFAv2 at 3200 Gbps in total; 8x 3.84 TB NVMe.
-        InstanceFacts("p5.48xlarge", "H100", 8, 80, 192, 2048, 32, 32, 3200, 8 * 3576, 55.04, fsx_efa_client=True),
-        # 8x H200 141 GB; same network layout as p5; Capacity Blocks only.
-        InstanceFacts("p5e.48xlarge", "H200", 8, 141, 192, 2048, 32, 32, 3200, 8 * 3576, None, fsx_efa_client=True),
-        # 8x H200 141 GB; EFAv3 on 16 network cards at 3200 Gbps in total.
-        InstanceFacts("p5en.48xlarge", "H200", 8, 141, 192, 2048, 16, 16, 3200, 8 * 3576, 63.30, fsx_efa_client=True),
+        _p5_class("p5.48xlarge", "H100", 80, cards=32, usd=55.04),
+        # 8x H200 141 GB; same network layout as p5; sold as Capacity Blocks only.
+        _p5_class("p5e.48xlarge", "H200", 141, cards=32, usd=None),
+        # 8x H200 141 GB; EFAv3 on 16 network cards, 3200 Gbps in total.
+        _p5_class("p5en.48xlarge", "H200", 141, cards=16, usd=63.30),
         # 8x A100 40 GB; 4 network cards, EFA at 400 Gbps; 8x 1 TB NVMe.
-        InstanceFacts("p4d.24xlarge", "A100", 8, 40, 96, 1152, 4, 4, 400, 8 * 931, 21.96),
-        # Low-cost rehearsal types: 1 or 4 A10G 24 GB, one EFA interface.
-        InstanceFacts("g5.8xlarge", "A10G", 1, 24, 32, 128, 1, 1, 25, 838, 2.448),
-        InstanceFacts("g5.12xlarge", "A10G", 4, 24, 48, 192, 1, 1, 40, 3539, 5.672),
-        InstanceFacts("g5.48xlarge", "A10G", 8, 24, 192, 768, 1, 1, 100, 7078, 16.288),
+        InstanceFacts(
+            "p4d.24xlarge",
+            "A100",
+            gpus=8,
+            gpu_memory_gib=40,
+            vcpus=96,
+            memory_gib=1152,
+            network_cards=4,
+            efa_interfaces=4,
+            network_gbps=400,
+            nvme_gib=8 * 931,
+            on_demand_usd_per_hour=21.96,
+            efa_rdma=True,
+        ),  # fmt: skip
+        # Low-cost rehearsal types: A10G 24 GB GPUs, one EFA interface, no RDMA.
+        InstanceFacts(
+            "g5.8xlarge",
+            "A10G",
+            gpus=1,
+            gpu_memory_gib=24,
+            vcpus=32,
+            memory_gib=128,
+            network_cards=1,
+            efa_interfaces=1,
+            network_gbps=25,
+            nvme_gib=838,
+            on_demand_usd_per_hour=2.448,
+        ),  # fmt: skip
+        InstanceFacts(
+            "g5.12xlarge",
+            "A10G",
+            gpus=4,
+            gpu_memory_gib=24,
+            vcpus=48,
+            memory_gib=192,
+            network_cards=1,
+            efa_interfaces=1,
+            network_gbps=40,
+            nvme_gib=3539,
+            on_demand_usd_per_hour=5.672,
+        ),  # fmt: skip
+        InstanceFacts(
+            "g5.48xlarge",
+            "A10G",
+            gpus=8,
+            gpu_memory_gib=24,
+            vcpus=192,
+            memory_gib=768,
+            network_cards=1,
+            efa_interfaces=1,
+            network_gbps=100,
+            nvme_gib=7078,
+            on_demand_usd_per_hour=16.288,
+        ),  # fmt: skip
     )
 }
 

@@ -50,9 +50,6 @@ NCCL_WAIT_S = 600
 NCCL_DEADLINE_S = 1800
 NCCL_EXCHANGE_ROOT = f"{FSX_MOUNT_PATH}/.nvrx-eks/nccl-tests"
 
-#: Instance families whose EFA supports RDMA read, so NCCL's network plugin can use GPUDirect
-#: RDMA (GPU memory straight to the NIC). g5's EFA has no RDMA: traffic is staged in host memory.
-_EFA_RDMA_FAMILIES = frozenset({"p4d", "p5", "p5e", "p5en"})
 #: p5-class tuning from AWS's published nccl-tests manifests for p5 (8 MiB NCCL buffers, 512 KiB
 #: chunks for point-to-point over the network), which fit 3200 Gbps EFA across 16-32 NICs.
 _P5_CLASS = frozenset({"p5", "p5e", "p5en"})
@@ -63,7 +60,7 @@ def fabric_env(facts: InstanceFacts, *, debug: str = "WARN") -> dict[str, str]:
     env = {
         # Fail loudly if the EFA provider is missing instead of falling back to TCP.
         "FI_PROVIDER": "efa",
-        "FI_EFA_USE_DEVICE_RDMA": "1" if facts.family in _EFA_RDMA_FAMILIES else "0",
+        "FI_EFA_USE_DEVICE_RDMA": "1" if facts.efa_rdma else "0",
         # DataLoader workers fork after EFA memory registration; rdma-core must stay fork-safe.
         "FI_EFA_FORK_SAFE": "1",
         # NCCL's bootstrap and socket fallback use the pod's primary interface, not loopback or

@@ -18,17 +18,8 @@ from infra.outputs import REQUIRED_OUTPUTS, OutputKey
 from scripts.deployment import Deployment
 from workloads.errors import ConfigError
 
-#: Stack roles in deployment order; `<name>-<role>` is each stack's name (infra/environment.py).
-STACK_ROLES = ("network", "storage", "cluster")
-
 #: Stack states in which the outputs are those of a finished deployment.
 _USABLE_STATES = {"CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE", "IMPORT_COMPLETE"}
-
-
-def stack_name(config: DeploymentConfig, role: str) -> str:
-    if role not in STACK_ROLES:
-        raise ValueError(f"unknown stack role {role!r}; expected one of {STACK_ROLES}")
-    return f"{config.stack_prefix}-{role}"
 
 
 @dataclass(frozen=True)
@@ -112,7 +103,7 @@ def read_stack_outputs(deployment: Deployment, session: boto3.Session | None = N
     """The cluster stack's outputs; ConfigError (with the fix) if they cannot be used."""
     config = deployment.config
     session = session or aws_session(config)
-    name = stack_name(config, "cluster")
+    name = config.stack_name("cluster")
     stack = describe_stack(session, name, config)
     if stack is None:
         raise ConfigError(

@@ -32,10 +32,10 @@ from rich.markup import escape
 from rich.table import Table
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from infra.config import DeploymentConfig
+from infra.config import STACK_ROLES, DeploymentConfig
 from infra.conventions import DEPLOYMENT_TAG_KEY, FSX_PV_NAME
 from scripts.deployment import Deployment
-from scripts.stack_outputs import STACK_ROLES, StackOutputs, aws_error, describe_stack, read_stack_outputs, stack_name
+from scripts.stack_outputs import StackOutputs, aws_error, describe_stack, read_stack_outputs
 from workloads.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -252,7 +252,7 @@ def find_retained_data(session: boto3.Session, config: DeploymentConfig, outputs
         if outputs and name == outputs.data_bucket_name:
             data.buckets.append(name)
             continue
-        if not name.startswith(f"{config.stack_prefix}-storage"):
+        if not name.startswith(config.stack_name("storage")):
             continue  # CloudFormation names our buckets <stack>-<logical id>-<suffix>
         try:
             tags = {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=name)["TagSet"]}
@@ -298,8 +298,8 @@ def teardown(
     result = TeardownResult()
 
     try:
-        stacks = {role: describe_stack(session, stack_name(config, role), config) for role in STACK_ROLES}
-        existing = [stack_name(config, role) for role, stack in stacks.items() if stack is not None]
+        stacks = {role: describe_stack(session, config.stack_name(role), config) for role in STACK_ROLES}
+        existing = [config.stack_name(role) for role, stack in stacks.items() if stack is not None]
         outputs = read_stack_outputs(deployment, session) if stacks["cluster"] is not None else None
         retained = find_retained_data(session, config, outputs)
     except (ClientError, BotoCoreError) as e:

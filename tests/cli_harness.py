@@ -150,10 +150,10 @@ def create_stack(name: str, outputs: dict[str, str] | None = None) -> None:
 
 def deploy_fake_environment(endpoint: str, profile: str = "p5", **overrides: str) -> None:
     """The three stacks of a deployment, as CloudFormation reports them after `cdk deploy`."""
-    prefix = resolve_config(profile).stack_prefix
-    create_stack(f"{prefix}-network")
-    create_stack(f"{prefix}-storage")
-    create_stack(f"{prefix}-cluster", cluster_outputs(endpoint, profile, **overrides))
+    config = resolve_config(profile)
+    create_stack(config.stack_name("network"))
+    create_stack(config.stack_name("storage"))
+    create_stack(config.stack_name("cluster"), cluster_outputs(endpoint, profile, **overrides))
 
 
 def add_fsx_volume(server: KubeApiTestServer) -> None:
