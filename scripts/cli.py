@@ -56,6 +56,18 @@ def plan(
 
 
 @app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="A trainer run directory (holds events/rank*.jsonl)."),
+    png: Path | None = typer.Option(None, "--png", help="Timeline image (default: RUN_DIR/timeline.png)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the breakdown as JSON."),
+) -> None:
+    """Where a run's time went (productive, stalls, lost, recovery per fault) and a timeline PNG."""
+    from scripts.report import run
+
+    run(run_dir, png, json_out, Console())
+
+
+@app.command()
 def demo() -> None:
     """The offline demo: synthesize the default profile and summarize the deployment."""
     from scripts.synth_summary import run
@@ -276,9 +288,19 @@ def local(
     """Run the trainer under ft_launcher on this machine, inject faults, print how it recovered."""
     from scripts.local_run import run_local
 
-    code = run_local(nproc=nproc, steps=steps, faults=faults, run_dir=run_dir, preset=preset,
-                     checkpoint_interval=checkpoint_interval, backend=backend, resume=resume,
-                     overrides=overrides, port=port, console=Console())
+    code = run_local(
+        nproc=nproc,
+        steps=steps,
+        faults=faults,
+        run_dir=run_dir,
+        preset=preset,
+        checkpoint_interval=checkpoint_interval,
+        backend=backend,
+        resume=resume,
+        overrides=overrides,
+        port=port,
+        console=Console(),
+    )
     raise typer.Exit(code)
 
 
