@@ -1,5 +1,5 @@
-"""Acceptance 1-4 on CPU: one clean and one faulted 2-rank run under ft_launcher, shared by all
-tests in this module (they run in one xdist group so the runs happen once).
+"""Acceptance 1-4 on CPU: one clean and one faulted 2-rank run under ft_launcher, made once per
+test session and shared by all tests in this module.
 
 Faulted run (checkpoint every 5 steps, keep 2, 30 steps):
   exception@7:1        in-process restart
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer_fixtures import REPO, assert_nothing_left, local_run
+from tests.trainer_fixtures import REPO, assert_nothing_left, shared_local_run
 from workloads.checkpoint import COMMIT_FILE, checkpoint_dirs, committed_checkpoints, step_of
 from workloads.events import load_run
 from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
@@ -33,22 +33,22 @@ FAULTS = ("exception@7:1,hang@13:0,corrupt-latest@17:0,exception@17:0,sigkill@21
           "kill-in-save@25")
 
 
-# Session scope: the CLI tests share this xdist group and may be scheduled between these tests;
-# a module-scoped fixture would then be torn down and the runs repeated.
-@pytest.fixture(scope="session")
-def clean(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("clean")
-    record = local_run(run_dir, steps=STEPS, interval=INTERVAL)
+def _completed(run_dir: Path) -> Path:
+    record = json.loads((run_dir / "local_run.json").read_text())
     assert record["exit_code"] == 0, (run_dir / "launcher.log").read_text()[-4000:]
     return run_dir
+
+
+# Each run happens once per session even when xdist spreads these tests over workers.
+@pytest.fixture(scope="session")
+def clean(tmp_path_factory) -> Path:
+    return _completed(shared_local_run(tmp_path_factory, "clean", steps=STEPS, interval=INTERVAL))
 
 
 @pytest.fixture(scope="session")
 def faulted(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("faulted")
-    record = local_run(run_dir, steps=STEPS, faults=FAULTS, interval=INTERVAL)
-    assert record["exit_code"] == 0, (run_dir / "launcher.log").read_text()[-4000:]
-    return run_dir
+    return _completed(shared_local_run(tmp_path_factory, "faulted", steps=STEPS, faults=FAULTS,
+                                       interval=INTERVAL))
 
 
 def _summary(run_dir: Path) -> dict:

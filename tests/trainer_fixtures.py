@@ -3,10 +3,13 @@ under ft_launcher, and the check that a run left no process behind."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import random
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -45,6 +48,35 @@ def local_run(run_dir: Path, *, steps: int, faults: str = "", interval: int = 5,
               checkpoint_interval=interval, backend=backend, overrides=overrides,
               port=port_pair(), console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
     return json.loads((run_dir / "local_run.json").read_text())
+
+
+def _session_root(tmp_path_factory) -> Path:
+    """A directory shared by all xdist workers of this pytest session (and only this one)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def exclusive_trainer_runs(tmp_path_factory) -> Iterator[None]:
+    """Multi-process trainer runs happen one at a time across the session's xdist workers: their
+    short local timeouts assume the CPU is not shared with another trainer run. (Grouping with
+    xdist_group does not hold here: pytest-xdist 3.8 tags grouped tests through Item._nodeid,
+    which pytest 9 no longer reads, so --dist loadgroup spreads a group over workers.)"""
+    with open(_session_root(tmp_path_factory) / "trainer-runs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def shared_local_run(tmp_path_factory, name: str, **kwargs) -> Path:
+    """local_run once per pytest session, whichever worker asks first; others reuse it."""
+    run_dir = _session_root(tmp_path_factory) / f"trainer-{name}"
+    with exclusive_trainer_runs(tmp_path_factory):
+        if not (run_dir / "local_run.json").is_file():
+            local_run(run_dir, **kwargs)
+    return run_dir
 
 
 def processes_mentioning(text: str) -> list[psutil.Process]:
