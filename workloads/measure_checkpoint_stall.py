@@ -1,4 +1,5 @@
-"""Side-by-side checkpoint stall: NVRx async vs a synchronous save of the same state, one run.
+"""Side-by-side checkpoint stall: NVRx async vs a synchronous save of the same state, one run
+(torch's dcp.async_save measured alongside for comparison).
 
     python -m workloads.measure_checkpoint_stall [--preset small] [--nproc 2] [--saves 8]
         [--steps-between 2] [--warmup 2] [--dir DIR]
@@ -6,7 +7,8 @@
 Each round trains a few steps, then saves the live FSDP2 model + AdamW state twice, through the
 same Checkpointer code the trainer uses: once with checkpoint.backend=nvrx (blocking time = the
 hand-off: planning and the copy into shared memory; the write then overlaps the next steps) and
-once with checkpoint.backend=sync (blocking time = the whole write plus the commit). The first
+once with checkpoint.backend=sync (blocking time = the whole write plus the commit), and once
+with checkpoint.backend=dcp-async (staging copy on the calling thread, write in a thread). The first
 `--warmup` rounds are excluded from the medians: NVRx's first save plans, allocates the shared
 memory and ships it to the worker. Prints per-save numbers and the medians; asserts nothing.
 """
@@ -45,7 +47,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: dict) -> No
             "data.batch_size=2", "checkpoint.keep=2", "checkpoint.verify=size"]
     cfg = {b: TrainConfig.from_dict({}, "measure", [*base, f"checkpoint.backend={b}",
                                                     f"checkpoint.dir={run_dir}/{b}"])
-           for b in ("nvrx", "sync")}
+           for b in ("nvrx", "sync", "dcp-async")}
     runtime = resolve_runtime(cfg["nvrx"])
     dist.init_process_group(runtime.backend, rank=rank, world_size=args.nproc)
     model = build_model(cfg["nvrx"].model.shape, runtime, init_device_mesh(runtime.device.type,
@@ -91,7 +93,12 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: dict) -> No
         t = time.monotonic()
         savers["sync"].save(step, state(step))
         sync_stall = time.monotonic() - t
-        rows.append((round_index, nvrx_stall, sync_stall, waited))
+        dist.barrier()
+        t = time.monotonic()
+        savers["dcp-async"].save(step, state(step))
+        dcp_async_stall = time.monotonic() - t
+        savers["dcp-async"].wait()
+        rows.append((round_index, nvrx_stall, sync_stall, dcp_async_stall, waited))
     for saver in savers.values():
         saver.close()
     if rank == 0:
@@ -125,15 +132,18 @@ def main() -> None:
     print(f"preset {args.preset}: {results['params'] / 1e6:.1f}M params, {args.nproc} ranks, "
           f"~{results['shard_mb']:.0f} MiB written per rank per save, median step "
           f"{results['step_s']:.3f}s")
-    print(f"{'save':>4} {'nvrx stall s':>13} {'sync save s':>12} {'nvrx prev-commit wait s':>24}")
-    for index, nvrx, sync, waited in rows:
+    print(f"{'save':>4} {'nvrx stall s':>13} {'sync save s':>12} {'dcp-async stall s':>18} "
+          f"{'nvrx prev-commit wait s':>24}")
+    for index, nvrx, sync, dcp_async, waited in rows:
         tag = "  (warm-up)" if index < args.warmup else ""
-        print(f"{index:>4} {nvrx:>13.3f} {sync:>12.3f} {waited:>24.3f}{tag}")
+        print(f"{index:>4} {nvrx:>13.3f} {sync:>12.3f} {dcp_async:>18.3f} {waited:>24.3f}{tag}")
     steady = rows[args.warmup:]
     nvrx_median = statistics.median(r[1] for r in steady)
     sync_median = statistics.median(r[2] for r in steady)
+    dcp_async_median = statistics.median(r[3] for r in steady)
     print(f"median after warm-up: nvrx {nvrx_median:.3f}s, sync {sync_median:.3f}s "
-          f"({sync_median / nvrx_median:.0f}x less blocking with nvrx)")
+          f"({sync_median / nvrx_median:.0f}x less blocking with nvrx); "
+          f"dcp-async {dcp_async_median:.3f}s")
 
 
 if __name__ == "__main__":
