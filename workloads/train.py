@@ -142,6 +142,7 @@ def train_attempt(process: ProcessState, call_wrapper: CallWrapper | None = None
 
 
 def _train_attempt(process: ProcessState, call_wrapper) -> dict:
+    import numpy as np
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -172,8 +173,6 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         shape = cfg.model.shape
         torch.manual_seed(cfg.seed + rank)
         random.seed(cfg.seed + rank)
-        import numpy as np
-
         np.random.seed(cfg.seed + rank)
         model = objects["model"] = build_model(shape, runtime, mesh, cfg.seed)
         opt = cfg.optimizer
