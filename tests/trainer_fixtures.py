@@ -59,9 +59,8 @@ def _session_root(tmp_path_factory) -> Path:
 @contextlib.contextmanager
 def exclusive_trainer_runs(tmp_path_factory) -> Iterator[None]:
     """Multi-process trainer runs happen one at a time across the session's xdist workers: their
-    short local timeouts assume the CPU is not shared with another trainer run. (Grouping with
-    xdist_group does not hold here: pytest-xdist 3.8 tags grouped tests through Item._nodeid,
-    which pytest 9 no longer reads, so --dist loadgroup spreads a group over workers.)"""
+    short local timeouts assume the CPU is not shared with another trainer run. The trainer test
+    modules share one xdist_group, so this lock only matters for a run started from elsewhere."""
     with open(_session_root(tmp_path_factory) / "trainer-runs.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
