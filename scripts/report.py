@@ -21,10 +21,6 @@ from rich.table import Table
 from workloads.errors import ConfigError
 from workloads.events import RunEvents, load_run, summarize
 
-#: Faults that do not interrupt training: they are recovered by the checkpoint fallback on the
-#: next load (corrupt-latest) or only slow a rank down (slow).
-_NON_INTERRUPTING = {"corrupt-latest", "slow"}
-
 
 @dataclass(frozen=True)
 class FaultRecovery:
@@ -69,25 +65,21 @@ def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
     stalls = [e["stall_s"] for e in run.of("checkpoint_stall", rank=rank)]
 
     faults = []
-    restarts = summary.restarts
-    for fault in run.of("fault_injected"):
-        label = f"{fault['kind']}@{fault['step']}:{fault['target_rank']}"
-        after = [r for r in restarts if r.end_t >= fault["t"]]
-        if fault["kind"] in _NON_INTERRUPTING or not after:
-            faults.append(FaultRecovery(label, fault["t"] - start, None, None, None, None, 0))
-            continue
-        restart = after[0]
-        resumed_steps = [e for e in step_ends if e["t"] > restart.end_t]
-        first_step_after = resumed_steps[0]["t"] - fault["t"] if resumed_steps else None
+    for outcome in summary.fault_outcomes():
+        recovered_s = outcome.get("recovered_s")
+        first_step_after = None
+        if recovered_s is not None:
+            after = [e for e in step_ends if e["t"] > outcome["t"] + recovered_s]
+            first_step_after = after[0]["t"] - outcome["t"] if after else None
         faults.append(
             FaultRecovery(
-                label=label,
-                t=fault["t"] - start,
-                layer=restart.layer,
-                detect_and_restart_s=restart.end_t - fault["t"],
+                label=outcome["fault"],
+                t=outcome["t"] - start,
+                layer=outcome.get("layer"),
+                detect_and_restart_s=recovered_s,
                 first_step_after_s=first_step_after,
-                resumed_from_step=restart.resumed_from_step,
-                lost_steps=max(0, fault["step"] - 1 - restart.resumed_from_step),
+                resumed_from_step=outcome.get("resumed_from_step"),
+                lost_steps=outcome.get("lost_steps", 0),
             )
         )
     # Identical faults injected on several ranks are one event for the run.
