@@ -68,11 +68,16 @@ def report(
 
 
 @app.command()
-def demo() -> None:
-    """The offline demo: synthesize the default profile and summarize the deployment."""
-    from scripts.synth_summary import run
+def demo(
+    run_dir: Path | None = typer.Option(
+        None, "--run-dir", help="Where the training run goes (default: runs/demo-<time>)."
+    ),
+) -> None:
+    """The offline demo: synthesize the default profile, render and validate the 4-node job, train on CPU
+    through an exception, a hang and a SIGKILL, and report how each was recovered."""
+    from scripts.demo import run
 
-    run(None, None, Console())
+    raise typer.Exit(run(run_dir, Console()))
 
 
 # ----- training jobs: render, validate, submit, follow, delete -------------------------------

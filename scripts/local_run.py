@@ -140,7 +140,7 @@ class ProcessTracker:
 def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, preset: str,
               checkpoint_interval: int, backend: str, resume: bool = False,
               overrides: list[str] | tuple[str, ...] = (), port: int | None = None,
-              console: Console | None = None) -> int:
+              console: Console | None = None, print_summary: bool = True) -> int:
     console = console or Console()
     if nproc < 1:
         raise ConfigError("--nproc: must be at least 1")
@@ -194,7 +194,10 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
     (run_dir / "local_run.json").write_text(json.dumps(
         {"exit_code": code, "wall_s": wall_s, "processes_seen": len(tracker.seen),
          "killed_after_exit": killed}, indent=1))
-    print_report(console, run_dir, code, wall_s, killed)
+    if print_summary:
+        print_report(console, run_dir, code, wall_s, killed)
+    elif killed:
+        console.print(f"[red]processes had to be killed after the launcher exited: {killed}[/]")
     return code
 
 

@@ -126,14 +126,18 @@ def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> No
         f"in-process {b.restarts['inprocess']} / launcher {b.restarts['launcher']}"
     )
     if b.faults:
-        faults = Table(title="Faults and their recovery")
-        for column in ("fault", "at", "recovered by", "restart", "first step after", "resumed from", "lost steps"):
-            faults.add_column(column, justify="left" if column in ("fault", "recovered by") else "right")
+        faults = Table(
+            title="Faults and their recovery (restart: fault to training ready; 1st step: to the next completed step; "
+            "resumed: checkpoint step loaded; lost: steps redone)"
+        )
+        for column in ("fault", "at", "recovered by", "restart", "1st step", "resumed", "lost"):
+            left = column in ("fault", "recovered by")
+            faults.add_column(column, justify="left" if left else "right", no_wrap=left)
         for f in b.faults:
             faults.add_row(
                 f.label,
                 f"{f.t:.1f} s",
-                {"inprocess": "in-process restart", "launcher": "ft_launcher"}.get(f.layer or "", "-"),
+                {"inprocess": "in-process", "launcher": "ft_launcher"}.get(f.layer or "", "-"),
                 f"{f.detect_and_restart_s:.1f} s" if f.detect_and_restart_s is not None else "-",
                 f"{f.first_step_after_s:.1f} s" if f.first_step_after_s is not None else "-",
                 str(f.resumed_from_step) if f.resumed_from_step is not None else "-",
