@@ -7,8 +7,6 @@ import contextlib
 import fcntl
 import json
 import os
-import random
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,22 +19,11 @@ REPO = Path(__file__).resolve().parent.parent
 def port_pair() -> int:
     """A port P with P and P+1 free. Each xdist worker draws from its own range below the
     ephemeral ports, so parallel runs never pick the same pair."""
+    from scripts.local_run import free_port_pair
+
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker[2:]) if worker[2:].isdigit() else 0
-    low = 20000 + index * 1000
-    for _ in range(200):
-        port = random.randrange(low, low + 998)
-        ok = True
-        for p in (port, port + 1):
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-        if ok:
-            return port
-    raise RuntimeError("no free port pair")
+    return free_port_pair(low=20000 + index * 1000, high=20000 + index * 1000 + 998)
 
 
 def local_run(run_dir: Path, *, steps: int, faults: str = "", interval: int = 5,
