@@ -3,8 +3,10 @@ retention, verification, fallback and compatibility checks, event reader."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import workloads.checkpoint as checkpoint_module
 from workloads.checkpoint import (
     Checkpointer,
     CheckpointIncompatible,
@@ -194,9 +197,18 @@ def test_event_reader_pairs_restarts_and_reports_goodput(tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["nvrx", "dcp-async"])
-def test_async_backends_save_the_state_as_of_the_hand_off(single_rank, tmp_path, backend):
+def test_async_backends_save_the_state_as_of_the_hand_off(single_rank, tmp_path, backend, monkeypatch):
     """The staging copy is taken before save() returns: changing the weights afterwards (as the
-    next optimizer step does) must not leak into the checkpoint."""
+    next optimizer step does) must not leak into the checkpoint. The shards are hashed by the
+    writer (worker process or writer thread), never on the training thread at the commit."""
+    hashed_on_training_thread = []
+    rank_digests = checkpoint_module._rank_digests
+
+    def tracking(*args):
+        hashed_on_training_thread.append(threading.current_thread() is threading.main_thread())
+        return rank_digests(*args)
+
+    monkeypatch.setattr(checkpoint_module, "_rank_digests", tracking)
     ckpt = _checkpointer(tmp_path, **{"checkpoint.backend": backend})
     state = _state(5.0)
     ckpt.save(5, state)
@@ -206,3 +218,8 @@ def test_async_backends_save_the_state_as_of_the_hand_off(single_rank, tmp_path,
     assert loaded.step == 5 and torch.equal(loaded.state["weights"], torch.full((64,), 5.0))
     manifest = json.loads((loaded.path / "commit.json").read_text())
     assert manifest["backend"] == backend and ".metadata" in manifest["files"]
+    assert not any(hashed_on_training_thread)
+    # The recorded digests, computed by the writer, are those of the files on disk.
+    for name, (size, sha) in manifest["files"].items():
+        data = (loaded.path / name).read_bytes()
+        assert (size, sha) == (len(data), hashlib.sha256(data).hexdigest()), name

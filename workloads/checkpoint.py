@@ -17,8 +17,11 @@ newer checkpoint committed: at each commit rank 0 keeps the newest `keep` commit
 removes everything else (older commits, abandoned saves, and commits from a timeline that a
 fallback abandoned, i.e. at or after the new step).
 
-commit.json records every file's size and, with checkpoint.verify=sha256, its SHA-256 (each rank
-hashes the files it wrote). Loading re-checks them (spread over the ranks) and refuses, with a
+commit.json records every file's size and, with checkpoint.verify=sha256, its SHA-256 (each rank's
+files are hashed by whoever wrote them: for the async backends the writer does it right after
+writing, in the NVRx worker process or torch's writer thread, so the commit on the training thread
+only gathers the digests instead of reading the rank's whole shard back; sync saves hash at the
+commit). Loading re-checks them (spread over the ranks) and refuses, with a
 ConfigError, a checkpoint from another world size or model preset; a checkpoint that fails the
 check or fails to load is skipped with a warning and the previous committed one is used.
 
@@ -42,6 +45,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +69,8 @@ POINTER_FILE = "latest.json"
 ITERATION_FILE = "latest_step"
 COMMIT_FILE = "commit.json"
 METADATA_FILE = ".metadata"
+#: Written by an async writer next to the rank's shards: {file name: [size, sha256 or null]}.
+DIGESTS_FILE = ".digests-rank{rank}.json"
 _NAME = re.compile(r"^step_(\d{8})-([0-9a-z.]+)$")
 
 
@@ -86,6 +92,22 @@ class CheckpointWriterDied(RuntimeError):
 
 def _worker_ready_probe() -> None:
     """Runs in the NVRx checkpoint worker; its completion proves the worker is up."""
+
+
+def _rank_digests(directory: Path, rank: int, with_sha: bool) -> dict[str, list[Any]]:
+    return {p.name: _file_digest(p, with_sha) for p in sorted(directory.glob(f"__{rank}_*.distcp"))}
+
+
+def _write_then_digest(write_fn: Callable[..., None], directory: str, with_sha: bool, rank: int,
+                       write_buckets: Any, results_queue: Any) -> None:
+    """Runs in the NVRx checkpoint worker in place of the writer's save function (NVRx puts the
+    staged data in the second argument, as it does for the save function itself): writes this
+    rank's shards, then records their digests in DIGESTS_FILE. Hashing here keeps a full read of
+    the shard off the training thread, which would otherwise do it at the commit."""
+    write_fn(rank, write_buckets, results_queue)
+    path = Path(directory)
+    _atomic_write(path / DIGESTS_FILE.format(rank=rank),
+                  json.dumps(_rank_digests(path, rank, with_sha)))
 
 
 # ----- small file helpers ------------------------------------------------------------------------
@@ -278,6 +300,9 @@ class Checkpointer:
         writer, metadata, dist_wrapper = save_state_dict_async_plan(
             state, writer, None, enable_cache=True, metadata_cache=self._metadata_cache)
         save_fn, preload_fn, save_args = writer.get_save_function_and_args()
+        if save_fn is not None:
+            save_fn = partial(_write_then_digest, save_fn, str(pending.path),
+                              self.cfg.checkpoint.verify == "sha256")
         finalize = [partial(save_state_dict_async_finalize, writer, metadata, dist_wrapper),
                     partial(self._commit, pending)]
         self._queue.schedule_async_request(
@@ -308,6 +333,7 @@ class Checkpointer:
             response = dcp.async_save(state, checkpoint_id=str(pending.path),
                                       process_group=self._group)
             pending.handle = getattr(response, "upload_completion", response)
+            self._digest_when_written(pending)
         else:
             dcp.save(state, checkpoint_id=str(pending.path))
         stall = time.monotonic() - start
@@ -320,6 +346,21 @@ class Checkpointer:
             self._commit(pending)
         return stall
 
+    def _digest_when_written(self, pending: PendingSave) -> None:
+        """dcp-async: hash the rank's shards in the writer's thread as soon as the write is done
+        (hashlib and file reads release the GIL), so the commit only gathers the digests."""
+        digested = pending.extra["digested"] = threading.Event()
+        with_sha = self.cfg.checkpoint.verify == "sha256"
+
+        def digest(future) -> None:
+            try:
+                if not future.cancelled() and future.exception() is None:
+                    pending.extra["digests"] = _rank_digests(pending.path, self.rank, with_sha)
+            finally:
+                digested.set()
+
+        pending.handle.add_done_callback(digest)
+
     def poll(self) -> None:
         """Commit the in-flight save if every rank finished writing it. Call once per step."""
         if self.pending is None:
@@ -328,7 +369,8 @@ class Checkpointer:
             # Runs the finalize functions (.metadata, then our commit) once all ranks are done.
             self._queue.maybe_finalize_async_calls(blocking=False)
         elif self.backend == "dcp-async":
-            done = torch.tensor([1 if self.pending.handle.done() else 0], device=self.device)
+            written = self.pending.handle.done() and self.pending.extra["digested"].is_set()
+            done = torch.tensor([1 if written else 0], device=self.device)
             dist.all_reduce(done, op=dist.ReduceOp.MIN)
             if int(done.item()):
                 self.pending.handle.result()  # raises the writer's error, if any
@@ -371,8 +413,9 @@ class Checkpointer:
         self.events.emit("checkpoint_write_end", step=pending.step,
                          write_s=started - pending.handed_off_t)
         with_sha = self.cfg.checkpoint.verify == "sha256"
-        mine = {p.name: _file_digest(p, with_sha)
-                for p in sorted(pending.path.glob(f"__{self.rank}_*.distcp"))}
+        mine = self._writer_digests(pending)
+        if mine is None:  # sync saves, or a writer that recorded nothing
+            mine = _rank_digests(pending.path, self.rank, with_sha)
         gathered: list[dict[str, Any] | None] = [None] * self.world_size
         dist.all_gather_object(gathered, mine)
         if self.rank == 0:
@@ -385,6 +428,17 @@ class Checkpointer:
             self.events.emit("checkpoint_commit", step=pending.step, path=str(pending.path),
                              commit_s=time.monotonic() - started)
         self.pending = None
+
+    def _writer_digests(self, pending: PendingSave) -> dict[str, Any] | None:
+        if "digests" in pending.extra:
+            return pending.extra["digests"]
+        sidecar = pending.path / DIGESTS_FILE.format(rank=self.rank)
+        try:
+            recorded = json.loads(sidecar.read_text())
+        except FileNotFoundError:
+            return None
+        sidecar.unlink()
+        return recorded
 
     def _write_commit(self, pending: PendingSave, files: dict[str, Any]) -> None:
         manifest = {"step": pending.step, "backend": self.backend, "verify": self.cfg.checkpoint.verify,
