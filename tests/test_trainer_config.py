@@ -43,6 +43,14 @@ def test_dotted_overrides_parse_yaml_scalars(tmp_path):
     assert cfg.inprocess.enabled is False and cfg.model.preset == "small"
 
 
+def test_overrides_leave_the_callers_dict_untouched():
+    profile = {"inprocess": {"enabled": True}, "data": {"batch_size": 8}}
+    changed = TrainConfig.from_dict(profile, overrides=["inprocess.enabled=false", "data.batch_size=1"])
+    assert changed.inprocess.enabled is False and changed.data.batch_size == 1
+    assert profile == {"inprocess": {"enabled": True}, "data": {"batch_size": 8}}
+    assert TrainConfig.from_dict(profile).inprocess.enabled is True
+
+
 @pytest.mark.parametrize("overrides,field", [
     (["model.presett=tiny"], "model.presett: unknown field"),
     (["checkpoint.keep=1"], "checkpoint.keep"),

@@ -30,6 +30,7 @@ Public contract (other modules and the manifests rely on it):
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -327,7 +328,9 @@ class TrainConfig(_Strict):
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None, source: str = "config",
                   overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-        data = apply_overrides(dict(data or {}), overrides)
+        # A deep copy: overrides are applied in place, and nested sections of `data` are often
+        # shared (e.g. a module-level profile reused for every run of one process).
+        data = apply_overrides(copy.deepcopy(data or {}), overrides)
         try:
             return cls.model_validate(data)
         except ValidationError as err:
