@@ -31,6 +31,7 @@ import random
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -400,6 +401,24 @@ def main(argv: list | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return EXIT_DO_NOT_REQUEUE
+    except Exception:  # noqa: BLE001 - any failure that reached here ends the rank
+        _leave_after_failure()
+
+
+def _leave_after_failure() -> None:
+    """Exit 1 without finalizing the interpreter.
+
+    A rank fails this way when a peer died in the middle of a collective (no in-process layer to
+    catch it). Finalizing would then garbage-collect the gloo process group, whose destructor
+    waits on the dead peer for the whole process-group timeout; the rank ignores ft_launcher's
+    SIGTERM meanwhile (it is not in the training loop to honour it), so every launcher restart
+    waited workers_stop_timeout_s for the SIGKILL. Nothing is left to finish: events are written
+    line by line, the ft client was shut down by run(), the checkpoint worker dies with this
+    process (parent-death signal)."""
+    traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _tie_checkpoint_worker_to_trainer() -> None:
