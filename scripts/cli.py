@@ -309,6 +309,52 @@ def local(
     raise typer.Exit(code)
 
 
+@app.command()
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="Fewer repetitions and steps: a few minutes on 2 CPU cores."),
+    out: Path | None = typer.Option(None, "--out", help="Results directory (default: runs/bench-<time>)."),
+    scenarios: str = typer.Option("p1,p2,p3,p4", "--scenarios", help="Comma-separated subset of p1,p2,p3,p4."),
+    repeats: int | None = typer.Option(
+        None, "--repeats", min=1, help="P1 runs per backend, P2 faults per kind, P3 faults per recovery path."
+    ),
+    preset: str | None = typer.Option(None, "--preset", help="Model for P1 and P4 (default: small)."),
+    recovery_preset: str | None = typer.Option(None, "--recovery-preset", help="Model for P2 and P3."),
+    interval: int | None = typer.Option(None, "--interval", min=1, help="Checkpoint every N steps (default: 2)."),
+    nproc: int | None = typer.Option(None, "--nproc", min=1, help="Ranks: CPU processes, or GPUs on a GPU node."),
+    p4_steps: int | None = typer.Option(None, "--p4-steps", min=1, help="Steps of each P4 run."),
+    p4_faults: int | None = typer.Option(None, "--p4-faults", min=1, help="Faults in the P4 schedule."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the P4 fault schedule."),
+    dist_backend: str | None = typer.Option(
+        None, "--dist-backend", help="auto (NCCL when GPUs are visible, else gloo), gloo or nccl."
+    ),
+    overrides: list[str] = typer.Option([], "--set", help="Trainer config override key=value, every run (repeatable)."),
+) -> None:
+    """Benchmark the resilience layers side by side: checkpoint efficiency, soft- and hard-fault recovery, goodput."""
+    import shlex
+
+    from scripts.bench import run_bench
+
+    result = run_bench(
+        quick=quick,
+        out=out,
+        scenarios=scenarios,
+        command=shlex.join(["nvrx-eks", *sys.argv[1:]]),
+        console=Console(),
+        repeats=repeats,
+        preset=preset,
+        recovery_preset=recovery_preset,
+        interval=interval,
+        nproc=nproc,
+        p4_steps=p4_steps,
+        p4_faults=p4_faults,
+        seed=seed,
+        dist_backend=dist_backend,
+        overrides=overrides,
+    )
+    if result["errors"]:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,275 @@
+"""`nvrx-eks bench`: the resilience benchmark suite, P1-P4, side by side in one invocation.
+
+    nvrx-eks bench --quick                      # a few minutes on 2 CPU cores
+    nvrx-eks bench --out benchmarks/cpu        # fuller: more repetitions and steps
+    nvrx-eks bench --scenarios p1,p3 --repeats 5
+
+Every figure is a ratio or a side-by-side of runs made by the same invocation on the same
+machine, so it does not depend on how fast this machine is, only on what each resilience layer
+costs on it. The scenarios and what each compares are described in `scripts.bench_scenarios`,
+the derived numbers in `scripts.bench_analysis`, the in-memory copy floor in
+`scripts.bench_floor`. Writes `bench.json`, one PNG per scenario and the trainer runs' event
+logs (`runs/<scenario>/events`, readable by `nvrx-eks report`) under --out.
+
+On a machine with GPUs the same command runs the trainer on CUDA with NCCL (distributed backend
+`auto`); pick a model and batch that fill the GPUs, e.g.
+`nvrx-eks bench --nproc 8 --preset 1b --set data.batch_size=4 --set data.seq_len=2048`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+from scripts.bench_scenarios import (
+    SCENARIOS,
+    BenchRunFailed,
+    BenchSettings,
+    Launcher,
+    measure_floor,
+    run_p1,
+    run_p2,
+    run_p3,
+    run_p4,
+    settings_for,
+)
+from workloads.config import MODEL_PRESETS
+from workloads.errors import ConfigError
+
+
+def parse_scenarios(text: str) -> list[str]:
+    chosen = [s.strip().lower() for s in text.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SCENARIOS]
+    if unknown or not chosen:
+        raise ConfigError(f"--scenarios: {', '.join(unknown) or 'nothing'} is not a scenario; "
+                          f"give a comma-separated list of {', '.join(SCENARIOS)}")
+    return [s for s in SCENARIOS if s in chosen]
+
+
+def _check_inputs(settings: BenchSettings, out: Path) -> None:
+    for option, preset in (("--preset", settings.preset),
+                           ("--recovery-preset", settings.recovery_preset)):
+        if preset not in MODEL_PRESETS:
+            raise ConfigError(f"{option}: unknown model preset {preset!r}; choose one of "
+                              f"{', '.join(MODEL_PRESETS)}")
+    if (out / "bench.json").exists():
+        raise ConfigError(f"--out: {out} already holds a benchmark (bench.json); choose another "
+                          "directory")
+    # Trainer overrides are checked now rather than when the first run that uses them starts.
+    from scripts.local_run import local_config
+
+    try:
+        local_config(run_dir=out / "runs" / "check", steps=settings.p4_steps, faults="",
+                     preset=settings.preset, checkpoint_interval=settings.interval,
+                     backend="nvrx", overrides=[f"distributed.backend={settings.dist_backend}",
+                                                *settings.overrides])
+    except ConfigError as err:
+        raise ConfigError(f"--set: {err}") from None
+
+
+def describe_machine(dist_backend: str) -> dict[str, Any]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    resolved = dist_backend if dist_backend != "auto" else ("nccl" if cuda else "gloo")
+    gpus = torch.cuda.device_count() if cuda else 0
+    gpu = torch.cuda.get_device_name(0) if cuda else None
+    if resolved == "nccl" and not cuda:
+        raise ConfigError("--dist-backend: nccl needs CUDA GPUs and none are visible; use auto or gloo")
+    cpus = os.cpu_count()
+    summary = (f"{gpus}x {gpu}, {resolved}" if cuda else
+               f"{cpus}-core CPU, no GPU, {resolved}")
+    return {"summary": summary, "cpus": cpus, "memory_gib": round(psutil.virtual_memory().total / 2**30),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "nvidia_resiliency_ext": importlib.metadata.version(
+                "nvidia-resiliency-ext"), "cuda": cuda, "gpus": gpus, "gpu": gpu,
+            "dist_backend": resolved}
+
+
+def _check(condition: str, ok: bool, measured: str) -> dict[str, Any]:
+    return {"condition": condition, "ok": bool(ok), "measured": measured}
+
+
+def acceptance_checks(result: dict[str, Any]) -> list[dict[str, Any]]:
+    checks = []
+    if "p1" in result:
+        by = {b["backend"]: b for b in result["p1"]["backends"]}
+        nvrx, sync, dcp = (by[b]["handoff_s"] for b in ("nvrx", "sync", "dcp-async"))
+        checks.append(_check("P1: nvrx median stall at least 5x smaller than sync", sync >= 5 * nvrx,
+                             f"sync {sync * 1000:.0f} ms / nvrx {nvrx * 1000:.0f} ms = {sync / nvrx:.1f}x"))
+        checks.append(_check("P1: nvrx median stall no larger than dcp-async", nvrx <= dcp,
+                             f"nvrx {nvrx * 1000:.0f} ms, dcp-async {dcp * 1000:.0f} ms"))
+    if "p3" in result:
+        p3 = result["p3"]
+        ft, full = p3["ft_launcher"]["medians"]["first_step_s"], p3["full_relaunch"]["medians"]["first_step_s"]
+        checks.append(_check("P3: ft_launcher recovery faster than a full relaunch", full > ft,
+                             f"first step after the fault: {ft:.1f} s vs {full:.1f} s "
+                             f"(ratio {full / ft:.2f}x)"))
+    if "p4" in result:
+        layered, baseline = result["p4"]["layered"]["goodput"], result["p4"]["baseline"]["goodput"]
+        checks.append(_check("P4: layered goodput beats the baseline", layered > baseline,
+                             f"{layered:.1%} vs {baseline:.1%}"))
+    left = result["processes"]
+    checks.append(_check("no process left behind", not left["alive_after"] and not left["killed_after_exit"],
+                         "none" if not left["alive_after"] and not left["killed_after_exit"] else
+                         f"alive {left['alive_after']}, had to be killed {left['killed_after_exit']}"))
+    return checks
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Processes whose command line names `text`, other than this one and its ancestors (the
+    bench's own command line names its --out directory)."""
+    ours = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if proc.pid not in ours and proc.info["cmdline"] and text in " ".join(proc.info["cmdline"]):
+                found.append(proc.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def run_bench(*, quick: bool, out: Path | None, scenarios: str, command: str, console: Console,
+              ports: Callable[[], int] | None = None, **changes: Any) -> dict[str, Any]:
+    """Run the chosen scenarios, write bench.json and the PNGs under `out`, print the tables.
+    `changes` override the quick or full settings (None = keep); `ports` hands out rendezvous
+    ports (default: any free pair)."""
+    chosen = parse_scenarios(scenarios)
+    overrides = changes.pop("overrides", None)
+    settings = settings_for(quick, overrides=tuple(overrides) if overrides else None, **changes)
+    out = (out or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")).resolve()
+    _check_inputs(settings, out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    def progress(message: str) -> None:
+        console.print(f"[dim]{time.monotonic() - started:6.0f}s[/] {message}", highlight=False,
+                      soft_wrap=True)
+
+    progress(f"nvrx-eks bench ({'quick' if quick else 'full'}): {', '.join(chosen)}; results in {out}")
+    result: dict[str, Any] = {
+        "version": 1, "command": command,
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": describe_machine(settings.dist_backend),
+        "settings": {**settings.__dict__, "overrides": list(settings.overrides)},
+    }
+    launcher = Launcher(out / "runs", settings, progress, ports)
+    runners = {"p1": lambda: run_p1(launcher, settings, lambda: measure_floor(settings, out)),
+               "p2": lambda: run_p2(launcher, settings),
+               "p3": lambda: run_p3(launcher, settings),
+               "p4": lambda: run_p4(launcher, settings)}
+    errors = {}
+    for name in chosen:
+        try:
+            result[name] = runners[name]()
+        except (BenchRunFailed, ValueError) as err:
+            errors[name] = str(err)
+            progress(f"[red]{name.upper()} failed:[/] {err}")
+    result["errors"] = errors
+    result["processes"] = {"alive_after": _processes_mentioning(str(out)),
+                           "killed_after_exit": [pid for launch in launcher.launches
+                                                 for pid in launch.killed_after_exit],
+                           "trainer_launches": len(launcher.launches)}
+    result["wall_s"] = time.monotonic() - started
+    result["checks"] = acceptance_checks(result)
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    from scripts.bench_charts import plot_all
+
+    charts = plot_all(result, out)
+    print_result(result, console)
+    console.print(f"results: {out / 'bench.json'}; charts: {', '.join(p.name for p in charts)}")
+    return result
+
+
+# ----- terminal output -------------------------------------------------------------------------
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f} s"
+
+
+def print_result(result: dict[str, Any], console: Console) -> None:
+    console.print(f"[bold]nvrx-eks bench[/] on {result['machine']['summary']}: `{result['command']}`, "
+                  f"{result['wall_s'] / 60:.1f} min", highlight=False)
+    if "p1" in result:
+        p1 = result["p1"]
+        floor = p1["floor"]
+        table = Table(title=f"P1 checkpoint efficiency: {p1['preset']} preset, "
+                            f"{floor['bytes_per_rank'] / 2**20:.0f} MiB of state per rank, a save every "
+                            f"{p1['interval']} steps, {p1['runs_per_backend']} run(s) x {p1['cycles']} saves "
+                            f"per backend; floor = one copy of the shard to {floor['destination']}, "
+                            f"{_ms(floor['copy_s'])}", title_justify="left")
+        for column in ("backend", "efficiency", "stall/save", "stall / floor", "first save",
+                       "loop blocked/save", "step time"):
+            table.add_column(column, justify="left" if column == "backend" else "right", no_wrap=True)
+        for b in p1["backends"]:
+            saves = b["backend"] != "none"
+            table.add_row(b["backend"], f"{b['efficiency']:.0%}",
+                          _ms(b["handoff_s"]) if saves else "-",
+                          f"{b['floor_ratio']:.1f}x" if saves else "-",
+                          _ms(b["first_handoff_s"]) if saves else "-",
+                          _ms(b["blocked_s"]), f"{b['step_slowdown']:.2f}x")
+        console.print(table)
+    if "p2" in result:
+        p2 = result["p2"]
+        table = Table(title=f"P2 soft faults, in-process restart ({p2['preset']} preset), medians; "
+                            "seconds after the fault", title_justify="left")
+        for column in ("fault", "n", "detected", "ready again", "first step after", "lost steps"):
+            table.add_column(column, justify="left" if column == "fault" else "right", no_wrap=True)
+        for kind, m in p2["by_kind"].items():
+            table.add_row(kind, str(m["n"]), _s(m["detect_s"]), _s(m["restart_s"]),
+                          _s(m["first_step_s"]), f"{m['lost_steps']:g}" if m["lost_steps"] is not None else "-")
+        console.print(table)
+    if "p3" in result:
+        p3 = result["p3"]
+        ratio = f"{p3['ratio']:.2f}x" if p3["ratio"] else "-"
+        table = Table(title=f"P3 sigkill ({p3['preset']} preset), medians; seconds after the fault. "
+                            f"Full relaunch / ft_launcher = {ratio}", title_justify="left")
+        for column in ("recovered by", "n", "processes up", "ready again", "first step after", "lost steps"):
+            table.add_column(column, justify="left" if column == "recovered by" else "right", no_wrap=True)
+        for name, label in (("ft_launcher", "ft_launcher restart"), ("full_relaunch", "full relaunch")):
+            m = p3[name]["medians"]
+            table.add_row(label, str(m["n"]), _s(m["respawn_s"]), _s(m["restart_s"]),
+                          _s(m["first_step_s"]), f"{m['lost_steps']:g}" if m["lost_steps"] is not None else "-")
+        console.print(table)
+    if "p4" in result:
+        p4 = result["p4"]
+        table = Table(title=f"P4 goodput, {p4['steps']} steps of the {p4['preset']} preset, faults "
+                            f"{p4['schedule']} (seed {p4['seed']}). Layered / baseline = "
+                            f"{p4['goodput_ratio']:.2f}x", title_justify="left")
+        for column in ("configuration", "goodput", "wall", "productive", "ckpt stalls", "replayed",
+                       "other", "lost steps", "restarts"):
+            table.add_column(column, justify="left" if column == "configuration" else "right", no_wrap=True)
+        for name, label in (("layered", "layered"), ("baseline", "baseline")):
+            g = p4[name]
+            restarts = (f"in-process {g['restarts']['inprocess']}, ft_launcher {g['restarts']['launcher']}"
+                        if name == "layered" else f"relaunches {g['relaunches']}")
+            table.add_row(label, f"{g['goodput']:.1%}", _s(g["wall_s"]), _s(g["productive_s"]),
+                          _s(g["checkpoint_stall_s"]), _s(g["replayed_s"]), _s(g["other_s"]),
+                          str(g["lost_steps"]), restarts)
+        console.print(table)
+    checks = Table(title="Acceptance", title_justify="left", show_header=False)
+    checks.add_column(no_wrap=True)
+    checks.add_column()
+    checks.add_column(overflow="fold")
+    for c in result["checks"]:
+        checks.add_row("[green]pass[/]" if c["ok"] else "[red]FAIL[/]", c["condition"], c["measured"])
+    for name, error in result["errors"].items():
+        checks.add_row("[red]error[/]", name.upper(), error)
+    console.print(checks)
