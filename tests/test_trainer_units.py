@@ -223,3 +223,41 @@ def test_async_backends_save_the_state_as_of_the_hand_off(single_rank, tmp_path,
     for name, (size, sha) in manifest["files"].items():
         data = (loaded.path / name).read_bytes()
         assert (size, sha) == (len(data), hashlib.sha256(data).hexdigest()), name
+
+
+def test_messages_to_the_launcher_monitor_are_sent_inside_atomic():
+    """A restart exception landing between the two sends of one message would tear the stream
+    to ft_launcher's rank monitor; every message goes out inside the iteration's `atomic`. A
+    section left by an exception stays open (the restart path closes all sections)."""
+    import contextlib
+
+    from workloads.config import FaultToleranceConfig
+    from workloads.ft_integration import FaultToleranceReporter
+
+    sent, inside = [], []
+
+    class Client:
+        def start_section(self, name):
+            sent.append(("open", name, bool(inside)))
+
+        def end_section(self, name):
+            sent.append(("close", name, bool(inside)))
+
+    @contextlib.contextmanager
+    def atomic():
+        inside.append(True)
+        try:
+            yield
+        finally:
+            inside.pop()
+
+    ft = FaultToleranceReporter(FaultToleranceConfig())  # no ft_launcher here: no client yet
+    ft.client, ft.atomic = Client(), atomic
+    with ft.section("step"):
+        pass
+    with pytest.raises(RuntimeError), ft.section("checkpointing"):
+        raise RuntimeError("restart")
+    assert sent == [("open", "step", True), ("close", "step", True),
+                    ("open", "checkpointing", True)]
+    ft.end_all_sections()  # the restart path, after NVRx stopped raising
+    assert sent[-1] == ("close", "checkpointing", False) and not ft._open

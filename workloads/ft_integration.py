@@ -8,6 +8,13 @@ it sends one heartbeat per step and at setup milestones.
 
 A rank started without ft_launcher (plain `python -m workloads.train`, torchrun) has no rank
 monitor to talk to; the client then reports nothing and says so once in the log.
+
+Each message to the rank monitor is a length prefix and a pickle written with two sends on one
+socket. NVRx's in-process restart raises its exception asynchronously in the training thread;
+landing between the two sends it would leave half a message on the socket, the monitor would read
+the next message as garbage and drop the connection, and every later section update would fail
+(each one another in-process restart, until the restart cap hands over to ft_launcher). So every
+message is sent inside `atomic`, the iteration's CallWrapper.atomic, which the restart waits for.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from workloads.config import FaultToleranceConfig
 
@@ -30,6 +38,8 @@ class FaultToleranceReporter:
 
         self.mode = cfg.monitor
         self.client = None
+        # Set by the trainer at the start of each in-process iteration.
+        self.atomic: Callable[[], Any] = contextlib.nullcontext
         self._open: set[str] = set()
         if os.environ.get(FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR) is None:
             log.info("not started by ft_launcher: no rank monitor, heartbeats and sections are off")
@@ -45,7 +55,8 @@ class FaultToleranceReporter:
 
     def heartbeat(self) -> None:
         if self.client is not None and self.mode == "heartbeat":
-            self.client.send_heartbeat()
+            with self.atomic():
+                self.client.send_heartbeat()
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -53,21 +64,25 @@ class FaultToleranceReporter:
             yield
             self.heartbeat()
             return
-        self.client.start_section(name)
-        self._open.add(name)
-        try:
-            yield
-        finally:
-            # NVRx may interrupt even this block with its asynchronous restart exception; the
-            # restart path calls end_all_sections so a section left open here is closed anyway.
-            if name in self._open:
-                self.client.end_section(name)
-                self._open.discard(name)
+        with self.atomic():
+            self.client.start_section(name)
+            self._open.add(name)
+        # No `finally`: on an exception (NVRx's restart exception among them) the section stays
+        # open and the restart path's end_all_sections closes it. Closing it here would mean
+        # entering `atomic` while the restart holds it, i.e. waiting until NVRx raises again.
+        yield
+        with self.atomic():
+            self.client.end_section(name)
+            self._open.discard(name)
 
     def end_all_sections(self) -> None:
-        """Called when an in-process restart begins: the restart is out-of-section time."""
+        """Called when an in-process restart begins (NVRx has stopped raising into this thread
+        by then): the restart is out-of-section time. Each open section is closed by name:
+        RankMonitorClient.end_all_sections sends nothing in NVRx 0.7.0 (its filter for
+        unmonitored sections drops the section-less close-all message)."""
         if self.client is not None and self.mode == "sections":
-            self.client.end_all_sections()
+            for name in sorted(self._open):
+                self.client.end_section(name)
             self._open.clear()
 
     def shutdown(self) -> None:

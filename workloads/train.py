@@ -163,6 +163,7 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
     unguarded = (call_wrapper.disable_hang_protection if call_wrapper is not None
                  else contextlib.nullcontext)
     events.iteration = iteration
+    ft.atomic = atomic  # messages to ft_launcher's monitor must not be torn by a restart
     setup_started = time.monotonic()
     objects = process.iteration_objects
 
