@@ -204,20 +204,40 @@ def _s(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f} s"
 
 
+def _table(title: str, columns: list[str], caption: str | None = None) -> Table:
+    """Short headers and values: fits an 80-column terminal."""
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
+                  pad_edge=False)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    return table
+
+
+def _lost(m: dict[str, Any]) -> str:
+    return f"{m['lost_steps']:g}" if m["lost_steps"] is not None else "-"
+
+
+def _paths(recoveries: list[dict[str, Any]], new_processes: str) -> str:
+    names = {"inprocess": "in-process", "new processes": new_processes}
+    return ", ".join(f"{r['kind']}: {names[r['path']]}" for r in recoveries)
+
+
 def print_result(result: dict[str, Any], console: Console) -> None:
     console.print(f"[bold]nvrx-eks bench[/] on {result['machine']['summary']}: `{result['command']}`, "
                   f"{result['wall_s'] / 60:.1f} min", highlight=False)
     if "p1" in result:
         p1 = result["p1"]
         floor = p1["floor"]
-        table = Table(title=f"P1 checkpoint efficiency: {p1['preset']} preset, "
-                            f"{floor['bytes_per_rank'] / 2**20:.0f} MiB of state per rank, a save every "
-                            f"{p1['interval']} steps, {p1['runs_per_backend']} run(s) x {p1['cycles']} saves "
-                            f"per backend; floor = one copy of the shard to {floor['destination']}, "
-                            f"{_ms(floor['copy_s'])}", title_justify="left")
-        for column in ("backend", "efficiency", "stall/save", "stall / floor", "first save",
-                       "loop blocked/save", "step time"):
-            table.add_column(column, justify="left" if column == "backend" else "right", no_wrap=True)
+        table = _table(f"P1 checkpoint efficiency: {p1['preset']} preset, "
+                       f"{floor['bytes_per_rank'] / 2**20:.0f} MiB of state per rank, a save every "
+                       f"{p1['interval']} steps ({p1['runs_per_backend']} run x {p1['cycles']} saves "
+                       f"per backend). Floor: one copy of the shard to {floor['destination']}, "
+                       f"{_ms(floor['copy_s'])}. Medians after the first save.",
+                       ["backend", "effic.", "stall", "/floor", "1st save", "blocked", "step x"],
+                       caption="effic. = throughput vs none; stall = the save call; /floor = "
+                               "stall / floor; blocked = loop time per save outside step compute "
+                               "(+ waiting for the previous save, its commit); step x = step time "
+                               "vs none")
         for b in p1["backends"]:
             saves = b["backend"] != "none"
             table.add_row(b["backend"], f"{b['efficiency']:.0%}",
@@ -228,46 +248,44 @@ def print_result(result: dict[str, Any], console: Console) -> None:
         console.print(table)
     if "p2" in result:
         p2 = result["p2"]
-        table = Table(title=f"P2 soft faults, in-process restart ({p2['preset']} preset), medians; "
-                            "seconds after the fault", title_justify="left")
-        for column in ("fault", "n", "detected", "ready again", "first step after", "lost steps"):
-            table.add_column(column, justify="left" if column == "fault" else "right", no_wrap=True)
+        table = _table(f"P2 soft faults, in-process restart ({p2['preset']} preset). Medians, "
+                       "seconds after the fault.",
+                       ["fault", "n", "detected", "ready again", "first step", "lost steps"])
         for kind, m in p2["by_kind"].items():
             table.add_row(kind, str(m["n"]), _s(m["detect_s"]), _s(m["restart_s"]),
-                          _s(m["first_step_s"]), f"{m['lost_steps']:g}" if m["lost_steps"] is not None else "-")
+                          _s(m["first_step_s"]), _lost(m))
         console.print(table)
     if "p3" in result:
         p3 = result["p3"]
         ratio = f"{p3['ratio']:.2f}x" if p3["ratio"] else "-"
-        table = Table(title=f"P3 sigkill ({p3['preset']} preset), medians; seconds after the fault. "
-                            f"Full relaunch / ft_launcher = {ratio}", title_justify="left")
-        for column in ("recovered by", "n", "processes up", "ready again", "first step after", "lost steps"):
-            table.add_column(column, justify="left" if column == "recovered by" else "right", no_wrap=True)
-        for name, label in (("ft_launcher", "ft_launcher restart"), ("full_relaunch", "full relaunch")):
+        table = _table(f"P3 sigkill ({p3['preset']} preset). Medians, seconds after the fault. "
+                       f"Full relaunch / ft_launcher = {ratio}",
+                       ["recovered by", "n", "processes up", "ready again", "first step", "lost steps"])
+        for name, label in (("ft_launcher", "ft_launcher"), ("full_relaunch", "full relaunch")):
             m = p3[name]["medians"]
             table.add_row(label, str(m["n"]), _s(m["respawn_s"]), _s(m["restart_s"]),
-                          _s(m["first_step_s"]), f"{m['lost_steps']:g}" if m["lost_steps"] is not None else "-")
+                          _s(m["first_step_s"]), _lost(m))
         console.print(table)
     if "p4" in result:
         p4 = result["p4"]
-        table = Table(title=f"P4 goodput, {p4['steps']} steps of the {p4['preset']} preset, faults "
-                            f"{p4['schedule']} (seed {p4['seed']}). Layered / baseline = "
-                            f"{p4['goodput_ratio']:.2f}x", title_justify="left")
-        for column in ("configuration", "goodput", "wall", "productive", "ckpt stalls", "replayed",
-                       "other", "lost steps", "restarts"):
-            table.add_column(column, justify="left" if column == "configuration" else "right", no_wrap=True)
-        for name, label in (("layered", "layered"), ("baseline", "baseline")):
+        table = _table(f"P4 goodput: {p4['steps']} steps of the {p4['preset']} preset, faults "
+                       f"{p4['schedule']} (seed {p4['seed']}). Layered / baseline = "
+                       f"{p4['goodput_ratio']:.2f}x",
+                       ["config", "goodput", "wall", "steps", "stalls", "replay", "other", "lost"],
+                       caption="seconds: kept steps, checkpoint stalls, replayed steps, the rest "
+                               "(detection, restarts, start-up, commits); lost = steps replayed")
+        for name in ("layered", "baseline"):
             g = p4[name]
-            restarts = (f"in-process {g['restarts']['inprocess']}, ft_launcher {g['restarts']['launcher']}"
-                        if name == "layered" else f"relaunches {g['relaunches']}")
-            table.add_row(label, f"{g['goodput']:.1%}", _s(g["wall_s"]), _s(g["productive_s"]),
+            table.add_row(name, f"{g['goodput']:.1%}", _s(g["wall_s"]), _s(g["productive_s"]),
                           _s(g["checkpoint_stall_s"]), _s(g["replayed_s"]), _s(g["other_s"]),
-                          str(g["lost_steps"]), restarts)
+                          str(g["lost_steps"]))
         console.print(table)
-    checks = Table(title="Acceptance", title_justify="left", show_header=False)
+        console.print(f"  layered recovered {_paths(p4['layered']['recoveries'], 'ft_launcher')}; "
+                      f"baseline: {p4['baseline']['relaunches']} relaunches", highlight=False)
+    checks = Table(title="Acceptance", title_justify="left", show_header=False, pad_edge=False)
     checks.add_column(no_wrap=True)
     checks.add_column()
-    checks.add_column(overflow="fold")
+    checks.add_column()
     for c in result["checks"]:
         checks.add_row("[green]pass[/]" if c["ok"] else "[red]FAIL[/]", c["condition"], c["measured"])
     for name, error in result["errors"].items():

@@ -87,6 +87,9 @@ def plot_p1(result: dict[str, Any], path: Path) -> Path:
 
 
 def _stacked(ax, labels: list[str], parts: list[list[tuple[str, float, str]]]) -> None:
+    """Horizontal stacked bars with the total after each, legend under the axes."""
+    longest = max(sum(seconds for _, seconds, _ in segments) for segments in parts)
+    ax.set_xlim(0, longest * 1.12)
     for row, segments in enumerate(parts):
         left = 0.0
         for name, seconds, color in segments:
@@ -99,6 +102,7 @@ def _stacked(ax, labels: list[str], parts: list[list[tuple[str, float, str]]]) -
     ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
     ax.set_xlabel("seconds after the fault (median)")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=4, frameon=False)
 
 
 def plot_p2(result: dict[str, Any], path: Path) -> Path:
@@ -113,9 +117,8 @@ def plot_p2(result: dict[str, Any], path: Path) -> Path:
         parts.append([("detect and abort", detect, COLORS["detect"]),
                       ("restart in process: rebuild, reload", m["restart_s"] - detect, COLORS["restart"]),
                       ("first step", m["first_step_s"] - m["restart_s"], COLORS["first_step"])])
-    fig, ax = plt.subplots(figsize=(10, 2.6 + 0.4 * len(labels)))
+    fig, ax = plt.subplots(figsize=(10, 3.2 + 0.4 * len(labels)))
     _stacked(ax, labels, parts)
-    ax.legend(fontsize=8, loc="lower right")
     ax.set_title(f"P2 soft-fault recovery, in-process restart - {p2['preset']} preset\n"
                  f"{_subtitle(result)}", fontsize=9)
     return _save(fig, path)
@@ -132,9 +135,8 @@ def plot_p3(result: dict[str, Any], path: Path) -> Path:
         parts.append([("detect, stop, start processes, import", respawn, COLORS["respawn"]),
                       ("process group, model, checkpoint load", m["restart_s"] - respawn, COLORS["restart"]),
                       ("first step", m["first_step_s"] - m["restart_s"], COLORS["first_step"])])
-    fig, ax = plt.subplots(figsize=(10, 3.2))
+    fig, ax = plt.subplots(figsize=(10, 3.6))
     _stacked(ax, labels, parts)
-    ax.legend(fontsize=8, loc="lower right")
     ratio = f"{p3['ratio']:.2f}x" if p3["ratio"] else "n/a"
     ax.set_title(f"P3 hard-fault (sigkill) recovery: full relaunch / ft_launcher = {ratio} - "
                  f"{p3['preset']} preset\n{_subtitle(result)}", fontsize=9)
@@ -153,10 +155,9 @@ def plot_p4(result: dict[str, Any], path: Path) -> Path:
                       ("checkpoint stalls", g["checkpoint_stall_s"], COLORS["stall"]),
                       ("replayed steps", g["replayed_s"], COLORS["replayed"]),
                       ("detection, restarts, start-up, commits", g["other_s"], COLORS["other"])])
-    fig, ax = plt.subplots(figsize=(11, 3.4))
+    fig, ax = plt.subplots(figsize=(11, 3.8))
     _stacked(ax, labels, parts)
     ax.set_xlabel("wall seconds")
-    ax.legend(fontsize=8, loc="lower right")
     ax.set_title(f"P4 goodput under faults {p4['schedule']} (seed {p4['seed']}) - {p4['preset']} "
                  f"preset\n{_subtitle(result)}", fontsize=9)
     return _save(fig, path)
