@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.validate import crd_dir
 from tests.trainer_fixtures import exclusive_trainer_runs, processes_mentioning
 from workloads.events import load_run, summarize
 
@@ -31,12 +32,15 @@ def test_demo_runs_every_step_offline(tmp_path, tmp_path_factory):
     out = result.stdout
     # 1. synth summary with cdk-nag status, 2. the 4-node job validated, 4. the report.
     assert "0 unacknowledged findings" in out
-    assert "2 document(s) checked (kubernetes, project, crd): valid" in out
+    # The CRD layer runs wherever the upstream schemas are (../shared/crds); a clone without them
+    # says the layer was skipped and still validates the rest.
+    layers = "kubernetes, project, crd" if crd_dir().is_dir() else "kubernetes, project"
+    assert f"2 document(s) checked ({layers}): valid" in out
     assert "world size 32" in out
     assert "Where the time went" in out and (run_dir / "timeline.png").is_file()
     # 3. each fault recovered by the layer meant for it, and the run completed.
     report = summarize(load_run(run_dir))
-    layers = {o["fault"]: o.get("layer") for o in report.fault_outcomes()}
-    assert layers == {"exception@15:1": "inprocess", "hang@27:0": "inprocess", "sigkill@39:1": "launcher"}
+    recovered_by = {o["fault"]: o.get("layer") for o in report.fault_outcomes()}
+    assert recovered_by == {"exception@15:1": "inprocess", "hang@27:0": "inprocess", "sigkill@39:1": "launcher"}
     assert report.final_step == 50
     assert processes_mentioning(str(run_dir)) == []
