@@ -3,15 +3,21 @@
 
 import sys
 
-from aws_cdk import App
-
-from infra.config import resolve_config
-from infra.environment import build_environment
-from infra.nag import acknowledge_findings, enable_nag
-from workloads.errors import ConfigError
+from infra.node_runtime import quiet_end_of_life_banner
 
 
 def main() -> None:
+    note = quiet_end_of_life_banner()
+    if note:
+        print(note, file=sys.stderr)
+    # The CDK's jsii process starts on this import, with the environment set above.
+    from aws_cdk import App
+
+    from infra.config import resolve_config
+    from infra.environment import build_environment
+    from infra.nag import acknowledge_findings, enable_nag
+    from workloads.errors import ConfigError
+
     app = App()
     try:
         config = resolve_config(app.node.try_get_context("profile"), app.node.try_get_context("config"))

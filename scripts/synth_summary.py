@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.config import DeploymentConfig, resolve_config
+from infra.node_runtime import quiet_end_of_life_banner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,6 +142,9 @@ def print_summary(result: SynthResult, console: Console) -> None:
 
 def run(profile: str | None, config_path: str | None, console: Console) -> SynthResult:
     config = resolve_config(profile, config_path)  # exits 2 on a bad config, before any construct
+    note = quiet_end_of_life_banner()
+    if note:
+        console.print(f"[yellow]{note}[/]", highlight=False)
     with tempfile.TemporaryDirectory(prefix="nvrx-eks-synth-") as tmp:
         with console.status(f"Synthesizing {config.name} (CDK + cdk-nag, offline)..."):
             result = synthesize_profile(config, Path(tmp))
