@@ -114,8 +114,8 @@ def plot_p2(result: dict[str, Any], path: Path) -> Path:
             continue
         detect = m["detect_s"] or 0.0
         labels.append(f"{kind} (n={m['n']})")
-        parts.append([("detect and abort", detect, COLORS["detect"]),
-                      ("restart in process: rebuild, reload", m["restart_s"] - detect, COLORS["restart"]),
+        parts.append([("noticed by the first rank", detect, COLORS["detect"]),
+                      ("all ranks abort, rebuild, reload", m["restart_s"] - detect, COLORS["restart"]),
                       ("first step", m["first_step_s"] - m["restart_s"], COLORS["first_step"])])
     fig, ax = plt.subplots(figsize=(10, 3.2 + 0.4 * len(labels)))
     _stacked(ax, labels, parts)
