@@ -90,6 +90,13 @@ class CheckpointWriterDied(RuntimeError):
     """The NVRx checkpoint worker exited with a save in flight: the save is abandoned."""
 
 
+# An in-process restart aborts the NVRx writer with SIGTERM, then waits this long before SIGKILL.
+# The save it abandons is never committed, so nothing is lost by not finishing it; NVRx's default
+# (30 s) lets a writer in the middle of its files outlast the in-process hard timeout, and the
+# monitor then kills the rank: a soft fault escalated to a process restart.
+WRITER_ABORT_GRACE_S = 2.0
+
+
 def _worker_ready_probe() -> None:
     """Runs in the NVRx checkpoint worker; its completion proves the worker is up."""
 
@@ -277,8 +284,10 @@ class Checkpointer:
         # CPU this is the only mode that works (the default queue's worker dies on
         # `rank % torch.cuda.device_count()` and the trainer waits forever); on GPU it avoids
         # CUDA IPC handles entirely.
-        AsyncCallsQueue.warmup_persistent_caller(self.rank, cpu_shm_mode=True)
-        self._queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True)
+        AsyncCallsQueue.warmup_persistent_caller(self.rank, cpu_shm_mode=True,
+                                                 sigterm_timeout=WRITER_ABORT_GRACE_S)
+        self._queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True,
+                                      sigterm_timeout=WRITER_ABORT_GRACE_S)
         self._metadata_cache = CheckpointMetadataCache()
         # Wait for the spawned worker here, during setup: otherwise the first save would block for
         # the worker's start-up (seconds) and look like a hang to the in-process watchdog.
