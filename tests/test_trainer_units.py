@@ -257,6 +257,21 @@ def test_abort_does_not_wait_for_a_writer_stuck_in_its_files(single_rank, tmp_pa
     ckpt.close()
 
 
+def test_result_of_an_abandoned_save_does_not_fail_the_next_iterations_save(single_rank, tmp_path):
+    """An aborted NVRx writer reports its interrupted write on the process-wide results queue and
+    nobody reads it; the Checkpointer of the next in-process iteration must not take it for the
+    result of its own first save (that failed the save and turned the restart into a process
+    restart)."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import get_write_results_queue
+
+    get_write_results_queue().put(RuntimeError("unexpected pos 704 vs 598"))  # the aborted write
+    ckpt = _checkpointer(tmp_path, **{"checkpoint.backend": "nvrx"})
+    ckpt.save(3, _state(3.0))
+    ckpt.close()
+    assert committed_checkpoints(tmp_path / "checkpoints")
+    assert ckpt.load_latest(lambda: _state(0.0)).step == 3
+
+
 def test_messages_to_the_launcher_monitor_are_sent_inside_atomic():
     """A restart exception landing between the two sends of one message would tear the stream
     to ft_launcher's rank monitor; every message goes out inside the iteration's `atomic`. A

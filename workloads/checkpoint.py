@@ -43,6 +43,7 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import re
 import shutil
 import threading
@@ -95,6 +96,24 @@ class CheckpointWriterDied(RuntimeError):
 # (30 s) lets a writer in the middle of its files outlast the in-process hard timeout, and the
 # monitor then kills the rank: a soft fault escalated to a process restart.
 WRITER_ABORT_GRACE_S = 2.0
+
+
+def _drop_results_of_abandoned_saves() -> None:
+    """NVRx's writers report through one process-wide results queue, read once per save at its
+    finalize. A writer aborted by an in-process restart may have reported (typically the error
+    of its interrupted write) without anyone reading it; left there, it would be taken for the
+    result of the next iteration's first save and fail that save. Nothing is in flight when a
+    Checkpointer starts, so whatever the queue holds belongs to abandoned saves."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import (
+        get_write_results_queue,
+    )
+
+    results = get_write_results_queue()
+    while True:
+        try:
+            results.get_nowait()
+        except queue.Empty:
+            return
 
 
 def _worker_ready_probe() -> None:
@@ -288,6 +307,7 @@ class Checkpointer:
                                                  sigterm_timeout=WRITER_ABORT_GRACE_S)
         self._queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True,
                                       sigterm_timeout=WRITER_ABORT_GRACE_S)
+        _drop_results_of_abandoned_saves()
         self._metadata_cache = CheckpointMetadataCache()
         # Wait for the spawned worker here, during setup: otherwise the first save would block for
         # the worker's start-up (seconds) and look like a hang to the in-process watchdog.
