@@ -126,6 +126,9 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
             "per_rank": per_rank,
         }
         Path(args.json).write_text(json.dumps(result, indent=1))
+    # Both ranks leave together: a rank tearing gloo down while its peer is still in the last
+    # collective's aftermath has aborted here ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

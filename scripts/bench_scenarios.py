@@ -326,10 +326,12 @@ def measure_floor(settings: BenchSettings, out: Path, repeats: int = 7) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900,
                           cwd=Path(__file__).resolve().parent.parent)
-    if done.returncode != 0 or not result_path.is_file():
+    # Rank 0 writes the result only after every rank's timings were gathered: a result on disk is
+    # complete even if a rank then crashed tearing the process group down (kept in the record).
+    if not result_path.is_file():
         raise BenchRunFailed(f"the in-memory copy measurement failed ({done.returncode}): "
                              f"{done.stderr.strip()[-2000:]}")
-    return json.loads(result_path.read_text())
+    return {**json.loads(result_path.read_text()), "exit_code": done.returncode}
 
 
 def settings_for(quick: bool, **changes: Any) -> BenchSettings:
