@@ -1,7 +1,7 @@
 """`nvrx-eks bench`: the resilience benchmark suite, P1-P4, side by side in one invocation.
 
-    nvrx-eks bench --quick                      # a few minutes on 2 CPU cores
-    nvrx-eks bench --out benchmarks/cpu        # fuller: more repetitions and steps
+    nvrx-eks bench --quick                      # about 9 minutes on 2 CPU cores
+    nvrx-eks bench --out benchmarks/cpu        # fuller: more repetitions and steps, ~21 min
     nvrx-eks bench --scenarios p1,p3 --repeats 5
 
 Every figure is a ratio or a side-by-side of runs made by the same invocation on the same

@@ -311,7 +311,7 @@ def local(
 
 @app.command()
 def bench(
-    quick: bool = typer.Option(False, "--quick", help="Fewer repetitions and steps: a few minutes on 2 CPU cores."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer repetitions and steps: ~9 min on 2 CPU cores (full: ~21)"),
     out: Path | None = typer.Option(None, "--out", help="Results directory (default: runs/bench-<time>)."),
     scenarios: str = typer.Option("p1,p2,p3,p4", "--scenarios", help="Comma-separated subset of p1,p2,p3,p4."),
     repeats: int | None = typer.Option(
