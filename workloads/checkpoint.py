@@ -103,12 +103,16 @@ def _drop_results_of_abandoned_saves() -> None:
     finalize. A writer aborted by an in-process restart may have reported (typically the error
     of its interrupted write) without anyone reading it; left there, it would be taken for the
     result of the next iteration's first save and fail that save. Nothing is in flight when a
-    Checkpointer starts, so whatever the queue holds belongs to abandoned saves."""
-    from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import (
-        get_write_results_queue,
-    )
+    Checkpointer starts, so whatever the queue holds belongs to abandoned saves.
 
-    results = get_write_results_queue()
+    Only an existing queue is drained: creating one starts a multiprocessing Manager (a spawned
+    process importing the trainer, seconds), which during setup the in-process watchdog takes for
+    a hang. A fresh process has none; the first save creates it, outside hang protection."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
+
+    results = filesystem_async._results_queue
+    if results is None:
+        return
     while True:
         try:
             results.get_nowait()
