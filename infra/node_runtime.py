@@ -14,7 +14,7 @@ import subprocess
 
 # The oldest Node.js major that jsii supports without the end-of-life banner.
 OLDEST_SUPPORTED_NODE = 22
-_SILENCE = "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"
+SILENCE_VARIABLE = "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"
 
 
 def node_major() -> int | None:
@@ -31,11 +31,11 @@ def node_major() -> int | None:
 def quiet_end_of_life_banner() -> str | None:
     """Silence jsii's banner for an out-of-support Node.js; returns the one-line note to show
     instead (None when Node.js is supported or the user set the variable already)."""
-    if _SILENCE in os.environ:
+    if SILENCE_VARIABLE in os.environ:
         return None
     major = node_major()
     if major is None or major >= OLDEST_SUPPORTED_NODE:
         return None
-    os.environ[_SILENCE] = str(major)
+    os.environ[SILENCE_VARIABLE] = str(major)
     return (f"note: Node.js {major} is past jsii's support window; the pinned CDK works with it, "
             f"but install Node.js {OLDEST_SUPPORTED_NODE} or newer before upgrading aws-cdk-lib")

@@ -6,7 +6,7 @@ import pytest
 
 from infra import node_runtime
 
-SILENCE = "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"
+SILENCE = node_runtime.SILENCE_VARIABLE
 
 
 @pytest.fixture
