@@ -1,5 +1,6 @@
-"""Cluster add-ons: one table entry per add-on, its version pinned in the config, composed onto
-the cluster by `install_addons`.
+"""Cluster add-ons: one record per add-on (name, chart and repository, version, namespace,
+pinned image), composed onto the cluster by `install_addons`. Versions that follow the
+Kubernetes minor come from infra/kubernetes_versions.py through the config.
 
 EKS managed add-ons (with EKS Pod Identity where they call AWS APIs) cover networking, DNS, the
 FSx CSI driver and CloudWatch observability; Helm charts cover the EFA and NVIDIA device plugins,
@@ -9,6 +10,7 @@ they use the charts' own camelCase keys.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from aws_cdk import aws_eks as eks_l1
@@ -18,6 +20,13 @@ from constructs import Construct
 
 from infra.config import DeploymentConfig
 from infra.conventions import GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE, GPU_TAINT_KEY
+from infra.kubernetes_versions import (
+    COREDNS,
+    KUBE_PROXY,
+    NODE_MONITORING_AGENT,
+    POD_IDENTITY_AGENT,
+    VPC_CNI,
+)
 
 #: Schedules a DaemonSet onto GPU nodes only, through their taint.
 _ON_GPU_NODES = {
@@ -38,10 +47,13 @@ class PodIdentity:
 @dataclass(frozen=True)
 class ManagedAddon:
     name: str
-    version: str
+    #: None: EKS installs its default build for the cluster's Kubernetes minor.
+    version: str | None
     pod_identity: PodIdentity | None = None
     #: Managed add-ons that must exist first (pod identity needs its agent).
     after: tuple[str, ...] = ()
+    #: The add-on's configuration values (its own JSON schema: describe-addon-configuration).
+    configuration: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -51,16 +63,35 @@ class HelmAddon:
     repository: str
     version: str
     namespace: str
+    #: The image the chart must run, set explicitly in the values so a chart default (or a
+    #: chart whose version differs from its plugin's) cannot change it; tests render the real
+    #: chart and compare.
+    image_repository: str
+    image_tag: str
     values: dict = field(default_factory=dict)
+
+    @property
+    def image(self) -> str:
+        return f"{self.image_repository}:{self.image_tag}"
+
+    @property
+    def chart_values(self) -> dict:
+        image = {"repository": self.image_repository, "tag": self.image_tag}
+        return {**self.values, "image": {**self.values.get("image", {}), **image}}
+
+
+#: VPC CNI configuration: its network policy agent enforces the NetworkPolicy objects the
+#: training jobs carry (without it they are accepted and ignored).
+VPC_CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
 
 
 def managed_addons(config: DeploymentConfig) -> list[ManagedAddon]:
     v = config.addons.versions
     addons = [
-        ManagedAddon("vpc-cni", v.vpc_cni),
-        ManagedAddon("coredns", v.coredns),
-        ManagedAddon("kube-proxy", v.kube_proxy),
-        ManagedAddon("eks-pod-identity-agent", v.pod_identity_agent),
+        ManagedAddon(VPC_CNI, config.addon_version(VPC_CNI), configuration=VPC_CNI_CONFIGURATION),
+        ManagedAddon(COREDNS, config.addon_version(COREDNS)),
+        ManagedAddon(KUBE_PROXY, config.addon_version(KUBE_PROXY)),
+        ManagedAddon(POD_IDENTITY_AGENT, config.addon_version(POD_IDENTITY_AGENT)),
         ManagedAddon(
             "aws-fsx-csi-driver",
             v.fsx_csi_driver,
@@ -69,9 +100,13 @@ def managed_addons(config: DeploymentConfig) -> list[ManagedAddon]:
                 service_account="fsx-csi-controller-sa",
                 statements=(iam.PolicyStatement(actions=["fsx:DescribeFileSystems"], resources=["*"]),),
             ),
-            after=("eks-pod-identity-agent",),
+            after=(POD_IDENTITY_AGENT,),
         ),
     ]
+    if config.gpu_nodes.auto_repair:
+        # Node auto repair acts on GPU/EFA health only through the node conditions this agent
+        # reports; without it repair sees NodeReady alone.
+        addons.append(ManagedAddon(NODE_MONITORING_AGENT, config.addon_version(NODE_MONITORING_AGENT)))
     if config.addons.cloudwatch_observability:
         addons.append(
             ManagedAddon(
@@ -81,10 +116,16 @@ def managed_addons(config: DeploymentConfig) -> list[ManagedAddon]:
                     service_account="cloudwatch-agent",
                     managed_policies=("CloudWatchAgentServerPolicy",),
                 ),
-                after=("eks-pod-identity-agent",),
+                after=(POD_IDENTITY_AGENT,),
             )
         )
     return addons
+
+
+#: aws-efa-k8s-device-plugin image that chart v0.5.30 ships (eks-charts index).
+EFA_DEVICE_PLUGIN_TAG = "v0.5.20"
+#: dcgm-exporter image of chart 4.6.0 (DCGM 4.4.1).
+DCGM_EXPORTER_TAG = "4.4.1-4.6.0-ubuntu22.04"
 
 
 def helm_addons(config: DeploymentConfig) -> list[HelmAddon]:
@@ -96,6 +137,8 @@ def helm_addons(config: DeploymentConfig) -> list[HelmAddon]:
             repository="https://aws.github.io/eks-charts",
             version=v.efa_device_plugin_chart,
             namespace="kube-system",
+            image_repository="602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin",
+            image_tag=EFA_DEVICE_PLUGIN_TAG,
             values=_ON_GPU_NODES,
         ),
         HelmAddon(
@@ -104,9 +147,12 @@ def helm_addons(config: DeploymentConfig) -> list[HelmAddon]:
             repository="https://nvidia.github.io/k8s-device-plugin",
             version=v.nvidia_device_plugin_chart,
             namespace="kube-system",
-            # The chart's default affinity waits for node-feature-discovery labels, which EKS
-            # nodes do not have; select our GPU node label instead.
-            values={**_ON_GPU_NODES, "affinity": {}},
+            image_repository="nvcr.io/nvidia/k8s-device-plugin",
+            image_tag=f"v{v.nvidia_device_plugin_chart}",
+            # The chart's default affinity requires node-feature-discovery labels or
+            # nvidia.com/gpu.present, which nodeadm sets only from Kubernetes 1.35. Helm merges a
+            # `{}` into that default; only null removes it, leaving our node selector in charge.
+            values={**_ON_GPU_NODES, "affinity": None},
         ),
         HelmAddon(
             "JobSet",
@@ -114,6 +160,11 @@ def helm_addons(config: DeploymentConfig) -> list[HelmAddon]:
             repository="oci://registry.k8s.io/jobset/charts/jobset",
             version=v.jobset_chart,
             namespace="jobset-system",
+            # The chart's source tree defaults to the staging registry's `main` tag; the
+            # released controller image lives on registry.k8s.io under the chart's version.
+            image_repository="registry.k8s.io/jobset/jobset",
+            image_tag=f"v{v.jobset_chart}",
+            values={"image": {"pullPolicy": "IfNotPresent"}},
         ),
     ]
     if config.addons.dcgm_exporter:
@@ -124,6 +175,8 @@ def helm_addons(config: DeploymentConfig) -> list[HelmAddon]:
                 repository="https://nvidia.github.io/dcgm-exporter/helm-charts",
                 version=v.dcgm_exporter_chart,
                 namespace="monitoring",
+                image_repository="nvcr.io/nvidia/k8s/dcgm-exporter",
+                image_tag=DCGM_EXPORTER_TAG,
                 # No Prometheus Operator is installed here; scrape the pods' annotations instead.
                 values={**_ON_GPU_NODES, "serviceMonitor": {"enabled": False}},
             )
@@ -144,7 +197,8 @@ def training_operator_installer(config: DeploymentConfig) -> list[dict]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
             "metadata": {"name": name},
-            # Installing CRDs, a namespace and cluster roles needs cluster-admin.
+            # Installing CRDs, a namespace and cluster roles needs cluster-admin; the Job deletes
+            # this binding as its last step, so the grant does not outlive the install.
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "kube-system"}],
         },
@@ -162,9 +216,14 @@ def training_operator_installer(config: DeploymentConfig) -> list[dict]:
                         "containers": [
                             {
                                 "name": "install",
-                                "image": v.training_operator_installer_image,
+                                "image": config.training_operator_installer_image,
                                 # Server-side apply: the CRDs exceed the client-side annotation limit.
-                                "command": ["kubectl", "apply", "--server-side", "-k", overlay],
+                                "command": [
+                                    "sh",
+                                    "-c",
+                                    f"kubectl apply --server-side -k '{overlay}' && "
+                                    f"kubectl delete clusterrolebinding {name} --ignore-not-found",
+                                ],
                             }
                         ],
                     }
@@ -191,6 +250,7 @@ def install_addons(scope: Construct, cluster: eks.Cluster, config: DeploymentCon
             f"Addon-{addon.name}",
             addon_name=addon.name,
             addon_version=addon.version,
+            configuration_values=json.dumps(addon.configuration) if addon.configuration else None,
             cluster_name=cluster.cluster_name,
             pod_identity_associations=associations,
             resolve_conflicts="OVERWRITE",
@@ -201,7 +261,7 @@ def install_addons(scope: Construct, cluster: eks.Cluster, config: DeploymentCon
         created[addon.name] = cfn
 
     for chart in helm_addons(config):
-        created[chart.construct_id] = eks.HelmChart(
+        helm_chart = eks.HelmChart(
             scope,
             chart.construct_id,
             cluster=cluster,
@@ -210,9 +270,13 @@ def install_addons(scope: Construct, cluster: eks.Cluster, config: DeploymentCon
             version=chart.version,
             namespace=chart.namespace,
             create_namespace=True,
-            values=chart.values,
             wait=True,
         )
+        # The values are written to the custom resource as JSON here rather than through
+        # `values=`: jsii turns a Python None into "absent", and a null is how a Helm value
+        # removes a chart default (the NVIDIA plugin's affinity).
+        helm_chart.node.default_child.node.default_child.add_property_override("Values", json.dumps(chart.chart_values))
+        created[chart.construct_id] = helm_chart
     if config.addons.install_training_operator:
         created["TrainingOperator"] = cluster.add_manifest("TrainingOperator", *training_operator_installer(config))
     return created

@@ -1,8 +1,10 @@
 """Storage: FSx for Lustre (PERSISTENT_2) in the GPU AZ, linked to an encrypted S3 data bucket.
 
-Checkpoints and pre-tokenized data live on Lustre; the data repository association imports new
-objects from the bucket and exports new and changed files back, so checkpoints outlive the file
-system. Both are kept on `cdk destroy` unless the profile sets fsx.removal_policy: destroy.
+Checkpoints and pre-tokenized data live on Lustre. The data repository association links one
+directory (fsx.data_repository_path) to the bucket: it imports new objects and exports new and
+changed files back. Runs write their checkpoints under /fsx/runs, outside that directory, so the
+second copy of checkpoints is FSx's automatic daily backup, kept fsx.backup_retention_days.
+Both are kept on `cdk destroy` unless the profile sets fsx.removal_policy: destroy.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ class StorageStack(Stack):
             encryption=s3.BucketEncryption.S3_MANAGED,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED,
+            # ACLs off. S3 server access logging still delivers: with ACLs disabled it needs a
+            # bucket policy granting logging.s3.amazonaws.com, which CDK writes for the source
+            # bucket (feature flag @aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy in cdk.json).
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(90))],
             removal_policy=removal,
             auto_delete_objects=False,
@@ -74,7 +79,10 @@ class StorageStack(Stack):
             ),
             # Sunday 05:00 UTC: maintenance restarts Lustre servers, so keep it out of the week.
             weekly_maintenance_start_time="7:05:00",
-            automatic_backup_retention_days=0,  # the data repository association is the copy
+            automatic_backup_retention_days=fsx_cfg.backup_retention_days,
+            # 03:00 UTC, clear of the Sunday maintenance window above.
+            daily_automatic_backup_start_time="03:00",
+            copy_tags_to_backups=True,
         )
         self.file_system = fsx.CfnFileSystem(
             self,
