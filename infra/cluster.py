@@ -167,7 +167,9 @@ class TrainingClusterStack(Stack):
             OutputKey.IMAGE_URI: (self.image.image_uri, "Trainer container image"),
             OutputKey.GPU_NODEGROUP_NAME: (self.gpu_nodes.nodegroup.nodegroup_name, "GPU node group"),
             OutputKey.GPU_INSTANCE_TYPE: (config.gpu_nodes.instance_type, "GPU instance type"),
-            OutputKey.GPU_NODE_COUNT: (str(config.gpu_nodes.desired_size), "GPU nodes (desired)"),
+            # The node group's maximum: the job size it is built for. (A Capacity Block group is
+            # created at desired 0 and scaled up when the block starts.)
+            OutputKey.GPU_NODE_COUNT: (str(config.gpu_nodes.max_size), "GPU nodes (node group maximum)"),
         }
         for key, (value, description) in outputs.items():
             CfnOutput(self, key.value, value=value, description=description)

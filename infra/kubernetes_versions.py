@@ -25,9 +25,10 @@ POD_IDENTITY_AGENT = "eks-pod-identity-agent"
 NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
 PER_MINOR_ADDONS = (VPC_CNI, COREDNS, KUBE_PROXY, POD_IDENTITY_AGENT, NODE_MONITORING_AGENT)
 
-#: The only kubectl Lambda layer package installed (aws-cdk.lambda-layer-kubectl-v35). Its
-#: kubectl 1.35 and helm talk to API servers 1.34-1.36 within the version-skew policy.
-KUBECTL_LAYER_V35 = "v35"
+#: kubectl minor of the only kubectl Lambda layer package installed
+#: (aws-cdk.lambda-layer-kubectl-v35). Its kubectl and helm talk to API servers 1.34-1.36 within
+#: Kubernetes' version-skew policy (kubectl: one minor either way).
+KUBECTL_LAYER_V35 = "1.35"
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class MinorPins:
     minor: str
     #: EKS managed add-on builds for this minor, by add-on name (None: EKS's default build).
     addons: dict[str, str | None]
-    #: Which aws-cdk.lambda-layer-kubectl-vNN package provides kubectl/helm to the CDK.
+    #: kubectl minor of the aws-cdk.lambda-layer-kubectl-vNN package that gives the CDK's
+    #: kubectl Lambda its kubectl and helm.
     kubectl_layer: str
     #: Image of the one-shot training-operator installer (kubectl + git): its kubectl minor
     #: within one of the cluster's. Pinned by tag (the only published tag that was checked is
