@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from infra.addons import helm_addons
+from infra.addon_catalog import helm_addons
 from infra.config import DeploymentConfig, resolve_config
 from infra.conventions import INSTANCE_TYPE_LABEL_KEY
 from infra.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS, pins_for
