@@ -106,8 +106,9 @@ def test_device_plugins_schedule_on_the_other_instance_types(synth, helm, tmp_pa
         assert why_not_scheduled(daemonset["spec"]["template"]["spec"], labels, taints) == [], chart
 
 
-def test_dcgm_exporter_schedules_on_gpu_nodes_with_the_pinned_image(synth, helm, tmp_path):
-    synthesized = synth("g5-smoke")
+@pytest.mark.parametrize("minor", SUPPORTED_KUBERNETES_VERSIONS)
+def test_dcgm_exporter_schedules_on_gpu_nodes_with_the_pinned_image(synth, helm, tmp_path, minor):
+    synthesized = synth(at_minor("g5-smoke", minor))
     daemonset, record = rendered_daemonset(helm, tmp_path, synthesized, "dcgm-exporter")
     labels, taints = gpu_node(synthesized)
     pod = daemonset["spec"]["template"]["spec"]
