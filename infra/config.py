@@ -195,11 +195,13 @@ class FsxConfig(StrictModel):
     compression: Literal["LZ4", "NONE"] = "LZ4"
     #: Directory in the file system linked to the data bucket (data repository association).
     data_repository_path: str = "/s3"
-    #: Prefix in the data bucket that the association imports from and exports to.
-    data_bucket_prefix: str = ""
-    #: Days of FSx automatic daily backups: the second copy of the checkpoints, which runs write
-    #: under /fsx/runs, outside the data repository association's directory.
-    backup_retention_days: Annotated[int, Field(ge=1, le=90)] = 7
+    #: Prefix in the data bucket that the association imports from and exports to. It must not
+    #: overlap the prefix that receives the run directories' export (`runs`).
+    data_bucket_prefix: str = "data"
+    #: Days S3 keeps the exported copy of a run file (checkpoint shard, commit record, events)
+    #: after its last export: the second copy of checkpoints. FSx backups cannot serve: FSx
+    #: takes none of a file system linked to S3.
+    runs_copy_days: Annotated[int, Field(ge=1, le=3650)] = 30
     #: What `cdk destroy` does with the file system and the data bucket. Training data and
     #: checkpoints live there, so they are kept unless the profile says otherwise.
     removal_policy: Literal["retain", "destroy"] = "retain"
@@ -230,6 +232,19 @@ class FsxConfig(StrictModel):
         if not re.fullmatch(r"/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", path):
             raise ValueError(f"'{path}' must be an absolute directory below the root, such as /s3")
         return path
+
+    @field_validator("data_bucket_prefix")
+    @classmethod
+    def _data_prefix(cls, prefix: str) -> str:
+        from infra.conventions import RUNS_COPY_PREFIX
+
+        first = prefix.strip("/").split("/")[0]
+        if first in ("", RUNS_COPY_PREFIX):
+            raise ValueError(
+                f"'{prefix}' would overlap the '{RUNS_COPY_PREFIX}/' prefix that receives the export of the run "
+                "directories (two data repository associations cannot share S3 paths); use a prefix such as data"
+            )
+        return prefix
 
     @model_validator(mode="after")
     def _capacity_for_layout(self) -> FsxConfig:

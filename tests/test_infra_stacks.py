@@ -21,9 +21,11 @@ from infra.config import PROFILES_DIR, SUPPORTED_KUBERNETES_VERSIONS, load_confi
 from infra.conventions import (
     DEPLOYMENT_TAG_KEY,
     FSX_PVC_NAME,
+    FSX_RUNS_PATH,
     GPU_NODE_LABEL_KEY,
     GPU_NODE_LABEL_VALUE,
     GPU_TAINT_KEY,
+    RUNS_COPY_PREFIX,
     TRAINING_NAMESPACE,
 )
 from infra.instance_facts import facts_for
@@ -209,7 +211,11 @@ def test_smoke_profile_deletes_its_data_on_destroy(synth):
 
 def test_data_repository_association_links_the_bucket(synth):
     synthesized = synth("p5")
-    dra = synthesized.one("storage", "AWS::FSx::DataRepositoryAssociation")["Properties"]
+    (dra,) = [
+        a["Properties"]
+        for a in synthesized.resources("storage", "AWS::FSx::DataRepositoryAssociation").values()
+        if a["Properties"]["FileSystemPath"] == synthesized.config.fsx.data_repository_path
+    ]
     assert dra["FileSystemPath"] == "/s3"
     assert dra["BatchImportMetaDataOnCreate"] is True
     assert dra["S3"]["AutoImportPolicy"]["Events"] == ["NEW", "CHANGED", "DELETED"]
@@ -475,12 +481,40 @@ def test_gpu_user_data_has_no_efa_lustre_part_without_fsx_efa(synth):
 # --- Issue-15 infrastructure: second copy, network policy, installer, key grants ---------------
 
 
-def test_fsx_keeps_daily_backups_as_the_second_copy_of_checkpoints(synth):
+def test_run_directories_are_exported_to_s3_as_the_second_copy_of_checkpoints(synth):
     synthesized = synth("p5")
+    associations = {
+        a["Properties"]["FileSystemPath"]: a
+        for a in synthesized.resources("storage", "AWS::FSx::DataRepositoryAssociation").values()
+    }
+    assert set(associations) == {"/s3", FSX_RUNS_PATH}
+    runs = associations[FSX_RUNS_PATH]["Properties"]
+    # Export only: deletions (checkpoint retention) are not propagated, and nothing is imported.
+    assert runs["S3"] == {"AutoExportPolicy": {"Events": ["NEW", "CHANGED"]}}
+    assert runs["BatchImportMetaDataOnCreate"] is False
+    assert json.dumps(runs["DataRepositoryPath"]).endswith(f'/{RUNS_COPY_PREFIX}/"]]}}')
+    data_path = json.dumps(associations["/s3"]["Properties"]["DataRepositoryPath"])
+    assert data_path.endswith('"/data"]]}')  # S3 paths of the two associations do not overlap
+    # Kept fsx.runs_copy_days after the last export, then expired by S3.
+    (bucket,) = [
+        b["Properties"]
+        for k, b in synthesized.resources("storage", "AWS::S3::Bucket").items()
+        if k.startswith("DataBucket")
+    ]
+    rules = bucket["LifecycleConfiguration"]["Rules"]
+    assert {"Prefix": f"{RUNS_COPY_PREFIX}/", "ExpirationInDays": 30, "Status": "Enabled"} in rules
+    # FSx takes no backups of a file system linked to S3 (they would be refused).
     lustre = synthesized.one("storage", "AWS::FSx::FileSystem")["Properties"]["LustreConfiguration"]
-    assert lustre["AutomaticBackupRetentionDays"] == synthesized.config.fsx.backup_retention_days == 7
-    assert lustre["DailyAutomaticBackupStartTime"] == "03:00"
-    assert lustre["CopyTagsToBackups"] is True
+    assert lustre["AutomaticBackupRetentionDays"] == 0
+
+
+def test_a_data_prefix_overlapping_the_runs_copy_is_a_config_error(tmp_path):
+    raw = yaml.safe_load((PROFILES_DIR / "p5.yaml").read_text())
+    raw["fsx"]["data_bucket_prefix"] = ""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="fsx.data_bucket_prefix: '' would overlap the 'runs/' prefix"):
+        load_config(path)
 
 
 def test_vpc_cni_enforces_network_policies(synth):
