@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from infra.config import DeploymentConfig
+from infra.config import DeploymentConfig, version_field
 from infra.conventions import GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE, GPU_TAINT_KEY
 from infra.kubernetes_versions import (
     COREDNS,
@@ -89,15 +89,18 @@ class HelmAddon:
 VPC_CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
 
 
+def _per_minor(config: DeploymentConfig, addon: str, **kwargs) -> ManagedAddon:
+    """An EKS add-on whose build follows the Kubernetes minor (infra/kubernetes_versions.py)."""
+    return ManagedAddon(addon, config.addon_version(addon), config_field=version_field(addon), **kwargs)
+
+
 def managed_addons(config: DeploymentConfig) -> list[ManagedAddon]:
     v = config.addons.versions
     addons = [
-        ManagedAddon(
-            VPC_CNI, config.addon_version(VPC_CNI), configuration=VPC_CNI_CONFIGURATION, config_field="vpc_cni"
-        ),
-        ManagedAddon(COREDNS, config.addon_version(COREDNS), config_field="coredns"),
-        ManagedAddon(KUBE_PROXY, config.addon_version(KUBE_PROXY), config_field="kube_proxy"),
-        ManagedAddon(POD_IDENTITY_AGENT, config.addon_version(POD_IDENTITY_AGENT), config_field="pod_identity_agent"),
+        _per_minor(config, VPC_CNI, configuration=VPC_CNI_CONFIGURATION),
+        _per_minor(config, COREDNS),
+        _per_minor(config, KUBE_PROXY),
+        _per_minor(config, POD_IDENTITY_AGENT),
         ManagedAddon(
             "aws-fsx-csi-driver",
             v.fsx_csi_driver,
@@ -113,11 +116,7 @@ def managed_addons(config: DeploymentConfig) -> list[ManagedAddon]:
     if config.gpu_nodes.auto_repair:
         # Node auto repair acts on GPU/EFA health only through the node conditions this agent
         # reports; without it repair sees NodeReady alone.
-        addons.append(
-            ManagedAddon(
-                NODE_MONITORING_AGENT, config.addon_version(NODE_MONITORING_AGENT), config_field="node_monitoring_agent"
-            )
-        )
+        addons.append(_per_minor(config, NODE_MONITORING_AGENT))
     if config.addons.cloudwatch_observability:
         addons.append(
             ManagedAddon(

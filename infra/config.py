@@ -435,7 +435,7 @@ class DeploymentConfig(StrictModel):
 
     @model_validator(mode="after")
     def _addon_pins_match_the_minor(self) -> DeploymentConfig:
-        for field_name, addon in _PER_MINOR_ADDON_FIELDS.items():
+        for field_name, addon in PER_MINOR_VERSION_FIELDS.items():
             version = getattr(self.addons.versions, field_name)
             if version is not None and not addon_matches_minor(addon, version, self.kubernetes_version):
                 raise ValueError(
@@ -449,8 +449,7 @@ class DeploymentConfig(StrictModel):
     def addon_version(self, addon: str) -> str | None:
         """The version to install of a per-minor EKS add-on: the profile's override, else the pin
         for `kubernetes_version` (None: EKS's default build for that minor)."""
-        field_name = {a: f for f, a in _PER_MINOR_ADDON_FIELDS.items()}[addon]
-        override = getattr(self.addons.versions, field_name)
+        override = getattr(self.addons.versions, version_field(addon))
         return override if override is not None else pins_for(self.kubernetes_version).addons[addon]
 
     @property
@@ -476,14 +475,19 @@ class DeploymentConfig(StrictModel):
         return {**self.tags, DEPLOYMENT_TAG_KEY: self.name}
 
 
-#: AddonVersions field of each per-minor EKS add-on.
-_PER_MINOR_ADDON_FIELDS = {
+#: The AddonVersions field that overrides each per-minor EKS add-on's pinned build.
+PER_MINOR_VERSION_FIELDS = {
     "vpc_cni": VPC_CNI,
     "coredns": COREDNS,
     "kube_proxy": KUBE_PROXY,
     "pod_identity_agent": POD_IDENTITY_AGENT,
     "node_monitoring_agent": NODE_MONITORING_AGENT,
 }
+
+
+def version_field(addon: str) -> str:
+    """The AddonVersions field of a per-minor EKS add-on."""
+    return {a: f for f, a in PER_MINOR_VERSION_FIELDS.items()}[addon]
 
 
 def profile_path(profile: str) -> Path:
