@@ -118,3 +118,11 @@ def test_cli_exits_2_on_a_pin_for_another_minor(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "addons.versions.kube_proxy" in result.stderr and "kubernetes_version 1.35" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("profile", ["p5", "p5en", "g5-smoke", "p5-capacity-block"])
+def test_every_shipped_profile_synthesizes_with_the_pins_of_its_minor(synth, profile):
+    synthesized = synth(profile)
+    installed = managed_addons(synthesized)
+    for addon, version in pins_for(synthesized.config.kubernetes_version).addons.items():
+        assert installed[addon].get("AddonVersion") == version, addon
