@@ -25,7 +25,12 @@ from infra.conventions import (
 from infra.fsx_volume import FsxVolume
 from infra.gpu_nodes import GpuNodeGroup
 from infra.image import TrainerImage
+from infra.kubernetes_versions import KUBECTL_LAYER_V35, pins_for
 from infra.outputs import OutputKey
+from infra.pod_security import admission_policy_manifests
+
+#: The kubectl Lambda layer packages installed, by the layer name in infra/kubernetes_versions.py.
+_KUBECTL_LAYERS = {KUBECTL_LAYER_V35: KubectlV35Layer}
 
 ALL_CONTROL_PLANE_LOGS = [
     eks.ClusterLoggingTypes.API,
@@ -81,7 +86,7 @@ class TrainingClusterStack(Stack):
             default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
             default_capacity=0,
             kubectl_provider_options=eks.KubectlProviderOptions(
-                kubectl_layer=KubectlV35Layer(self, "KubectlLayer"),
+                kubectl_layer=_KUBECTL_LAYERS[pins_for(config.kubernetes_version).kubectl_layer](self, "KubectlLayer"),
                 # The kubectl Lambda runs inside the VPC: the public endpoint (if any) admits only
                 # the profile's CIDRs, so the private endpoint is the one it can always reach.
                 private_subnets=vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets,
@@ -137,6 +142,7 @@ class TrainingClusterStack(Stack):
             dns_name=file_system_dns_name,
             mount_name=file_system_mount_name,
         )
+        self.pod_security = self.cluster.add_manifest("PodSecurity", *admission_policy_manifests())
         self.image = TrainerImage(self, "TrainerImage", config=config)
 
         outputs = {
@@ -161,7 +167,9 @@ class TrainingClusterStack(Stack):
             OutputKey.IMAGE_URI: (self.image.image_uri, "Trainer container image"),
             OutputKey.GPU_NODEGROUP_NAME: (self.gpu_nodes.nodegroup.nodegroup_name, "GPU node group"),
             OutputKey.GPU_INSTANCE_TYPE: (config.gpu_nodes.instance_type, "GPU instance type"),
-            OutputKey.GPU_NODE_COUNT: (str(config.gpu_nodes.desired_size), "GPU nodes (desired)"),
+            # The node group's maximum: the job size it is built for. (A Capacity Block group is
+            # created at desired 0 and scaled up when the block starts.)
+            OutputKey.GPU_NODE_COUNT: (str(config.gpu_nodes.max_size), "GPU nodes (node group maximum)"),
         }
         for key, (value, description) in outputs.items():
             CfnOutput(self, key.value, value=value, description=description)

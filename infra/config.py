@@ -16,16 +16,22 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra.instance_facts import INSTANCE_FACTS, InstanceFacts, facts_for
+from infra.kubernetes_versions import (
+    COREDNS,
+    KUBE_PROXY,
+    NODE_MONITORING_AGENT,
+    POD_IDENTITY_AGENT,
+    SUPPORTED_KUBERNETES_VERSIONS,
+    VPC_CNI,
+    addon_matches_minor,
+    pins_for,
+)
 from workloads.errors import ConfigError, describe_validation_error
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 #: The stacks of one deployment, in deployment order (see infra/environment.py).
 STACK_ROLES = ("network", "storage", "cluster")
 DEFAULT_PROFILE = "p5"
-
-#: EKS versions this project supports: the kubectl Lambda layer we ship (v35) must be within one
-#: minor version of the API server (Kubernetes' version-skew policy) and aws_eks_v2 must know it.
-SUPPORTED_KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
 
 #: FSx for Lustre PERSISTENT_2 on SSD: throughput tiers in MB/s per TiB of storage.
 PERSISTENT_2_THROUGHPUT_TIERS = (125, 250, 500, 1000)
@@ -104,7 +110,8 @@ class GpuNodeGroupConfig(StrictModel):
     #: reservation is placed when it is created, and a group this stack creates cannot hold it.
     placement_group: bool = True
     root_volume_gib: Annotated[int, Field(ge=100, le=16384)] = 500
-    #: EKS node auto repair: replaces nodes whose GPU/EFA/kubelet health checks fail.
+    #: EKS node auto repair: replaces nodes whose GPU/EFA/kubelet health checks fail. The
+    #: eks-node-monitoring-agent add-on that reports those checks is installed with it.
     auto_repair: bool = True
 
     @field_validator("instance_type")
@@ -131,6 +138,15 @@ class GpuNodeGroupConfig(StrictModel):
             raise ValueError(
                 "capacity_type 'capacity-block' needs capacity_reservation_id: the id (cr-...) of "
                 "the Capacity Block you purchased"
+            )
+        if self.capacity_type == "capacity-block" and (self.desired_size or self.min_size):
+            # EKS: a Capacity Block node group is created at 0 (its instances cannot launch
+            # before the block starts) and node-group updates need desired 0 as well.
+            raise ValueError(
+                f"capacity_type 'capacity-block' needs min_size 0 and desired_size 0 at creation, got "
+                f"min_size {self.min_size} and desired_size {self.desired_size}; set both to 0 and scale "
+                "up when the block is active (aws eks update-nodegroup-config --scaling-config "
+                "minSize=0,maxSize=N,desiredSize=N)"
             )
         if self.capacity_reservation_id is not None and self.placement_group:
             raise ValueError(
@@ -179,8 +195,13 @@ class FsxConfig(StrictModel):
     compression: Literal["LZ4", "NONE"] = "LZ4"
     #: Directory in the file system linked to the data bucket (data repository association).
     data_repository_path: str = "/s3"
-    #: Prefix in the data bucket that the association imports from and exports to.
-    data_bucket_prefix: str = ""
+    #: Prefix in the data bucket that the association imports from and exports to. It must not
+    #: overlap the prefix that receives the run directories' export (`runs`).
+    data_bucket_prefix: str = "data"
+    #: Days S3 keeps the exported copy of a run file (checkpoint shard, commit record, events)
+    #: after its last export: the second copy of checkpoints. FSx backups cannot serve: FSx
+    #: takes none of a file system linked to S3.
+    runs_copy_days: Annotated[int, Field(ge=1, le=3650)] = 30
     #: What `cdk destroy` does with the file system and the data bucket. Training data and
     #: checkpoints live there, so they are kept unless the profile says otherwise.
     removal_policy: Literal["retain", "destroy"] = "retain"
@@ -212,6 +233,19 @@ class FsxConfig(StrictModel):
             raise ValueError(f"'{path}' must be an absolute directory below the root, such as /s3")
         return path
 
+    @field_validator("data_bucket_prefix")
+    @classmethod
+    def _data_prefix(cls, prefix: str) -> str:
+        from infra.conventions import RUNS_COPY_PREFIX
+
+        first = prefix.strip("/").split("/")[0]
+        if first in ("", RUNS_COPY_PREFIX):
+            raise ValueError(
+                f"'{prefix}' would overlap the '{RUNS_COPY_PREFIX}/' prefix that receives the export of the run "
+                "directories (two data repository associations cannot share S3 paths); use a prefix such as data"
+            )
+        return prefix
+
     @model_validator(mode="after")
     def _capacity_for_layout(self) -> FsxConfig:
         # FSx sizes storage in whole storage servers. Without EFA: 1.2 TiB, 2.4 TiB or steps of
@@ -233,19 +267,24 @@ class FsxConfig(StrictModel):
 
     @property
     def throughput_mbps(self) -> int:
-        return self.storage_gib * self.throughput_per_tib // 1024
+        """Aggregate throughput in MB/s: storage in TiB times the tier, where FSx counts a TiB as
+        1000 GiB (4800 GiB at 1000 MB/s/TiB is 4800 MB/s)."""
+        return self.storage_gib * self.throughput_per_tib // 1000
 
 
 class AddonVersions(StrictModel):
-    """Pinned versions of the EKS managed add-ons and Helm charts. One place per add-on."""
+    """Overrides of the pinned add-on and chart versions. The per-minor EKS add-ons default to
+    None: the build infra/kubernetes_versions.py pins for `kubernetes_version`."""
 
-    vpc_cni: str = "v1.20.4-eksbuild.2"
-    coredns: str = "v1.12.4-eksbuild.1"
-    kube_proxy: str = "v1.35.0-eksbuild.2"
-    pod_identity_agent: str = "v1.3.10-eksbuild.1"
+    vpc_cni: str | None = None
+    coredns: str | None = None
+    kube_proxy: str | None = None
+    pod_identity_agent: str | None = None
+    node_monitoring_agent: str | None = None
     fsx_csi_driver: str = "v1.7.0-eksbuild.1"
     cloudwatch_observability: str = "v4.6.0-eksbuild.1"
-    efa_device_plugin_chart: str = "v0.5.17"
+    #: Chart v0.5.30 carries device plugin v0.5.20 (the chart version is not the plugin's).
+    efa_device_plugin_chart: str = "v0.5.30"
     nvidia_device_plugin_chart: str = "0.18.0"
     dcgm_exporter_chart: str = "4.6.0"
     jobset_chart: str = "0.12.0"
@@ -253,7 +292,8 @@ class AddonVersions(StrictModel):
     training_operator: str = "v1.9.4"
     #: Image of the one-shot Job that applies the training operator's kustomize overlay
     #: (it needs kubectl and git, which the kubectl provider Lambda cannot do for remote bases).
-    training_operator_installer_image: str = "alpine/k8s:1.35.0"
+    #: None: the image infra/kubernetes_versions.py pins for `kubernetes_version`.
+    training_operator_installer_image: str | None = None
 
 
 class AddonsConfig(StrictModel):
@@ -393,6 +433,30 @@ class DeploymentConfig(StrictModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _addon_pins_match_the_minor(self) -> DeploymentConfig:
+        for field_name, addon in PER_MINOR_VERSION_FIELDS.items():
+            version = getattr(self.addons.versions, field_name)
+            if version is not None and not addon_matches_minor(addon, version, self.kubernetes_version):
+                raise ValueError(
+                    f"addons.versions.{field_name} '{version}' is a {addon} build for another Kubernetes "
+                    f"version than kubernetes_version {self.kubernetes_version}; use a "
+                    f"v{self.kubernetes_version}.x build (aws eks describe-addon-versions --kubernetes-version "
+                    f"{self.kubernetes_version} --addon-name {addon}) or remove the field to use the pinned one"
+                )
+        return self
+
+    def addon_version(self, addon: str) -> str | None:
+        """The version to install of a per-minor EKS add-on: the profile's override, else the pin
+        for `kubernetes_version` (None: EKS's default build for that minor)."""
+        override = getattr(self.addons.versions, version_field(addon))
+        return override if override is not None else pins_for(self.kubernetes_version).addons[addon]
+
+    @property
+    def training_operator_installer_image(self) -> str:
+        override = self.addons.versions.training_operator_installer_image
+        return override or pins_for(self.kubernetes_version).installer_image
+
     def stack_name(self, role: str) -> str:
         """CloudFormation stack name of one of the STACK_ROLES."""
         if role not in STACK_ROLES:
@@ -409,6 +473,21 @@ class DeploymentConfig(StrictModel):
         from infra.conventions import DEPLOYMENT_TAG_KEY
 
         return {**self.tags, DEPLOYMENT_TAG_KEY: self.name}
+
+
+#: The AddonVersions field that overrides each per-minor EKS add-on's pinned build.
+PER_MINOR_VERSION_FIELDS = {
+    "vpc_cni": VPC_CNI,
+    "coredns": COREDNS,
+    "kube_proxy": KUBE_PROXY,
+    "pod_identity_agent": POD_IDENTITY_AGENT,
+    "node_monitoring_agent": NODE_MONITORING_AGENT,
+}
+
+
+def version_field(addon: str) -> str:
+    """The AddonVersions field of a per-minor EKS add-on."""
+    return {a: f for f, a in PER_MINOR_VERSION_FIELDS.items()}[addon]
 
 
 def profile_path(profile: str) -> Path:

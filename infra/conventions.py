@@ -8,6 +8,11 @@ TRAINING_NAMESPACE = "training"
 FSX_PV_NAME = "fsx-lustre-pv"
 FSX_PVC_NAME = "fsx-lustre"
 FSX_STORAGE_CLASS = ""  # static provisioning: empty class so no dynamic provisioner claims it
+#: Directory of the file system that holds the jobs' run directories (checkpoints, events);
+#: pods see it as <mount path>/runs. Exported to S3 as the second copy of checkpoints.
+FSX_RUNS_PATH = "/runs"
+#: Prefix of the data bucket that receives that export.
+RUNS_COPY_PREFIX = "runs"
 
 #: Label on GPU nodes (node group labels) that job pods select on, and its value.
 GPU_NODE_LABEL_KEY = "nvrx-eks.io/node-pool"

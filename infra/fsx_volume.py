@@ -12,6 +12,7 @@ from constructs import Construct
 
 from infra.config import DeploymentConfig
 from infra.conventions import FSX_PV_NAME, FSX_PVC_NAME, FSX_STORAGE_CLASS, TRAINING_NAMESPACE
+from infra.pod_security import NAMESPACE_LABELS
 
 
 def fsx_volume_manifests(
@@ -19,7 +20,11 @@ def fsx_volume_manifests(
 ) -> list[dict]:
     capacity = f"{config.fsx.storage_gib}Gi"
     return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TRAINING_NAMESPACE}},
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": TRAINING_NAMESPACE, "labels": dict(NAMESPACE_LABELS)},
+        },
         {
             "apiVersion": "v1",
             "kind": "PersistentVolume",

@@ -22,24 +22,7 @@ from infra.conventions import (
     GPU_TAINT_VALUE,
 )
 from infra.instance_facts import InstanceFacts
-
-# AL2023 nodes are configured by nodeadm. RAID0 over the instance-store NVMe puts containerd and
-# the kubelet on local disks: the multi-GB CUDA image unpacks there instead of on the EBS root.
-_NODEADM_USER_DATA = """MIME-Version: 1.0
-Content-Type: multipart/mixed; boundary="==NVRXEKS=="
-
---==NVRXEKS==
-Content-Type: application/node.eks.aws
-
-apiVersion: node.eks.aws/v1alpha1
-kind: NodeConfig
-spec:
-  instance:
-    localStorage:
-      strategy: RAID0
-
---==NVRXEKS==--
-"""
+from infra.node_user_data import gpu_node_user_data
 
 
 def efa_network_interfaces(
@@ -120,7 +103,7 @@ class GpuNodeGroup(Construct):
                 metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
                     http_tokens="required", http_put_response_hop_limit=1, http_endpoint="enabled"
                 ),
-                user_data=Fn.base64(_NODEADM_USER_DATA),
+                user_data=Fn.base64(gpu_node_user_data(config)),
                 tag_specifications=[
                     ec2.CfnLaunchTemplate.TagSpecificationProperty(
                         resource_type=resource_type,

@@ -7,7 +7,7 @@ in one stack avoids a cross-stack dependency cycle.
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import Aws, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -58,10 +58,27 @@ class NetworkStack(Stack):
             description=f"{config.name}: VPC flow log encryption",
             removal_policy=RemovalPolicy.DESTROY,
         )
-        flow_log_key.grant_encrypt_decrypt(iam.ServicePrincipal(f"logs.{self.region}.amazonaws.com"))
+        # Named, so that the key policy can name it: CloudWatch Logs uses the key only with the
+        # log group's ARN as encryption context, and the grant is limited to that context.
+        flow_log_group_name = f"/{config.name}/vpc-flow-logs"
+        flow_log_key.add_to_resource_policy(
+            iam.PolicyStatement(
+                principals=[iam.ServicePrincipal(f"logs.{self.region}.amazonaws.com")],
+                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+                resources=["*"],
+                conditions={
+                    "ArnEquals": {
+                        "kms:EncryptionContext:aws:logs:arn": (
+                            f"arn:{Aws.PARTITION}:logs:{self.region}:{self.account}:log-group:{flow_log_group_name}"
+                        )
+                    }
+                },
+            )
+        )
         flow_log_group = logs.LogGroup(
             self,
             "FlowLogs",
+            log_group_name=flow_log_group_name,
             retention=logs.RetentionDays.ONE_MONTH,
             encryption_key=flow_log_key,
             removal_policy=RemovalPolicy.DESTROY,

@@ -37,5 +37,7 @@ def quiet_end_of_life_banner() -> str | None:
     if major is None or major >= OLDEST_SUPPORTED_NODE:
         return None
     os.environ[SILENCE_VARIABLE] = str(major)
-    return (f"note: Node.js {major} is past jsii's support window; the pinned CDK works with it, "
-            f"but install Node.js {OLDEST_SUPPORTED_NODE} or newer before upgrading aws-cdk-lib")
+    return (
+        f"note: Node.js {major} is past jsii's support window; the pinned CDK works with it, "
+        f"but install Node.js {OLDEST_SUPPORTED_NODE} or newer before upgrading aws-cdk-lib"
+    )

@@ -1,8 +1,16 @@
 """Storage: FSx for Lustre (PERSISTENT_2) in the GPU AZ, linked to an encrypted S3 data bucket.
 
-Checkpoints and pre-tokenized data live on Lustre; the data repository association imports new
-objects from the bucket and exports new and changed files back, so checkpoints outlive the file
-system. Both are kept on `cdk destroy` unless the profile sets fsx.removal_policy: destroy.
+Checkpoints and pre-tokenized data live on Lustre, linked to the bucket by two data repository
+associations:
+- data: fsx.data_repository_path <-> s3://bucket/<fsx.data_bucket_prefix>, imports new and
+  changed objects and exports new and changed files;
+- runs: the run directories (/runs on the file system, where checkpoints are written) ->
+  s3://bucket/runs/, export only. This is the second copy of checkpoints: FSx takes no backups
+  of a file system linked to S3 (FSx for Lustre user guide, "Working with backups"). Deletions
+  are not exported, so checkpoint retention on Lustre never deletes the S3 copy; S3 expires it
+  fsx.runs_copy_days after its last export. Nothing is imported into /runs, so a writer to the
+  bucket cannot plant a checkpoint.
+Both are kept on `cdk destroy` unless the profile sets fsx.removal_policy: destroy.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from infra.config import DeploymentConfig
+from infra.conventions import FSX_RUNS_PATH, RUNS_COPY_PREFIX
 
 #: FSx for Lustre version: 2.15 is required for EFA and is the current long-term release.
 LUSTRE_VERSION = "2.15"
@@ -41,7 +50,10 @@ class StorageStack(Stack):
             encryption=s3.BucketEncryption.S3_MANAGED,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED,
+            # ACLs off. S3 server access logging still delivers: with ACLs disabled it needs a
+            # bucket policy granting logging.s3.amazonaws.com, which CDK writes for the source
+            # bucket (feature flag @aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy in cdk.json).
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(90))],
             removal_policy=removal,
             auto_delete_objects=False,
@@ -55,8 +67,11 @@ class StorageStack(Stack):
             versioned=True,
             server_access_logs_bucket=self.access_log_bucket,
             server_access_logs_prefix="data-bucket/",
-            # Old versions of overwritten checkpoint shards add up quickly; keep a week of them.
-            lifecycle_rules=[s3.LifecycleRule(noncurrent_version_expiration=Duration.days(7))],
+            lifecycle_rules=[
+                # Old versions of overwritten files add up quickly; keep a week of them.
+                s3.LifecycleRule(noncurrent_version_expiration=Duration.days(7)),
+                s3.LifecycleRule(prefix=f"{RUNS_COPY_PREFIX}/", expiration=Duration.days(fsx_cfg.runs_copy_days)),
+            ],
             removal_policy=removal,
             # Never empty the bucket on delete: with removal_policy destroy, a non-empty bucket
             # makes the delete fail rather than lose data silently; teardown --delete-data empties it.
@@ -74,7 +89,8 @@ class StorageStack(Stack):
             ),
             # Sunday 05:00 UTC: maintenance restarts Lustre servers, so keep it out of the week.
             weekly_maintenance_start_time="7:05:00",
-            automatic_backup_retention_days=0,  # the data repository association is the copy
+            # FSx takes no backups of a file system linked to S3; the runs export is the copy.
+            automatic_backup_retention_days=0,
         )
         self.file_system = fsx.CfnFileSystem(
             self,
@@ -111,6 +127,21 @@ class StorageStack(Stack):
             ),
         )
         self.data_repository_association.cfn_options.deletion_policy = CfnDeletionPolicy.DELETE
+
+        self.runs_export = fsx.CfnDataRepositoryAssociation(
+            self,
+            "RunsExport",
+            file_system_id=self.file_system.ref,
+            file_system_path=FSX_RUNS_PATH,
+            data_repository_path=f"s3://{self.data_bucket.bucket_name}/{RUNS_COPY_PREFIX}/",
+            batch_import_meta_data_on_create=False,
+            s3=fsx.CfnDataRepositoryAssociation.S3Property(
+                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=["NEW", "CHANGED"]),
+            ),
+        )
+        self.runs_export.cfn_options.deletion_policy = CfnDeletionPolicy.DELETE
+        # FSx works on one association request at a time per file system.
+        self.runs_export.add_dependency(self.data_repository_association)
 
     @property
     def mount_name(self) -> str:

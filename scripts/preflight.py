@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from infra.addon_catalog import managed_addons
 from infra.config import DeploymentConfig
 from infra.instance_facts import INSTANCE_FACTS, InstanceFacts
 from scripts.deployment import Deployment
@@ -302,6 +303,58 @@ def check_kubernetes_version(ctx: PreflightContext) -> CheckResult:
     )
 
 
+def _offered_addon_versions(ctx: PreflightContext, addon: str) -> tuple[list[str], str | None]:
+    """Builds EKS offers of `addon` for the profile's Kubernetes minor, and its default build."""
+    minor = ctx.config.kubernetes_version
+    offered, default = [], None
+    paginator = ctx.client("eks").get_paginator("describe_addon_versions")
+    for page in paginator.paginate(kubernetesVersion=minor, addonName=addon):
+        for item in page["addons"]:
+            for version in item["addonVersions"]:
+                for compatibility in version.get("compatibilities", []):
+                    if compatibility.get("clusterVersion") == minor:
+                        offered.append(version["addonVersion"])
+                        if compatibility.get("defaultVersion"):
+                            default = version["addonVersion"]
+    return offered, default
+
+
+def check_addon_versions(ctx: PreflightContext) -> CheckResult:
+    """Every EKS managed add-on the stacks install, at its pinned build, must be offered for the
+    profile's Kubernetes minor; CloudFormation would otherwise fail mid-deploy with "Addon version
+    specified is not supported"."""
+    minor = ctx.config.kubernetes_version
+    name = f"EKS add-on versions for {minor}"
+    problems, fixes, pinned = [], [], []
+    try:
+        for addon in managed_addons(ctx.config):
+            offered, default = _offered_addon_versions(ctx, addon.name)
+            if not offered:
+                problems.append(f"{addon.name} is not offered for Kubernetes {minor}")
+                fixes.append(
+                    "check kubernetes_version and the add-on "
+                    f"(aws eks describe-addon-versions --addon-name {addon.name})"
+                )
+            elif addon.version is None:
+                pinned.append(f"{addon.name} (EKS default {default or '?'})")
+            elif addon.version not in offered:
+                problems.append(
+                    f"{addon.name} {addon.version} is not offered for Kubernetes {minor} "
+                    f"(EKS default: {default or 'none'})"
+                )
+                fixes.append(
+                    f"set addons.versions.{addon.config_field}: {default or offered[0]} in the profile "
+                    "(or update the pin in infra/kubernetes_versions.py)"
+                )
+            else:
+                pinned.append(f"{addon.name} {addon.version}")
+    except (ClientError, BotoCoreError) as e:
+        return _error_result(name, e, "eks:DescribeAddonVersions")
+    if problems:
+        return CheckResult(name, FAIL, "; ".join(problems), "; ".join(fixes))
+    return CheckResult(name, PASS, ", ".join(pinned))
+
+
 # ----- the run ------------------------------------------------------------------------------
 
 
@@ -309,7 +362,14 @@ def run_checks(config: DeploymentConfig, nodes: int, session: boto3.Session) -> 
     ctx = PreflightContext(config, nodes, session)
     results = [check_credentials(ctx)]
     if results[0].status == FAIL:
-        skipped = ("vCPU quota", "instance offered", "capacity reservation", "FSx storage quota", "EKS version")
+        skipped = (
+            "vCPU quota",
+            "instance offered",
+            "capacity reservation",
+            "FSx storage quota",
+            "EKS version",
+            "EKS add-on versions",
+        )
         return results + [CheckResult(n, SKIP, "needs working credentials") for n in skipped]
     reservation, reservation_result = describe_reservation(ctx)
     checks: list[Callable[[], CheckResult]] = [
@@ -318,6 +378,7 @@ def run_checks(config: DeploymentConfig, nodes: int, session: boto3.Session) -> 
         lambda: reservation_result,
         lambda: check_fsx_quota(ctx),
         lambda: check_kubernetes_version(ctx),
+        lambda: check_addon_versions(ctx),
     ]
     return results + [check() for check in checks]
 

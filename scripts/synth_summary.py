@@ -119,11 +119,12 @@ def print_summary(result: SynthResult, console: Console) -> None:
     )
     facts_table.add_row(
         "GPU nodes",
-        f"{nodes.desired_size}x {facts.instance_type} ({facts.gpus}x {facts.gpu_model} {facts.gpu_memory_gib} GB, "
+        f"{nodes.max_size}x {facts.instance_type} (desired {nodes.desired_size} at creation; "
+        f"{facts.gpus}x {facts.gpu_model} {facts.gpu_memory_gib} GB, "
         f"{facts.efa_interfaces} EFA interfaces each), {capacity}, placement group "
         f"{'on' if nodes.placement_group else 'off'}",
     )
-    facts_table.add_row("Training world", f"{nodes.desired_size * facts.gpus} GPUs")
+    facts_table.add_row("Training world", f"{nodes.max_size * facts.gpus} GPUs")
     efa = "EFA" if cfg.fsx.efa_enabled else "TCP"
     facts_table.add_row(
         "FSx for Lustre",

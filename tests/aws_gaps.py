@@ -2,7 +2,8 @@
 
 Everything else goes to moto. The operations covered here are exactly those moto answers with
 "not implemented" (checked when this was written): EC2 capacity reservations and placement
-groups, Service Quotas outside the VPC service, and EKS DescribeClusterVersions.
+groups, Service Quotas outside the VPC service, and EKS DescribeClusterVersions and
+DescribeAddonVersions.
 
 Each answer is a function of the call's parameters, and every response is checked against the
 operation's output shape in botocore's service model before the client sees it, so a test cannot
@@ -132,6 +133,28 @@ def cluster_versions_answer(versions: dict[str, str]) -> Answer:
                 if v in versions
             ]
         }
+
+    return answer
+
+
+def addon_versions_answer(offers: dict[tuple[str, str], list[str]]) -> Answer:
+    """DescribeAddonVersions from {(kubernetes minor, add-on name): [builds, default first]}."""
+
+    def answer(params: dict) -> dict:
+        minor, name = params["kubernetesVersion"], params["addonName"]
+        builds = offers.get((minor, name), [])
+        if not builds:
+            return {"addons": []}
+        versions = [
+            {
+                "addonVersion": build,
+                "architecture": ["amd64", "arm64"],
+                "compatibilities": [{"clusterVersion": minor, "platformVersions": ["*"], "defaultVersion": i == 0}],
+                "requiresConfiguration": False,
+            }
+            for i, build in enumerate(builds)
+        ]
+        return {"addons": [{"addonName": name, "type": "networking", "addonVersions": versions, "owner": "aws"}]}
 
     return answer
 

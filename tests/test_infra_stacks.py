@@ -6,22 +6,32 @@ each of these tests also fails if an unacknowledged cdk-nag finding appears.
 
 from __future__ import annotations
 
+import email
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 from aws_cdk.assertions import Match, Template
+from rich.console import Console
 
-from infra.config import SUPPORTED_KUBERNETES_VERSIONS, resolve_config
+from infra.config import PROFILES_DIR, SUPPORTED_KUBERNETES_VERSIONS, load_config, resolve_config
 from infra.conventions import (
     DEPLOYMENT_TAG_KEY,
     FSX_PVC_NAME,
+    FSX_RUNS_PATH,
     GPU_NODE_LABEL_KEY,
     GPU_NODE_LABEL_VALUE,
     GPU_TAINT_KEY,
+    RUNS_COPY_PREFIX,
     TRAINING_NAMESPACE,
 )
 from infra.instance_facts import facts_for
 from infra.outputs import REQUIRED_OUTPUTS
+from scripts.synth_summary import print_summary
+from workloads.errors import ConfigError
 
 pytestmark = [pytest.mark.synth, pytest.mark.xdist_group("synth")]
 
@@ -67,8 +77,6 @@ def test_launch_template_hardening_and_storage(synth):
     assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
     (root,) = data["BlockDeviceMappings"]
     assert root["Ebs"] == {"VolumeSize": 500, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}
-    user_data = data["UserData"]["Fn::Base64"]
-    assert "strategy: RAID0" in user_data and "application/node.eks.aws" in user_data
 
 
 def test_p5_nodes_in_cluster_placement_group(synth):
@@ -88,6 +96,9 @@ def test_capacity_block_profile_targets_the_reservation(synth):
     assert "Placement" not in data
     assert not synthesized.resources("cluster", "AWS::EC2::PlacementGroup")
     assert gpu_nodegroup(synthesized)["CapacityType"] == "CAPACITY_BLOCK"
+    # Created empty: instances cannot launch before the block starts (scaled up then).
+    assert gpu_nodegroup(synthesized)["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}
+    assert synthesized.templates["cluster"]["Outputs"]["GpuNodeCount"]["Value"] == "2"
 
 
 def test_gpu_nodegroup(synth):
@@ -200,7 +211,11 @@ def test_smoke_profile_deletes_its_data_on_destroy(synth):
 
 def test_data_repository_association_links_the_bucket(synth):
     synthesized = synth("p5")
-    dra = synthesized.one("storage", "AWS::FSx::DataRepositoryAssociation")["Properties"]
+    (dra,) = [
+        a["Properties"]
+        for a in synthesized.resources("storage", "AWS::FSx::DataRepositoryAssociation").values()
+        if a["Properties"]["FileSystemPath"] == synthesized.config.fsx.data_repository_path
+    ]
     assert dra["FileSystemPath"] == "/s3"
     assert dra["BatchImportMetaDataOnCreate"] is True
     assert dra["S3"]["AutoImportPolicy"]["Events"] == ["NEW", "CHANGED", "DELETED"]
@@ -325,6 +340,7 @@ def test_eks_managed_add_ons_pinned_with_pod_identity(synth):
         "eks-pod-identity-agent",
         "aws-fsx-csi-driver",
         "amazon-cloudwatch-observability",
+        "eks-node-monitoring-agent",
     }
     assert addons["aws-fsx-csi-driver"]["AddonVersion"] == versions.fsx_csi_driver
     (association,) = addons["aws-fsx-csi-driver"]["PodIdentityAssociations"]
@@ -415,3 +431,166 @@ def test_training_operator_is_optional_and_off_by_default(synth):
     text = manifests(synth(with_operator))
     assert "manifests/overlays/standalone?ref=" + base.addons.versions.training_operator in text
     assert "--server-side" in text
+
+
+# --- GPU node user data -------------------------------------------------------------------------
+
+
+def user_data_parts(synthesized) -> dict[str, str]:
+    """The launch template's MIME multipart user data, by part content type."""
+    message = email.message_from_string(launch_template_data(synthesized)["UserData"]["Fn::Base64"])
+    assert message.is_multipart()
+    return {part.get_content_type(): part.get_payload() for part in message.get_payload()}
+
+
+def test_gpu_user_data_configures_the_efa_lustre_client_when_fsx_uses_efa(synth, tmp_path):
+    parts = user_data_parts(synth("p5"))
+    assert list(parts) == ["application/node.eks.aws", "text/x-shellscript"]
+    node_config = yaml.safe_load(parts["application/node.eks.aws"])
+    assert node_config["kind"] == "NodeConfig"
+    assert node_config["spec"]["instance"]["localStorage"] == {"strategy": "RAID0"}
+    script = parts["text/x-shellscript"]
+    assert script.startswith("#!/bin/bash\n")
+    for step in (
+        "modprobe kefalnd",
+        "lnetctl lnet configure",
+        "lnetctl net add --net efa",
+        "lnetctl set discovery 1",
+        "lnetctl udsp add --src efa --priority 0",
+    ):
+        assert step in script, step
+    # p5: one EFA device per PCIe switch, 8 of the 32.
+    assert "for index in 0 4 8 12 16 20 24 28; do" in script
+    path = tmp_path / "lustre-efa.sh"
+    path.write_text(script)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "shellcheck"), "--shell=bash", "--severity=style", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_gpu_user_data_has_no_efa_lustre_part_without_fsx_efa(synth):
+    synthesized = synth("g5-smoke")
+    assert not synthesized.config.fsx.efa_enabled
+    assert list(user_data_parts(synthesized)) == ["application/node.eks.aws"]
+
+
+# --- Issue-15 infrastructure: second copy, network policy, installer, key grants ---------------
+
+
+def test_run_directories_are_exported_to_s3_as_the_second_copy_of_checkpoints(synth):
+    synthesized = synth("p5")
+    associations = {
+        a["Properties"]["FileSystemPath"]: a
+        for a in synthesized.resources("storage", "AWS::FSx::DataRepositoryAssociation").values()
+    }
+    assert set(associations) == {"/s3", FSX_RUNS_PATH}
+    runs = associations[FSX_RUNS_PATH]["Properties"]
+    # Export only: deletions (checkpoint retention) are not propagated, and nothing is imported.
+    assert runs["S3"] == {"AutoExportPolicy": {"Events": ["NEW", "CHANGED"]}}
+    assert runs["BatchImportMetaDataOnCreate"] is False
+    assert json.dumps(runs["DataRepositoryPath"]).endswith(f'/{RUNS_COPY_PREFIX}/"]]}}')
+    data_path = json.dumps(associations["/s3"]["Properties"]["DataRepositoryPath"])
+    assert data_path.endswith('"/data"]]}')  # S3 paths of the two associations do not overlap
+    # Kept fsx.runs_copy_days after the last export, then expired by S3.
+    (bucket,) = [
+        b["Properties"]
+        for k, b in synthesized.resources("storage", "AWS::S3::Bucket").items()
+        if k.startswith("DataBucket")
+    ]
+    rules = bucket["LifecycleConfiguration"]["Rules"]
+    assert {"Prefix": f"{RUNS_COPY_PREFIX}/", "ExpirationInDays": 30, "Status": "Enabled"} in rules
+    # FSx takes no backups of a file system linked to S3 (they would be refused).
+    lustre = synthesized.one("storage", "AWS::FSx::FileSystem")["Properties"]["LustreConfiguration"]
+    assert lustre["AutomaticBackupRetentionDays"] == 0
+
+
+def test_a_data_prefix_overlapping_the_runs_copy_is_a_config_error(tmp_path):
+    raw = yaml.safe_load((PROFILES_DIR / "p5.yaml").read_text())
+    raw["fsx"]["data_bucket_prefix"] = ""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="fsx.data_bucket_prefix: '' would overlap the 'runs/' prefix"):
+        load_config(path)
+
+
+def test_vpc_cni_enforces_network_policies(synth):
+    (cni,) = [
+        a["Properties"]
+        for a in synth("p5").resources("cluster", "AWS::EKS::Addon").values()
+        if a["Properties"]["AddonName"] == "vpc-cni"
+    ]
+    assert json.loads(cni["ConfigurationValues"]) == {"enableNetworkPolicy": "true"}
+
+
+def test_training_operator_installer_removes_its_cluster_admin_binding(synth):
+    base = resolve_config("g5-smoke")
+    with_operator = base.model_copy(
+        update={"addons": base.addons.model_copy(update={"install_training_operator": True})}
+    )
+    (manifest,) = [
+        json.loads(r["Properties"]["Manifest"])
+        for r in synth(with_operator).resources("cluster", "Custom::AWSCDK-EKS-KubernetesResource").values()
+        if "training-operator" in json.dumps(r["Properties"]["Manifest"])
+    ]
+    (binding,) = [m for m in manifest if m["kind"] == "ClusterRoleBinding"]
+    (job,) = [m for m in manifest if m["kind"] == "Job"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    command = container["command"][-1]
+    # The binding is deleted only after the install succeeded, by the Job itself.
+    assert command.index("kubectl apply --server-side") < command.index(
+        f"&& kubectl delete clusterrolebinding {binding['metadata']['name']}"
+    )
+    assert container["image"] == synth(with_operator).config.training_operator_installer_image
+
+
+def test_flow_log_key_grant_is_limited_to_the_flow_log_group(synth):
+    synthesized = synth("p5")
+    (key,) = synthesized.resources("network", "AWS::KMS::Key").values()
+    (log_group,) = synthesized.resources("network", "AWS::Logs::LogGroup").values()
+    statements = [
+        s for s in key["Properties"]["KeyPolicy"]["Statement"] if "logs." in json.dumps(s.get("Principal", {}))
+    ]
+    assert statements, "no key policy statement for CloudWatch Logs"
+    name = log_group["Properties"]["LogGroupName"]
+    for statement in statements:
+        context = statement["Condition"]["ArnEquals"]["kms:EncryptionContext:aws:logs:arn"]
+        assert json.dumps(context).endswith(f':log-group:{name}"]]}}'), context
+
+
+def test_access_log_bucket_has_acls_disabled_and_admits_log_delivery(synth):
+    synthesized = synth("p5")
+    buckets = synthesized.resources("storage", "AWS::S3::Bucket")
+    (log_bucket_id,) = [k for k in buckets if k.startswith("AccessLogBucket")]
+    ownership = buckets[log_bucket_id]["Properties"]["OwnershipControls"]["Rules"]
+    assert ownership == [{"ObjectOwnership": "BucketOwnerEnforced"}]
+    (policy,) = [
+        p["Properties"]["PolicyDocument"]
+        for p in synthesized.resources("storage", "AWS::S3::BucketPolicy").values()
+        if p["Properties"]["Bucket"] == {"Ref": log_bucket_id}
+    ]
+    delivery = [s for s in policy["Statement"] if s.get("Principal") == {"Service": "logging.s3.amazonaws.com"}]
+    assert delivery and all(s["Effect"] == "Allow" and s["Action"] == "s3:PutObject" for s in delivery)
+
+
+def test_capacity_block_node_group_must_be_created_empty(tmp_path):
+    raw = yaml.safe_load((PROFILES_DIR / "p5-capacity-block.yaml").read_text())
+    raw["gpu_nodes"].update(min_size=2, desired_size=2)
+    path = tmp_path / "cb.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "gpu_nodes:" in str(e.value) and "min_size 0 and desired_size 0" in str(e.value)
+    assert "aws eks update-nodegroup-config" in str(e.value)
+
+
+def test_fsx_throughput_is_counted_in_fsx_units(synth):
+    """FSx counts a TiB of storage as 1000 GiB: 4800 GiB at 1000 MB/s/TiB is 4800 MB/s."""
+    assert resolve_config("p5").fsx.throughput_mbps == 4800
+    assert resolve_config("g5-smoke").fsx.throughput_mbps == 150  # 1200 GiB x 125 MB/s/TiB
+    console = Console(record=True, width=200)
+    print_summary(synth("p5").result, console)
+    assert "(~4800 MB/s)" in console.export_text()

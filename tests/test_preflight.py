@@ -11,12 +11,15 @@ import boto3
 import pytest
 import yaml
 
+from infra.addon_catalog import managed_addons
 from infra.config import PROFILES_DIR, DeploymentConfig, resolve_config
+from infra.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS
 from scripts import preflight
 from scripts.preflight import FAIL, PASS, SKIP, WARN, PreflightContext
 from tests import cli_harness
 from tests.aws_gaps import (
     ServiceGaps,
+    addon_versions_answer,
     capacity_reservations_answer,
     cluster_versions_answer,
     list_quotas_answer,
@@ -65,6 +68,7 @@ def ready_account(
     lustre_gib: float | None = 100_800,
     versions: dict | None = None,
     reservations: list[dict] | None = None,
+    addon_offers: dict | None = None,
 ) -> ServiceGaps:
     gaps = ServiceGaps(session)
     quotas = {
@@ -79,7 +83,26 @@ def ready_account(
     gaps.answer("service-quotas", "ListServiceQuotas", list_quotas_answer({"fsx": fsx_quotas}))
     gaps.answer("eks", "DescribeClusterVersions", cluster_versions_answer(versions or {"1.35": "STANDARD_SUPPORT"}))
     gaps.answer("ec2", "DescribeCapacityReservations", capacity_reservations_answer(reservations or []))
+    gaps.answer("eks", "DescribeAddonVersions", addon_versions_answer(addon_offers or offers_for_every_pin()))
     return gaps
+
+
+#: What EKS offers in these tests where a pin is None ("EKS picks its default build").
+EKS_DEFAULT_BUILD = "v9.0.0-eksbuild.1"
+
+
+def offers_for_every_pin() -> dict[tuple[str, str], list[str]]:
+    """An account where EKS offers, for every supported minor, each build the shipped profiles
+    pin (default first), or a default build where the pin leaves the choice to EKS."""
+    offers: dict[tuple[str, str], list[str]] = {}
+    for profile in ("p5", "p5en", "g5-smoke", "p5-capacity-block"):
+        for minor in SUPPORTED_KUBERNETES_VERSIONS:
+            for addon in managed_addons(config_with(profile, kubernetes_version=minor)):
+                builds = offers.setdefault((minor, addon.name), [])
+                build = addon.version or EKS_DEFAULT_BUILD
+                if build not in builds:
+                    builds.append(build)
+    return offers
 
 
 @pytest.fixture
@@ -104,6 +127,7 @@ def test_ready_account_passes_every_check(session):
         ("capacity reservation", SKIP),
         ("FSx for Lustre storage quota", PASS),
         ("EKS offers Kubernetes 1.35", PASS),
+        ("EKS add-on versions for 1.35", PASS),
     ]
 
 
@@ -111,7 +135,7 @@ def test_no_credentials_fails_first_and_skips_the_rest(no_credentials):
     results = preflight.run_checks(resolve_config(), 2, boto3.Session(region_name=REGION))
     assert results[0].status == FAIL and "no credentials" in results[0].detail
     assert "AWS_PROFILE" in results[0].fix
-    assert statuses(results[1:]) == [SKIP] * 5
+    assert statuses(results[1:]) == [SKIP] * 6
 
 
 def test_credentials_for_another_account_fail(session):
@@ -283,6 +307,50 @@ def test_permission_denied_names_the_permission(session):
     assert result.status == FAIL and result.fix == "grant eks:DescribeClusterVersions"
 
 
+# ----- EKS add-on versions -------------------------------------------------------------------
+
+
+def test_addon_versions_pinned_for_the_minor_are_offered(session):
+    gaps = ready_account(session)
+    config = config_with(kubernetes_version="1.34")
+    result = preflight.check_addon_versions(PreflightContext(config, 2, session))
+    assert result.status == PASS
+    assert "kube-proxy v1.34.6-eksbuild.2" in result.detail
+    asked = {(p["kubernetesVersion"], p["addonName"]) for p in gaps.called("DescribeAddonVersions")}
+    assert asked == {("1.34", a.name) for a in managed_addons(config)}
+
+
+def test_addon_left_to_eks_reports_the_default_build(session):
+    ready_account(session)
+    result = preflight.check_addon_versions(PreflightContext(config_with(kubernetes_version="1.36"), 2, session))
+    assert result.status == PASS
+    assert f"kube-proxy (EKS default {EKS_DEFAULT_BUILD})" in result.detail
+
+
+def test_addon_build_not_offered_for_the_minor_fails_with_the_fix(session):
+    offers = offers_for_every_pin()
+    offers[("1.35", "coredns")] = ["v1.14.7-eksbuild.1"]  # the pinned build withdrawn
+    ready_account(session, addon_offers=offers)
+    result = preflight.check_addon_versions(PreflightContext(resolve_config(), 2, session))
+    assert result.status == FAIL
+    assert result.detail == (
+        "coredns v1.13.2-eksbuild.4 is not offered for Kubernetes 1.35 (EKS default: v1.14.7-eksbuild.1)"
+    )
+    assert result.fix.startswith("set addons.versions.coredns: v1.14.7-eksbuild.1 in the profile")
+
+
+def test_addon_versions_permission_denied_names_the_permission(session):
+    gaps = ready_account(session)
+    from tests.aws_gaps import ServiceError
+
+    def denied(_params):
+        raise ServiceError("AccessDeniedException", "not authorized to perform eks:DescribeAddonVersions")
+
+    gaps.answer("eks", "DescribeAddonVersions", denied)
+    result = preflight.check_addon_versions(PreflightContext(resolve_config(), 2, session))
+    assert result.status == FAIL and result.fix == "grant eks:DescribeAddonVersions"
+
+
 # ----- the command ----------------------------------------------------------------------------
 
 
@@ -304,7 +372,7 @@ def cli_sessions(aws, monkeypatch):
 def test_preflight_command_passes_on_a_ready_account(cli_sessions):
     result = run_cli("preflight")
     assert result.code == 0, result.output
-    assert "Preflight" in result.stdout and result.stdout.count("PASS") == 5
+    assert "Preflight" in result.stdout and result.stdout.count("PASS") == 6
 
 
 def test_preflight_command_fails_with_the_fix_and_exit_2(cli_sessions):
@@ -313,4 +381,15 @@ def test_preflight_command_fails_with_the_fix_and_exit_2(cli_sessions):
     assert result.code == 2
     assert "FAIL" in result.stdout and "request a quota increase" in result.stdout
     assert "1 preflight check(s) failed (vCPU quota: Running On-Demand P instances)" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_preflight_command_prints_the_addon_fix(cli_sessions):
+    offers = offers_for_every_pin()
+    offers[("1.35", "kube-proxy")] = ["v1.35.9-eksbuild.1"]
+    cli_sessions["addon_offers"] = offers
+    result = run_cli("preflight")
+    assert result.code == 2
+    assert "set addons.versions.kube_proxy: v1.35.9-eksbuild.1" in " ".join(result.stdout.split())
+    assert "(EKS add-on versions for 1.35)" in result.stderr
     assert "Traceback" not in result.output
