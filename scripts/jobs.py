@@ -167,7 +167,8 @@ class JobClient:
                 f"{kind.kind} {spec.name!r} already exists in {self.namespace!r}; delete it first "
                 f"(`nvrx-eks delete {spec.name}`) or choose another --name"
             )
-        documents = rendered.documents
+        # The NetworkPolicy before the job, so no pod of it is ever reachable from the whole cluster.
+        documents = sorted(rendered.documents, key=lambda d: d["kind"] != "NetworkPolicy")
         for document in documents:
             self._create(document, dry_run=True)
         created: list[dict] = []

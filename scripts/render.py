@@ -195,8 +195,8 @@ class RenderedJob:
 
 
 def render_job(spec: JobSpec) -> RenderedJob:
-    """All manifests of the job: its NetworkPolicy first (so no pod starts unprotected), then
-    the trainer ConfigMap and the JobSet/PyTorchJob, or the fabric test JobSet."""
+    """All manifests of the job: the trainer ConfigMap then the JobSet/PyTorchJob, or the
+    fabric test JobSet alone; then the job's NetworkPolicy (submit creates it first)."""
     context = _common_context(spec)
     if spec.workload == "nccl-test":
         env = fabric_env(spec.facts, debug="INFO")  # INFO prints which network provider NCCL chose
@@ -209,10 +209,10 @@ def render_job(spec: JobSpec) -> RenderedJob:
             max_bytes=nccl_max_bytes(spec.facts),
         )
         texts = [
-            _network_policy(spec, context),
             _ENV.get_template("nccl-tests.yaml.j2").render(
                 **context, env=env, entrypoint=script, ssh_port=NCCL_SSH_PORT, deadline_s=NCCL_DEADLINE_S
             ),
+            _network_policy(spec, context),
         ]
     else:
         preflight, launcher = trainer_entrypoint_args(spec)
@@ -239,9 +239,9 @@ def render_job(spec: JobSpec) -> RenderedJob:
         )
         job_template = "jobset.yaml.j2" if spec.api == "jobset" else "pytorchjob.yaml.j2"
         texts = [
-            _network_policy(spec, context),
             config_map,
             _ENV.get_template(job_template).render(**train_context),
+            _network_policy(spec, context),
         ]
     documents = [yaml.safe_load(t) for t in texts]
     return RenderedJob(spec, texts, documents)
