@@ -4,10 +4,11 @@ the offending field (`spec.replicatedJobs[0].template.spec.template.spec.contain
 1. kubernetes: core kinds, and the Job / pod templates lifted out of custom resources, against
    the Kubernetes OpenAPI schemas that `kubernetes-validate` ships, in strict mode (unknown
    fields are errors), for the cluster's Kubernetes version.
-2. crd: JobSet and PyTorchJob against the upstream CRD schemas in ../shared/crds (unknown fields
-   rejected as the API server's strict field validation would; `x-kubernetes-int-or-string`
-   accepted as integer or string). Without that folder (a clone elsewhere) this layer is
-   skipped with a message and the others still run.
+2. crd: JobSet and PyTorchJob against the upstream CRD schemas pinned in scripts/crds.py (fetched
+   once into a user cache, or read from NVRX_EKS_CRD_DIR; unknown fields rejected as the API
+   server's strict field validation would; `x-kubernetes-int-or-string` accepted as integer or
+   string). Without the files (offline on first use) this layer is skipped with a message and
+   the others still run.
 3. project: what makes the job correct for this deployment: world size = nodes x processes,
    GPU/EFA requests = the instance facts, one rendezvous host (pod 0's DNS name), the exit-93
    rule, timeouts consistent with the trainer config, image set, PVC = the stack's claim,
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import re
 import shlex
 from collections.abc import Iterable, Sequence
@@ -39,6 +39,7 @@ from infra import conventions
 from infra.instance_facts import INSTANCE_FACTS, InstanceFacts
 from scripts import pod_security
 from scripts.backstop import minimum_deadline_s
+from scripts.crds import crd_files
 from scripts.jobspec import (
     FSX_MOUNT_PATH,
     JOBSET_REPLICATED_JOB,
@@ -54,11 +55,6 @@ from workloads.config import TrainConfig
 from workloads.errors import ConfigError
 from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
 from workloads.launch import build_ft_launcher_argv, build_preflight_argv
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-#: The upstream CRDs, outside the project (see ../shared/crds/README.md); overridable for tests.
-DEFAULT_CRD_DIR = PROJECT_ROOT.parent / "shared" / "crds"
-CRD_DIR_ENV = "NVRX_EKS_CRD_DIR"
 
 CUSTOM_KINDS = {("jobset.x-k8s.io/v1alpha2", "JobSet"), ("kubeflow.org/v1", "PyTorchJob")}
 
@@ -261,10 +257,6 @@ def _validate_kubernetes_layer(doc: dict, kubernetes_version: str) -> list[Findi
 # ----- layer 2: CRD schemas (jsonschema) ----------------------------------------------------
 
 
-def crd_dir() -> Path:
-    return Path(os.environ.get(CRD_DIR_ENV) or DEFAULT_CRD_DIR)
-
-
 def _structural_to_jsonschema(node):
     """An apiextensions structural schema as JSON Schema, strict like the API server:
     int-or-string is integer|string, nullable adds null, and objects with declared properties
@@ -290,10 +282,10 @@ def _structural_to_jsonschema(node):
 
 
 @functools.lru_cache(maxsize=4)
-def load_crd_schemas(directory: str) -> dict[tuple[str, str], dict]:
-    """(apiVersion, kind) -> JSON Schema, for every CRD version served in `directory`."""
+def load_crd_schemas(paths: tuple[Path, ...]) -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> JSON Schema, for every CRD version served in the files."""
     schemas = {}
-    for path in sorted(Path(directory).glob("*.yaml")):
+    for path in paths:
         for crd in yaml.load_all(path.read_text(), Loader=_YamlLoader):
             if not isinstance(crd, dict) or crd.get("kind") != "CustomResourceDefinition":
                 continue
@@ -1165,7 +1157,7 @@ def _first_difference(actual: list[str], expected: list[str]) -> str | None:
 # ----- entry points -------------------------------------------------------------------------
 
 
-def validate_documents(documents: list[dict], expected: Expectations, *, crds: Path | None = None) -> ValidationReport:
+def validate_documents(documents: list[dict], expected: Expectations) -> ValidationReport:
     report = ValidationReport(documents_checked=len(documents))
     documents = [copy.deepcopy(d) for d in documents]
     for index, doc in enumerate(documents):
@@ -1176,17 +1168,15 @@ def validate_documents(documents: list[dict], expected: Expectations, *, crds: P
     for doc in documents:
         report.findings.extend(_validate_kubernetes_layer(doc, expected.kubernetes_version))
 
-    directory = crds or crd_dir()
     custom = [d for d in documents if (d.get("apiVersion"), d.get("kind")) in CUSTOM_KINDS]
-    if not directory.is_dir():
-        report.skipped.append(
-            f"CRD schema layer skipped: {directory} not found (a checkout without ../shared/crds); "
-            "the Kubernetes and project layers ran"
-        )
-    elif custom:
-        schemas = load_crd_schemas(str(directory))
-        for doc in custom:
-            report.findings.extend(validate_custom_resource(doc, schemas))
+    if custom:
+        files = crd_files()
+        if files.skipped:
+            report.skipped.append(f"{files.skipped}; the Kubernetes and project layers ran")
+        else:
+            schemas = load_crd_schemas(files.paths)
+            for doc in custom:
+                report.findings.extend(validate_custom_resource(doc, schemas))
 
     report.findings.extend(_Rules(documents, expected).run())
     return report

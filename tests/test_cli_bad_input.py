@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_harness import no_credentials, run_cli  # noqa: F401 (fixture)
+from tests import cli_harness
+from tests.cli_harness import run_cli
+
+no_credentials = cli_harness.no_credentials
 
 #: Bytes that are not UTF-8 (and not YAML): what a binary file given by mistake starts with.
 BINARY = bytes(range(0xD0, 0x100)) * 8

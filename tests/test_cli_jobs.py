@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from infra.outputs import OutputKey
-from scripts.validate import DEFAULT_CRD_DIR
 from tests import cli_harness
 from tests.cli_harness import (
     DEPLOYED_IMAGE,
@@ -25,6 +24,7 @@ from tests.cli_harness import (
     deploy_fake_environment,
     run_cli,
 )
+from tests.conftest import CRDS_PRESENT
 
 # Fixtures shared with the other CLI test modules.
 aws = cli_harness.aws
@@ -49,7 +49,7 @@ def test_render_four_nodes_default_profile_passes_validate(api):
     assert kinds == ["ConfigMap", "JobSet" if api == "jobset" else "PyTorchJob", "NetworkPolicy"]
     validated = run_cli("validate", "-", stdin=rendered.stdout)
     assert validated.code == 0, validated.output
-    layers = "(kubernetes, project, crd)" if DEFAULT_CRD_DIR.is_dir() else "(kubernetes, project)"
+    layers = "(kubernetes, project, crd)" if CRDS_PRESENT else "(kubernetes, project)"
     assert f"checked {layers}: valid" in validated.stdout
 
 

@@ -11,15 +11,16 @@ import pytest
 import yaml
 
 from infra.config import resolve_config
+from scripts.crds import CRD_DIR_ENV
 from scripts.jobspec import OFFLINE_PLACEHOLDER_IMAGE, build_jobspec
 from scripts.render import render_job
-from scripts.validate import CRD_DIR_ENV, DEFAULT_CRD_DIR, Expectations, format_path, validate_documents
+from scripts.validate import Expectations, format_path, validate_documents
+from tests.conftest import CRDS_PRESENT
 from tests.manifest_cases import GOLDEN_CASES, GOLDEN_IMAGE, Case
 
 P5 = Expectations("1.35", "training", "fsx-lustre", "p5.48xlarge")
 POD = "spec.replicatedJobs[0].template.spec.template.spec"
 CONTAINER = f"{POD}.containers[0]"
-CRDS_PRESENT = DEFAULT_CRD_DIR.is_dir()
 
 
 @pytest.mark.parametrize("case", GOLDEN_CASES, ids=lambda c: c.id)
