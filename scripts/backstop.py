@@ -19,7 +19,9 @@ The deadline is an upper bound of a run that finishes, so it never ends one:
   + the pod's termination grace period.
 `max step time` defaults to the trainer's own step section timeout (a longer step is already a
 fault), which gives a loose bound; `--max-step-time-s` with the measured step time (plus
-margin) gives a tight one.
+margin) gives a tight one. The clock starts when the Job starts, which includes any time its pods
+wait Pending for nodes: submit when the GPU nodes are up (submit warns when they are not), or
+leave the bound loose.
 """
 
 from __future__ import annotations

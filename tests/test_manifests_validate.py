@@ -595,3 +595,15 @@ def test_deadline_bounds_a_run_with_every_restart_and_follows_the_step_time():
     assert default.active_deadline_s == active_deadline_s(train, kubernetes_restarts=0, step_time_s=300)
     rendered = render_job(spec).job_document
     assert rendered["spec"]["replicatedJobs"][0]["template"]["spec"]["activeDeadlineSeconds"] == 7560
+
+
+def test_cli_validate_rejects_the_node_owning_pod():
+    from tests.cli_harness import run_cli
+
+    rendered = run_cli("render", "--nodes", "2", "--image", GOLDEN_IMAGE)
+    assert rendered.code == 0, rendered.output
+    manifest = rendered.stdout + "---\n" + yaml.safe_dump(NODE_OWNING_POD)
+    result = run_cli("validate", "-", stdin=manifest)
+    assert result.code == 2 and "Traceback" not in result.output
+    for field in ("spec.hostPID", "spec.hostNetwork", "privileged", "capabilities.add", "spec.volumes[0].hostPath"):
+        assert field in result.stdout
