@@ -505,6 +505,12 @@ def load_config(path: str | Path) -> DeploymentConfig:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory; give the path of a deployment config YAML") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}; check the path and its permissions") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not a text file (not UTF-8); give a deployment config YAML") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}") from None
     if not isinstance(raw, dict):

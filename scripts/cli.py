@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from workloads.errors import ConfigError
 
@@ -23,6 +24,9 @@ app = typer.Typer(
     help="Fault-tolerant multi-node GPU training on AWS: EKS + p5/EFA + FSx, trained with NVIDIA Resiliency Extension.",
 )
 err_console = Console(stderr=True)
+
+#: The highest TCP port is 65535; `local` uses --port and --port + 1.
+MAX_TCP_PORT = 65535
 
 ProfileOption = typer.Option(None, "--profile", "-p", help="Profile name in infra/profiles (default: p5).")
 ConfigOption = typer.Option(None, "--config", "-c", help="Path to a deployment config YAML instead of a profile.")
@@ -51,6 +55,9 @@ def plan(
 ) -> None:
     """Optimal checkpoint interval (Young/Daly), expected goodput and the cost of lost time."""
     from scripts.plan import run
+
+    if step_time_s == 0:
+        raise ConfigError("--step-time-s must be above 0; give the measured seconds of one training step")
 
     run(profile, config, train_config, nodes, node_mtbf_hours, sync_stall_s, async_stall_s, step_time_s, Console())
 
@@ -97,14 +104,23 @@ TrainConfigOption = typer.Option(None, "--train-config", help="Trainer config YA
 SetOption = typer.Option(None, "--set", help="Trainer config override KEY=VALUE (repeatable), e.g. steps=500.")
 FaultsOption = typer.Option(None, "--faults", help="Fault-injection spec passed to the trainer, e.g. sigkill@50:3.")
 MaxRestartsOption = typer.Option(3, "--max-restarts", min=0, help="Whole-job restarts by Kubernetes (layer 3).")
+MaxStepTimeOption = typer.Option(
+    None,
+    "--max-step-time-s",
+    help="Longest healthy training step; sizes the job's deadline (default: the trainer's step section timeout).",
+)
 LiveOption = typer.Option(False, "--live", help="Take namespace, claim, image and versions from the deployed stack.")
 OutputOption = typer.Option(None, "--output", "-o", help="Write one file per object into this directory.")
 
 
-def _job_options(nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts):
+def _job_options(
+    nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s=None
+):
     from scripts.job_commands import JobOptions
 
-    return JobOptions(nodes, api, fabric_test, name, image, train_config, list(overrides or []), faults, max_restarts)
+    return JobOptions(
+        nodes, api, fabric_test, name, image, train_config, list(overrides or []), faults, max_restarts, max_step_time_s
+    )
 
 
 def _deployment(profile: str | None, config: str | None):
@@ -126,13 +142,16 @@ def render(
     overrides: list[str] | None = SetOption,
     faults: str | None = FaultsOption,
     max_restarts: int = MaxRestartsOption,
+    max_step_time_s: float | None = MaxStepTimeOption,
     live: bool = LiveOption,
     output: Path | None = OutputOption,
 ) -> None:
-    """Render the training job (JobSet or PyTorchJob + trainer ConfigMap) to stdout or a directory."""
+    """Render the training job (JobSet or PyTorchJob + trainer ConfigMap + NetworkPolicy) to stdout or a directory."""
     from scripts import job_commands
 
-    options = _job_options(nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts)
+    options = _job_options(
+        nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s
+    )
     job_commands.render(_deployment(profile, config), options, live=live, output=output, out=Console(), err=err_console)
 
 
@@ -150,12 +169,15 @@ def validate(
     overrides: list[str] | None = SetOption,
     faults: str | None = FaultsOption,
     max_restarts: int = MaxRestartsOption,
+    max_step_time_s: float | None = MaxStepTimeOption,
     live: bool = LiveOption,
 ) -> None:
     """Validate manifests offline: strict Kubernetes schemas, the JobSet/PyTorchJob CRDs, project rules."""
     from scripts import job_commands
 
-    options = _job_options(nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts)
+    options = _job_options(
+        nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s
+    )
     job_commands.validate(_deployment(profile, config), options, path=path, live=live, console=Console())
 
 
@@ -172,12 +194,15 @@ def submit(
     overrides: list[str] | None = SetOption,
     faults: str | None = FaultsOption,
     max_restarts: int = MaxRestartsOption,
+    max_step_time_s: float | None = MaxStepTimeOption,
     dry_run: bool = typer.Option(False, "--dry-run", help="Render and validate offline and print; no cluster needed."),
 ) -> None:
     """Render, validate, server-side dry-run, then create the job on the deployed cluster."""
     from scripts import job_commands
 
-    options = _job_options(nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts)
+    options = _job_options(
+        nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s
+    )
     job_commands.submit(_deployment(profile, config), options, dry_run=dry_run, out=Console(), err=err_console)
 
 
@@ -293,6 +318,11 @@ def local(
     """Run the trainer under ft_launcher on this machine, inject faults, print how it recovered."""
     from scripts.local_run import run_local
 
+    if run_dir is not None and run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} is a file; give a directory (new, or a run's with --resume)")
+    if port is not None and not 1 <= port < MAX_TCP_PORT:
+        raise ConfigError(f"--port {port}: give a TCP port from 1 to {MAX_TCP_PORT - 1} (the run also uses port + 1)")
+
     code = run_local(
         nproc=nproc,
         steps=steps,
@@ -359,7 +389,8 @@ def main() -> None:
     try:
         app()
     except ConfigError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        # Messages echo user input (paths, names, specs): escape it, or a '[' in it is read as markup.
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err_console.print("interrupted")

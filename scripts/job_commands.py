@@ -43,6 +43,7 @@ class JobOptions:
     overrides: list[str] = field(default_factory=list)
     faults: str | None = None
     max_restarts: int = 3
+    max_step_time_s: float | None = None
 
     @property
     def workload(self) -> str:
@@ -59,6 +60,10 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
     api = _check_api(options.api)
     if options.fabric_test and (options.train_config or options.overrides or options.faults):
         raise ConfigError("--fabric-test runs nccl-tests, not the trainer: drop --train-config, --set and --faults")
+    if options.train_config and Path(options.train_config).is_dir():
+        raise ConfigError(f"--train-config {options.train_config} is a directory; give a trainer config YAML file")
+    if options.train_config and not Path(options.train_config).exists():
+        raise ConfigError(f"--train-config {options.train_config} does not exist; give a trainer config YAML file")
     train = None if options.fabric_test else load_train_config(options.train_config, options.overrides, options.faults)
     return build_jobspec(
         deployment.config,
@@ -69,6 +74,7 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
         image=options.image,
         train=train,
         max_restarts=options.max_restarts,
+        max_step_time_s=options.max_step_time_s,
         outputs=outputs,
     )
 
@@ -108,13 +114,15 @@ def print_report(report: ValidationReport, console: Console) -> None:
 
 
 def render(deployment: Deployment, options: JobOptions, *, live: bool, output: Path | None, out: Console, err: Console):
+    if output is not None and output.exists() and not output.is_dir():
+        raise ConfigError(f"--output {output} is a file; give a directory (created if missing) for the manifests")
     outputs = read_stack_outputs(deployment) if live else None
     rendered = render_job(build_spec(deployment, options, outputs))
     if output is None:
         sys.stdout.write(rendered.text)
     else:
         for path in write_documents(rendered, output):
-            err.print(f"wrote {path}")
+            err.print(f"wrote {escape(str(path))}")
     return rendered
 
 
@@ -133,9 +141,17 @@ def validate(
         documents = load_documents(sys.stdin.read(), "standard input")
     else:
         file = Path(path)
+        if file.is_dir():
+            raise ConfigError(f"{path} is a directory; give a rendered manifest file, '-' for stdin, or no path")
         if not file.is_file():
             raise ConfigError(f"{path} does not exist; give a rendered manifest file, '-' for stdin, or no path")
-        documents = load_documents(file.read_text(), path)
+        try:
+            text = file.read_text()
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path} is not a text file (not UTF-8); give a rendered manifest YAML file") from None
+        except OSError as e:
+            raise ConfigError(f"cannot read {path}: {e.strerror}; check its permissions") from None
+        documents = load_documents(text, path)
     report = validate_documents(documents, expectations(deployment, outputs))
     print_report(report, console)
     report.raise_for_errors("the manifests")

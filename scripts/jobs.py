@@ -3,8 +3,9 @@
 `submit` never leaves half a job behind: everything is validated offline first, then every
 object is sent to the API server as a server-side dry run (`?dryRun=All`, strict field
 validation) so admission webhooks and schema checks run before anything is created; only then
-are the ConfigMap and the job created, and if the job is refused the ConfigMap is removed again.
-The ConfigMap is then owned by the job, so deleting the job deletes its config.
+are the NetworkPolicy, the ConfigMap and the job created (the policy first, so no pod of the job
+starts reachable from the whole cluster), and if the job is refused the others are removed again.
+The policy and the ConfigMap are then owned by the job, so deleting the job deletes them.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ JOB_KINDS: dict[str, JobKind] = {
     ),
 }
 _KIND_BY_NAME = {k.kind: k for k in JOB_KINDS.values()}
+#: What submit creates beside the job, owned by it.
+_OWNED_KINDS = ("ConfigMap", "NetworkPolicy")
 
 _INSTALL_HINT = {
     "jobset": "the JobSet controller is part of the cluster add-ons; redeploy the cluster stack",
@@ -90,6 +93,7 @@ class JobClient:
         self.namespace = namespace
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
+        self.networking = k8s.NetworkingV1Api(api_client)
         self.console = console or Console()
 
     # ----- discovery ------------------------------------------------------------------------
@@ -163,7 +167,8 @@ class JobClient:
                 f"{kind.kind} {spec.name!r} already exists in {self.namespace!r}; delete it first "
                 f"(`nvrx-eks delete {spec.name}`) or choose another --name"
             )
-        documents = rendered.documents
+        # The NetworkPolicy before the job, so no pod of it is ever reachable from the whole cluster.
+        documents = sorted(rendered.documents, key=lambda d: d["kind"] != "NetworkPolicy")
         for document in documents:
             self._create(document, dry_run=True)
         created: list[dict] = []
@@ -176,7 +181,7 @@ class JobClient:
             raise
         job = next(o for o in created if o["kind"] == kind.kind)
         for obj in created:
-            if obj["kind"] == "ConfigMap":
+            if obj["kind"] in _OWNED_KINDS:
                 self._own(obj, job)
         return job
 
@@ -191,6 +196,12 @@ class JobClient:
             if kind == "ConfigMap":
                 result = self.core.create_namespaced_config_map(self.namespace, document, **options)
                 return self.api_client.sanitize_for_serialization(result) | {"kind": "ConfigMap", "apiVersion": "v1"}
+            if kind == "NetworkPolicy":
+                result = self.networking.create_namespaced_network_policy(self.namespace, document, **options)
+                return self.api_client.sanitize_for_serialization(result) | {
+                    "kind": "NetworkPolicy",
+                    "apiVersion": "networking.k8s.io/v1",
+                }
             job_kind = _KIND_BY_NAME.get(kind)
             if job_kind is None:
                 raise ConfigError(f"submit does not create {kind} objects")
@@ -201,7 +212,8 @@ class JobClient:
             raise api_error(e, doing) from None
 
     def _own(self, obj: dict, owner: dict) -> None:
-        """Make the job the ConfigMap's owner so the garbage collector deletes them together."""
+        """Make the job the owner of its ConfigMap / NetworkPolicy so the garbage collector
+        deletes them together."""
         reference = {
             "apiVersion": owner["apiVersion"],
             "kind": owner["kind"],
@@ -209,14 +221,17 @@ class JobClient:
             "uid": owner["metadata"]["uid"],
             "blockOwnerDeletion": False,
         }
+        patch = {"metadata": {"ownerReferences": [reference]}}
         try:
-            self.core.patch_namespaced_config_map(
-                obj["metadata"]["name"], self.namespace, {"metadata": {"ownerReferences": [reference]}}
-            )
+            if obj["kind"] == "ConfigMap":
+                self.core.patch_namespaced_config_map(obj["metadata"]["name"], self.namespace, patch)
+            else:
+                self.networking.patch_namespaced_network_policy(obj["metadata"]["name"], self.namespace, patch)
         except (ApiException, Urllib3Error) as e:
             self.console.print(
-                f"[yellow]warning:[/] could not make {owner['kind']} {owner['metadata']['name']} own "
-                f"ConfigMap {obj['metadata']['name']} ({e}); `nvrx-eks delete` removes it explicitly"
+                f"[yellow]warning:[/] could not make {owner['kind']} {escape(owner['metadata']['name'])} own "
+                f"{obj['kind']} {escape(obj['metadata']['name'])} ({escape(str(e))}); `nvrx-eks delete` "
+                "removes it explicitly"
             )
 
     def _delete_quietly(self, obj: dict) -> None:
@@ -231,6 +246,8 @@ class JobClient:
         try:
             if kind == "ConfigMap":
                 self.core.delete_namespaced_config_map(name, self.namespace, body=body)
+            elif kind == "NetworkPolicy":
+                self.networking.delete_namespaced_network_policy(name, self.namespace, body=body)
             else:
                 job_kind = _KIND_BY_NAME[kind]
                 self.custom.delete_namespaced_custom_object(
@@ -249,8 +266,9 @@ class JobClient:
     def delete(self, name: str, *, wait: bool = False, timeout_s: float = 600, poll_s: float = 2.0) -> JobKind:
         kind, _ = self.find(name)
         self._delete_object(kind.kind, name)
-        # Owned by the job, but delete it explicitly too in case the ownership patch failed.
+        # Owned by the job, but delete them explicitly too in case the ownership patch failed.
         self._delete_object("ConfigMap", f"{name}-config")
+        self._delete_object("NetworkPolicy", name)
         if wait:
             self.wait_gone(kind, name, timeout_s=timeout_s, poll_s=poll_s)
         return kind

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from infra.config import DeploymentConfig
 from infra.conventions import FSX_PVC_NAME, TRAINING_NAMESPACE
 from infra.instance_facts import InstanceFacts, facts_for
+from scripts.backstop import active_deadline_s
 from scripts.stack_outputs import StackOutputs
 from workloads.config import TrainConfig
 from workloads.errors import ConfigError, describe_validation_error
@@ -77,6 +78,8 @@ class JobSpec(BaseModel):
     kubernetes_version: str
     #: Kubernetes-level restarts of the whole job (JobSet maxRestarts / PyTorchJob backoffLimit).
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    #: Longest healthy training step; sizes the job's deadline (scripts/backstop.py).
+    max_step_time_s: Annotated[float, Field(gt=0)] | None = None
     train: TrainConfig = TrainConfig()
 
     @field_validator("name")
@@ -166,6 +169,12 @@ class JobSpec(BaseModel):
         flight (derived by the TrainConfig from its checkpoint finalize timeout)."""
         return self.train.recommended_termination_grace_period_s()
 
+    @property
+    def active_deadline_s(self) -> int:
+        # A JobSet's recreated Jobs start their own deadlines; a PyTorchJob's spans every attempt.
+        restarts = self.max_restarts if self.api == "pytorchjob" else 0
+        return active_deadline_s(self.train, kubernetes_restarts=restarts, step_time_s=self.max_step_time_s)
+
 
 def resolve_train_paths(train: TrainConfig, job_name: str) -> TrainConfig:
     """Place the run on the shared file system.
@@ -210,6 +219,7 @@ def build_jobspec(
     image: str | None = None,
     train: TrainConfig | None = None,
     max_restarts: int = 3,
+    max_step_time_s: float | None = None,
     outputs: StackOutputs | None = None,
 ) -> JobSpec:
     """A JobSpec for `config`: from live stack outputs when given, else derived offline.
@@ -239,6 +249,7 @@ def build_jobspec(
             pvc_name=pvc_name,
             kubernetes_version=k8s_version,
             max_restarts=max_restarts,
+            max_step_time_s=max_step_time_s,
             train=train,
         )
     except ValidationError as e:
@@ -252,6 +263,7 @@ _FLAGS = {
     "image": "--image",
     "api": "--api",
     "max_restarts": "--max-restarts",
+    "max_step_time_s": "--max-step-time-s",
     "instance_type": "the profile's gpu_nodes.instance_type",
 }
 

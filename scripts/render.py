@@ -22,6 +22,7 @@ import yaml
 
 from infra import conventions
 from infra.instance_facts import InstanceFacts
+from scripts import pod_security
 from scripts.jobspec import (
     FSX_MOUNT_PATH,
     JOBSET_REPLICATED_JOB,
@@ -32,7 +33,7 @@ from scripts.jobspec import (
     JobSpec,
 )
 from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
-from workloads.launch import build_ft_launcher_argv, build_preflight_argv
+from workloads.launch import build_ft_launcher_argv, build_preflight_argv, inprocess_store_port
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -152,7 +153,29 @@ def _common_context(spec: JobSpec) -> dict:
             "taint_effect": conventions.GPU_TAINT_EFFECT,
         },
         "resources": {"gpu": conventions.GPU_RESOURCE, "efa": conventions.EFA_RESOURCE},
+        "security": {
+            "seccomp_profile": pod_security.SECCOMP_PROFILE,
+            "trainer_capabilities": pod_security.TRAINER_CAPABILITIES,
+            "fabric_test_capabilities": pod_security.FABRIC_TEST_CAPABILITIES,
+        },
     }
+
+
+#: Pod labels that tell one job's pods from every other pod: the NetworkPolicy selects by them.
+JOB_POD_SELECTOR_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
+
+
+def _network_policy(spec: JobSpec, context: dict) -> str:
+    if spec.workload == "nccl-test":
+        served = f"mpirun's sshd on {NCCL_SSH_PORT}"
+    else:
+        served = (
+            f"the rendezvous store on {RENDEZVOUS_PORT}, the in-process restart store on "
+            f"{inprocess_store_port(spec.rendezvous_endpoint)}"
+        )
+    return _ENV.get_template("networkpolicy.yaml.j2").render(
+        **context, ports_served=served, pod_selector_keys=JOB_POD_SELECTOR_KEYS
+    )
 
 
 @dataclass(frozen=True)
@@ -173,7 +196,7 @@ class RenderedJob:
 
 def render_job(spec: JobSpec) -> RenderedJob:
     """All manifests of the job: the trainer ConfigMap then the JobSet/PyTorchJob, or the
-    fabric test JobSet alone."""
+    fabric test JobSet alone; then the job's NetworkPolicy (submit creates it first)."""
     context = _common_context(spec)
     if spec.workload == "nccl-test":
         env = fabric_env(spec.facts, debug="INFO")  # INFO prints which network provider NCCL chose
@@ -188,7 +211,8 @@ def render_job(spec: JobSpec) -> RenderedJob:
         texts = [
             _ENV.get_template("nccl-tests.yaml.j2").render(
                 **context, env=env, entrypoint=script, ssh_port=NCCL_SSH_PORT, deadline_s=NCCL_DEADLINE_S
-            )
+            ),
+            _network_policy(spec, context),
         ]
     else:
         preflight, launcher = trainer_entrypoint_args(spec)
@@ -205,6 +229,7 @@ def render_job(spec: JobSpec) -> RenderedJob:
             "env": trainer_env(spec),
             "entrypoint": entrypoint,
             "rendezvous_port": RENDEZVOUS_PORT,
+            "inprocess_store_port": inprocess_store_port(spec.rendezvous_endpoint),
             # The training operator takes MASTER_PORT from the port with this name.
             "rendezvous_port_name": "pytorchjob-port" if spec.api == "pytorchjob" else "rendezvous",
             "config_dir": TRAIN_CONFIG_DIR,
@@ -213,7 +238,11 @@ def render_job(spec: JobSpec) -> RenderedJob:
             **context, config_key=TRAIN_CONFIG_KEY, config_path=TRAIN_CONFIG_PATH, train_yaml=spec.train.to_yaml()
         )
         job_template = "jobset.yaml.j2" if spec.api == "jobset" else "pytorchjob.yaml.j2"
-        texts = [config_map, _ENV.get_template(job_template).render(**train_context)]
+        texts = [
+            config_map,
+            _ENV.get_template(job_template).render(**train_context),
+            _network_policy(spec, context),
+        ]
     documents = [yaml.safe_load(t) for t in texts]
     return RenderedJob(spec, texts, documents)
 

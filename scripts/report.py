@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from workloads.errors import ConfigError
-from workloads.events import RunEvents, load_run, summarize
+from workloads.events import RunEvents, events_dir, load_run, summarize
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
 
 def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> None:
     b = breakdown
-    table = Table(title=f"Where the time went: {run_dir}")
+    table = Table(title=f"Where the time went: {escape(str(run_dir))}")
     table.add_column("")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
@@ -231,14 +232,21 @@ def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]
 
 
 def run(run_dir: Path, png: Path | None, json_path: Path | None, console: Console) -> Breakdown:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{run_dir} is a file; give a trainer run directory (the one holding events/rank*.jsonl)")
     if not run_dir.is_dir():
-        raise ConfigError(f"run directory {run_dir} does not exist; pass the --run-dir of a trainer run")
+        raise ConfigError(f"run directory {run_dir} does not exist; give the --run-dir of a trainer run")
     events = load_run(run_dir)
+    if not events.events and events.unreadable_lines:
+        raise ConfigError(
+            f"{events_dir(run_dir)} holds {events.unreadable_lines} line(s) but none is a readable event; "
+            "the event files are damaged (a run writes one JSON object per line)"
+        )
     breakdown = analyze(events)
     print_breakdown(breakdown, run_dir, console)
     png = png or run_dir / "timeline.png"
     plot_timeline(events, breakdown, png)
-    console.print(f"timeline: {png}")
+    console.print(f"timeline: {escape(str(png))}")
     if json_path is not None:
         json_path.write_text(json.dumps(_jsonable(breakdown), indent=1))
     return breakdown

@@ -51,3 +51,15 @@ import importlib.metadata as m
 for pkg in ("torch", "nvidia-resiliency-ext", "aws-cdk-lib", "cdk-nag"):
     print(f"setup: {pkg} {m.version(pkg)}")
 PY
+
+# --- checkov, in its own virtualenv -----------------------------------------------------------
+# The security scanner gate (tests/test_checkov.py, rules in .checkov.yaml). checkov pins versions
+# that conflict with aws-cdk-lib's dependencies, so it cannot share .venv. The gate skips, saying
+# so, where this virtualenv is missing; CHECKOV=0 leaves it out.
+CHECKOV_VENV=.venv-checkov
+CHECKOV_VERSION=3.3.30
+if [ "${CHECKOV:-1}" != 0 ]; then
+  [ -x "$CHECKOV_VENV/bin/python" ] || "$PYTHON" -m venv "$CHECKOV_VENV"
+  "$CHECKOV_VENV/bin/python" -m pip --disable-pip-version-check -q install "checkov==$CHECKOV_VERSION"
+  echo "setup: checkov $("$CHECKOV_VENV/bin/checkov" --version)"
+fi

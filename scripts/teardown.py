@@ -10,8 +10,10 @@ Order matters:
    detached EBS volumes, found by the deployment tag and the cluster's own tags.
 
 Data (the S3 data bucket and the FSx file system) is never deleted without `--delete-data`; FSx
-backups count as data too, so they are only reported unless `--delete-data` is given. Nothing
-is deleted without confirmation unless `--yes`.
+backups and the EKS control-plane log groups (`/aws/eks/<cluster>/`, which hold the API audit
+log: who did what to the cluster, wanted most after an incident) count as data too, so they are
+only reported unless `--delete-data` is given. Nothing is deleted without confirmation unless
+`--yes`.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class Orphan:
     detail: str = ""
     #: Deleting it would delete data: only with --delete-data.
     is_data: bool = False
+    #: What data it holds, for the "kept" outcome.
+    data_note: str = "data"
     outcome: str = "found"
 
 
@@ -196,11 +200,19 @@ def find_orphans(session: boto3.Session, config: DeploymentConfig) -> list[Orpha
         orphans.append(Orphan("EBS volume", volume["VolumeId"], f"{volume['Size']} GiB, detached"))
 
     logs = session.client("logs", region_name=config.region)
-    prefixes = (f"/aws/eks/{config.cluster_name}/", f"/aws/containerinsights/{config.cluster_name}/")
-    for prefix in prefixes:
+    # (prefix, what it holds if it is data): Container Insights metrics are not worth keeping.
+    prefixes = (
+        (f"/aws/eks/{config.cluster_name}/", "control-plane and audit logs"),
+        (f"/aws/containerinsights/{config.cluster_name}/", None),
+    )
+    for prefix, data_note in prefixes:
         for page in logs.get_paginator("describe_log_groups").paginate(logGroupNamePrefix=prefix):
             for group in page["logGroups"]:
-                orphans.append(Orphan("log group", group["logGroupName"], f"{group.get('storedBytes', 0)} bytes"))
+                detail = f"{group.get('storedBytes', 0)} bytes"
+                if data_note is None:
+                    orphans.append(Orphan("log group", group["logGroupName"], detail))
+                else:
+                    orphans.append(Orphan("log group", group["logGroupName"], detail, True, data_note))
 
     fsx = session.client("fsx", region_name=config.region)
     for page in fsx.get_paginator("describe_backups").paginate():
@@ -365,7 +377,7 @@ def teardown(
         result.orphans = find_orphans(session, config)
         for orphan in result.orphans:
             if orphan.is_data and not delete_data:
-                orphan.outcome = "kept (data; --delete-data deletes it)"
+                orphan.outcome = f"kept ({orphan.data_note}; --delete-data deletes it)"
             else:
                 orphan.outcome = delete_orphan(session, config, orphan)
     except (ClientError, BotoCoreError) as e:

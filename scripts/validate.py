@@ -4,21 +4,26 @@ the offending field (`spec.replicatedJobs[0].template.spec.template.spec.contain
 1. kubernetes: core kinds, and the Job / pod templates lifted out of custom resources, against
    the Kubernetes OpenAPI schemas that `kubernetes-validate` ships, in strict mode (unknown
    fields are errors), for the cluster's Kubernetes version.
-2. crd: JobSet and PyTorchJob against the upstream CRD schemas in ../shared/crds (unknown fields
-   rejected as the API server's strict field validation would; `x-kubernetes-int-or-string`
-   accepted as integer or string). Without that folder (a clone elsewhere) this layer is
-   skipped with a message and the others still run.
+2. crd: JobSet and PyTorchJob against the upstream CRD schemas pinned in scripts/crds.py (fetched
+   once into a user cache, or read from NVRX_EKS_CRD_DIR; unknown fields rejected as the API
+   server's strict field validation would; `x-kubernetes-int-or-string` accepted as integer or
+   string). Without the files (offline on first use) this layer is skipped with a message and
+   the others still run.
 3. project: what makes the job correct for this deployment: world size = nodes x processes,
    GPU/EFA requests = the instance facts, one rendezvous host (pod 0's DNS name), the exit-93
    rule, timeouts consistent with the trainer config, image set, PVC = the stack's claim,
-   /dev/shm, IPC_LOCK, GPU node selection.
+   /dev/shm, IPC_LOCK, GPU node selection, a deadline that frees the nodes, a NetworkPolicy
+   admitting only the job's own pods, and pod security: no pod template anywhere in the
+   documents may be privileged, share a host namespace, mount a hostPath outside the reviewed
+   allow-list, bind a host port or add a capability beyond what scripts/pod_security.py allows;
+   the job's own pods must also be as restricted as rendered (all else dropped, no privilege
+   escalation, seccomp RuntimeDefault, no service-account token).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import os
 import re
 import shlex
 from collections.abc import Iterable, Sequence
@@ -32,6 +37,9 @@ from referencing import Registry, Resource
 
 from infra import conventions
 from infra.instance_facts import INSTANCE_FACTS, InstanceFacts
+from scripts import pod_security
+from scripts.backstop import minimum_deadline_s
+from scripts.crds import crd_files
 from scripts.jobspec import (
     FSX_MOUNT_PATH,
     JOBSET_REPLICATED_JOB,
@@ -42,16 +50,11 @@ from scripts.jobspec import (
     TRAIN_CONFIG_KEY,
     TRAIN_CONFIG_PATH,
 )
-from scripts.render import WORLD_SIZE_ANNOTATION
+from scripts.render import JOB_POD_SELECTOR_KEYS, WORLD_SIZE_ANNOTATION
 from workloads.config import TrainConfig
 from workloads.errors import ConfigError
 from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
 from workloads.launch import build_ft_launcher_argv, build_preflight_argv
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-#: The upstream CRDs, outside the project (see ../shared/crds/README.md); overridable for tests.
-DEFAULT_CRD_DIR = PROJECT_ROOT.parent / "shared" / "crds"
-CRD_DIR_ENV = "NVRX_EKS_CRD_DIR"
 
 CUSTOM_KINDS = {("jobset.x-k8s.io/v1alpha2", "JobSet"), ("kubeflow.org/v1", "PyTorchJob")}
 
@@ -254,10 +257,6 @@ def _validate_kubernetes_layer(doc: dict, kubernetes_version: str) -> list[Findi
 # ----- layer 2: CRD schemas (jsonschema) ----------------------------------------------------
 
 
-def crd_dir() -> Path:
-    return Path(os.environ.get(CRD_DIR_ENV) or DEFAULT_CRD_DIR)
-
-
 def _structural_to_jsonschema(node):
     """An apiextensions structural schema as JSON Schema, strict like the API server:
     int-or-string is integer|string, nullable adds null, and objects with declared properties
@@ -283,10 +282,10 @@ def _structural_to_jsonschema(node):
 
 
 @functools.lru_cache(maxsize=4)
-def load_crd_schemas(directory: str) -> dict[tuple[str, str], dict]:
-    """(apiVersion, kind) -> JSON Schema, for every CRD version served in `directory`."""
+def load_crd_schemas(paths: tuple[Path, ...]) -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> JSON Schema, for every CRD version served in the files."""
     schemas = {}
-    for path in sorted(Path(directory).glob("*.yaml")):
+    for path in paths:
         for crd in yaml.load_all(path.read_text(), Loader=_YamlLoader):
             if not isinstance(crd, dict) or crd.get("kind") != "CustomResourceDefinition":
                 continue
@@ -371,13 +370,138 @@ class _Rules:
         if not jobs:
             self.doc_id = "(manifests)"
             self.error([], "no JobSet or PyTorchJob among the documents")
+        for doc in self.documents:
+            self.doc_id = _document_id(doc)
+            allowed = pod_security.TRAINER_CAPABILITIES
+            if _get(doc, ["metadata", "labels", "app.kubernetes.io/name"]) == "nvrx-eks-nccl-test":
+                allowed = pod_security.FABRIC_TEST_CAPABILITIES
+            for path, pod_spec in _pod_specs(doc):
+                self._check_node_access(path, pod_spec, frozenset(allowed))
         for job in jobs:
             self.doc_id = _document_id(job)
             if _get(job, ["metadata", "labels", "app.kubernetes.io/name"]) == "nvrx-eks-nccl-test":
                 self._check_fabric_test(job)
             else:
                 self._check_training_job(job)
+            self._check_network_policy(job)
         return self.findings
+
+    # -- pod security --
+
+    def _check_node_access(self, path: list, spec: dict, allowed_capabilities: frozenset[str]) -> None:
+        """What no pod of this project may do to its node, whatever document it comes in."""
+        for flag in ("hostNetwork", "hostPID", "hostIPC"):
+            if spec.get(flag):
+                self.error(path + [flag], "must not be set: the pod would share the node's namespace")
+        for i, volume in enumerate(spec.get("volumes") or []):
+            host_path = _get(volume, ["hostPath", "path"])
+            if host_path is not MISSING and host_path not in pod_security.HOST_PATH_ALLOW_LIST:
+                allowed = ", ".join(pod_security.HOST_PATH_ALLOW_LIST) or "none today"
+                self.error(
+                    path + ["volumes", i, "hostPath"],
+                    f"{host_path!r} is not on the reviewed hostPath allow-list ({allowed}); "
+                    "use the FSx claim or an emptyDir",
+                )
+        for section in ("initContainers", "containers", "ephemeralContainers"):
+            containers = spec.get(section)
+            for j, container in enumerate(containers if isinstance(containers, list) else []):
+                if not isinstance(container, dict):
+                    continue
+                cpath = path + [section, j]
+                if _get(container, ["securityContext", "privileged"]) is True:
+                    self.error(
+                        cpath + ["securityContext", "privileged"],
+                        "must not be true: a privileged container owns the node",
+                    )
+                added = _get(container, ["securityContext", "capabilities", "add"])
+                for cap in added if isinstance(added, list) else []:
+                    if str(cap).upper().removeprefix("CAP_") not in allowed_capabilities:
+                        self.error(
+                            cpath + ["securityContext", "capabilities", "add"],
+                            f"adds {cap}; only {', '.join(sorted(allowed_capabilities))} may be added "
+                            "(scripts/pod_security.py says why)",
+                        )
+                ports = container.get("ports")
+                for k, port in enumerate(ports if isinstance(ports, list) else []):
+                    if isinstance(port, dict) and port.get("hostPort"):
+                        self.error(cpath + ["ports", k, "hostPort"], "must not be set: it binds a port on the node")
+
+    def _check_restricted(self, site: _PodSite) -> None:
+        """The job's pods are as restricted as EFA allows (everything of Pod Security
+        "restricted" but running as root)."""
+        spec_path = site.path + ["spec"]
+        if _get(site.pod, ["spec", "automountServiceAccountToken"]) is not False:
+            self.error(
+                spec_path + ["automountServiceAccountToken"],
+                "must be false: the trainer never calls the Kubernetes API, so the pod needs no token",
+            )
+        pod_seccomp = _get(site.pod, ["spec", "securityContext", "seccompProfile", "type"])
+        if site.container is None:
+            return
+        cpath = spec_path + ["containers", site.container_index]
+        container_seccomp = _get(site.container, ["securityContext", "seccompProfile", "type"])
+        if pod_security.SECCOMP_PROFILE not in (pod_seccomp, container_seccomp):
+            self.error(
+                spec_path + ["securityContext", "seccompProfile", "type"],
+                f"must be {pod_security.SECCOMP_PROFILE}: without it the container runs unconfined",
+            )
+        if _get(site.container, ["securityContext", "allowPrivilegeEscalation"]) is not False:
+            self.error(
+                cpath + ["securityContext", "allowPrivilegeEscalation"],
+                "must be false: no process in the container needs to gain privileges",
+            )
+        dropped = _get(site.container, ["securityContext", "capabilities", "drop"])
+        if not isinstance(dropped, list) or "ALL" not in dropped:
+            self.error(
+                cpath + ["securityContext", "capabilities", "drop"],
+                "must include ALL: the container keeps only the capabilities it adds",
+            )
+
+    def _check_network_policy(self, job: dict) -> None:
+        """A NetworkPolicy selects the job's pods and admits only pods of the same job."""
+        labels = _get(job, ["metadata", "labels"])
+        labels = labels if isinstance(labels, dict) else {}
+        job_selector = {k: labels.get(k) for k in JOB_POD_SELECTOR_KEYS}
+
+        def selects_job(selector) -> bool:
+            match = _get(selector, ["matchLabels"])
+            return (
+                isinstance(match, dict)
+                and all(match.get(k) == v for k, v in job_selector.items())
+                and _get(selector, ["matchExpressions"]) in (MISSING, None, [])
+            )
+
+        policies = [
+            d
+            for d in self.documents
+            if d.get("kind") == "NetworkPolicy"
+            and _get(d, ["metadata", "namespace"]) == _get(job, ["metadata", "namespace"])
+            and selects_job(_get(d, ["spec", "podSelector"]))
+        ]
+        if not policies:
+            self.error(
+                ["metadata", "labels"],
+                "no NetworkPolicy selects this job's pods: any pod in the cluster could reach their "
+                "unauthenticated rendezvous and restart stores; render the NetworkPolicy with the job",
+            )
+            return
+        for policy in policies:
+            doc_id, self.doc_id = self.doc_id, _document_id(policy)
+            if "Ingress" not in (_get(policy, ["spec", "policyTypes"]) or []):
+                self.error(["spec", "policyTypes"], "must include Ingress, or the policy restricts nothing")
+            for i, rule in enumerate(_get(policy, ["spec", "ingress"]) or []):
+                peers = _get(rule, ["from"])
+                if not isinstance(peers, list) or not peers:
+                    self.error(["spec", "ingress", i, "from"], "missing: the rule would admit every source")
+                    continue
+                for j, peer in enumerate(peers):
+                    if set(peer) != {"podSelector"} or not selects_job(peer["podSelector"]):
+                        self.error(
+                            ["spec", "ingress", i, "from", j],
+                            "admits more than this job's pods; select them by "
+                            + ", ".join(f"{k}={v}" for k, v in job_selector.items()),
+                        )
+            self.doc_id = doc_id
 
     # -- shared pod checks --
 
@@ -607,6 +731,7 @@ class _Rules:
             self._check_scheduling(site)
             self._check_image(site)
             self._check_security(site)
+            self._check_restricted(site)
             self._check_volumes(site, needs_config=True)
             if facts is not None:
                 self._check_resources(site, facts)
@@ -624,6 +749,7 @@ class _Rules:
                 )
         expected_host = f"{name}-{JOBSET_REPLICATED_JOB}-0-0.{name}" if is_jobset else f"{name}-master-0"
         self._check_failure_policy(job, sites)
+        self._check_deadline(job, train)
         if not is_jobset:
             self._check_pytorchjob_ports(sites)
         for site in sites:
@@ -798,6 +924,42 @@ class _Rules:
             if not isinstance(_get(job, ["spec", "runPolicy", "backoffLimit"]), int):
                 self.error(["spec", "runPolicy", "backoffLimit"], "missing: retries would be unbounded")
 
+    def _check_deadline(self, job: dict, train: TrainConfig | None) -> None:
+        """The backstop of scripts/backstop.py: a deadline that ends the job even when the
+        trainer hangs where no restart layer reaches it, and (JobSet) a rule that fails the whole
+        JobSet on it instead of recreating it."""
+        floor = minimum_deadline_s(train) if train is not None else 1
+        if job["kind"] == "JobSet":
+            places = [
+                ["spec", "replicatedJobs", i, "template", "spec", "activeDeadlineSeconds"]
+                for i in range(len(_get(job, ["spec", "replicatedJobs"]) or []))
+            ]
+        else:
+            places = [["spec", "runPolicy", "activeDeadlineSeconds"]]
+        for path in places:
+            value = _get(job, path)
+            if not isinstance(value, int) or isinstance(value, bool):
+                self.error(path, "missing: a trainer hung where no restart reaches it would hold the nodes forever")
+            elif value < floor:
+                self.error(
+                    path,
+                    f"is {value} s, below the {floor} s the trainer config needs to start and stop (setup section "
+                    "timeout + termination grace); the job would be killed before training",
+                )
+        if job["kind"] == "JobSet":
+            rules = _get(job, ["spec", "failurePolicy", "rules"])
+            if not isinstance(rules, list) or not any(
+                isinstance(r, dict)
+                and r.get("action") == "FailJobSet"
+                and "DeadlineExceeded" in (r.get("onJobFailureReasons") or [])
+                for r in rules
+            ):
+                self.error(
+                    ["spec", "failurePolicy", "rules"],
+                    "no FailJobSet rule on reason DeadlineExceeded: a Job past its deadline would be recreated "
+                    "and hold the nodes again",
+                )
+
     def _check_pytorchjob_ports(self, sites: list[_PodSite]) -> None:
         for site in sites:
             if site.container is None:
@@ -893,9 +1055,25 @@ class _Rules:
             self._check_scheduling(site)
             self._check_image(site, restarted=False)
             self._check_security(site)
+            self._check_restricted(site)
             self._check_volumes(site, needs_config=False)
             if facts is not None:
                 self._check_resources(site, facts)
+
+
+def _pod_specs(node, path: list | None = None):
+    """(path, PodSpec) for every pod spec anywhere in a document: a Pod's spec, the templates
+    of Jobs, JobSets, PyTorchJobs, Deployments, and anything else that nests one."""
+    path = path or []
+    if isinstance(node, dict):
+        if isinstance(node.get("containers"), list):
+            yield path, node
+            return
+        for key, value in node.items():
+            yield from _pod_specs(value, path + [key])
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _pod_specs(value, path + [i])
 
 
 def _cpu_cores(value) -> float | None:
@@ -979,7 +1157,7 @@ def _first_difference(actual: list[str], expected: list[str]) -> str | None:
 # ----- entry points -------------------------------------------------------------------------
 
 
-def validate_documents(documents: list[dict], expected: Expectations, *, crds: Path | None = None) -> ValidationReport:
+def validate_documents(documents: list[dict], expected: Expectations) -> ValidationReport:
     report = ValidationReport(documents_checked=len(documents))
     documents = [copy.deepcopy(d) for d in documents]
     for index, doc in enumerate(documents):
@@ -990,17 +1168,15 @@ def validate_documents(documents: list[dict], expected: Expectations, *, crds: P
     for doc in documents:
         report.findings.extend(_validate_kubernetes_layer(doc, expected.kubernetes_version))
 
-    directory = crds or crd_dir()
     custom = [d for d in documents if (d.get("apiVersion"), d.get("kind")) in CUSTOM_KINDS]
-    if not directory.is_dir():
-        report.skipped.append(
-            f"CRD schema layer skipped: {directory} not found (a checkout without ../shared/crds); "
-            "the Kubernetes and project layers ran"
-        )
-    elif custom:
-        schemas = load_crd_schemas(str(directory))
-        for doc in custom:
-            report.findings.extend(validate_custom_resource(doc, schemas))
+    if custom:
+        files = crd_files()
+        if files.skipped:
+            report.skipped.append(f"{files.skipped}; the Kubernetes and project layers ran")
+        else:
+            schemas = load_crd_schemas(files.paths)
+            for doc in custom:
+                report.findings.extend(validate_custom_resource(doc, schemas))
 
     report.findings.extend(_Rules(documents, expected).run())
     return report

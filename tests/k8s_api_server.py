@@ -42,9 +42,13 @@ RESOURCES: dict[str, dict[str, tuple[str, bool]]] = {
         "events": ("Event", True),
     },
     "batch/v1": {"jobs": ("Job", True)},
+    "networking.k8s.io/v1": {"networkpolicies": ("NetworkPolicy", True)},
     "jobset.x-k8s.io/v1alpha2": {"jobsets": ("JobSet", True)},
     "kubeflow.org/v1": {"pytorchjobs": ("PyTorchJob", True)},
 }
+
+#: Group/versions every cluster serves; the others exist only once their CRD is installed.
+_BUILT_IN = ("v1", "batch/v1", "networking.k8s.io/v1")
 
 #: Kinds whose delete answers with a Status rather than the deleted object.
 _STATUS_ON_DELETE = {"ConfigMap", "Service", "Event", "Namespace"}
@@ -86,7 +90,7 @@ class InjectedError:
 @dataclass
 class KubeApiTestServer:
     kubernetes_version: tuple[str, str] = ("1", "35")
-    #: API group/versions whose CRDs are "installed" (core and batch always are).
+    #: API group/versions whose CRDs are "installed" (the _BUILT_IN ones always are).
     installed: set[str] = field(default_factory=lambda: {"jobset.x-k8s.io/v1alpha2"})
     #: When set, requests whose Authorization header does not start with it get 401.
     required_auth_prefix: str | None = None
@@ -290,9 +294,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not match:
             return self._send(404, _status(404, "NotFound", f"the server could not find {url.path}"))
         api_version = "v1" if match["core"] else f"{match['group']}/{match['version']}"
-        if api_version not in RESOURCES or (
-            api_version not in ("v1", "batch/v1") and api_version not in state.installed
-        ):
+        if api_version not in RESOURCES or (api_version not in _BUILT_IN and api_version not in state.installed):
             return self._send(
                 404, _status(404, "NotFound", f"the server could not find the requested resource ({url.path})")
             )

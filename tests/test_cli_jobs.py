@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from infra.outputs import OutputKey
-from scripts.validate import DEFAULT_CRD_DIR
 from tests import cli_harness
 from tests.cli_harness import (
     DEPLOYED_IMAGE,
@@ -25,6 +24,7 @@ from tests.cli_harness import (
     deploy_fake_environment,
     run_cli,
 )
+from tests.conftest import CRDS_PRESENT
 
 # Fixtures shared with the other CLI test modules.
 aws = cli_harness.aws
@@ -34,6 +34,7 @@ k8s_server = cli_harness.k8s_server
 ROOT = Path(__file__).resolve().parent.parent
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/training/jobsets"
 CONFIGMAPS = "/api/v1/namespaces/training/configmaps"
+NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/training/networkpolicies"
 
 
 # ----- offline: render, validate, submit --dry-run -----------------------------------------
@@ -45,10 +46,10 @@ def test_render_four_nodes_default_profile_passes_validate(api):
     rendered = run_cli("render", "--nodes", "4", "--api", api)
     assert rendered.code == 0, rendered.output
     kinds = [d["kind"] for d in yaml.safe_load_all(rendered.stdout)]
-    assert kinds == ["ConfigMap", "JobSet" if api == "jobset" else "PyTorchJob"]
+    assert kinds == ["ConfigMap", "JobSet" if api == "jobset" else "PyTorchJob", "NetworkPolicy"]
     validated = run_cli("validate", "-", stdin=rendered.stdout)
     assert validated.code == 0, validated.output
-    layers = "(kubernetes, project, crd)" if DEFAULT_CRD_DIR.is_dir() else "(kubernetes, project)"
+    layers = "(kubernetes, project, crd)" if CRDS_PRESENT else "(kubernetes, project)"
     assert f"checked {layers}: valid" in validated.stdout
 
 
@@ -56,7 +57,7 @@ def test_render_to_a_directory_writes_one_file_per_object(tmp_path):
     result = run_cli("render", "--nodes", "2", "-o", str(tmp_path / "out"))
     assert result.code == 0, result.output
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert files == ["configmap-train-config.yaml", "jobset-train.yaml"]
+    assert files == ["configmap-train-config.yaml", "jobset-train.yaml", "networkpolicy-train.yaml"]
     combined = "---\n".join((tmp_path / "out" / f).read_text() for f in files)
     assert run_cli("validate", "-", stdin=combined).code == 0
 
@@ -84,7 +85,7 @@ def test_submit_dry_run_needs_no_cluster_and_no_credentials(no_credentials, monk
     result = run_cli("submit", "--dry-run", "--nodes", "2", "--faults", "sigkill@20:3")
     assert result.code == 0, result.output
     documents = list(yaml.safe_load_all(result.stdout))
-    assert [d["kind"] for d in documents] == ["ConfigMap", "JobSet"]
+    assert [d["kind"] for d in documents] == ["ConfigMap", "JobSet", "NetworkPolicy"]
     assert "sigkill@20:3" in documents[0]["data"]["train.yaml"]
     assert "nothing was sent to a cluster" in result.stderr
 
@@ -104,7 +105,7 @@ def test_fabric_test_renders_and_validates():
         (["render", "--api", "mpijob"], "--api 'mpijob': use jobset (default) or pytorchjob"),
         (["render", "--name", "Train"], "--name: 'Train' must be lower-case"),
         (["render", "--nodes", "two"], "Invalid value for '--nodes'"),
-        (["render", "--train-config", "no-such.yaml"], "cannot read trainer config no-such.yaml"),
+        (["render", "--train-config", "no-such.yaml"], "--train-config no-such.yaml does not exist"),
         (["render", "--set", "checkpoint.intervall_steps=3"], "checkpoint.intervall_steps: unknown field"),
         (["render", "--faults", "explode@3"], "fault 'explode@3'"),
         (["render", "--fabric-test", "--faults", "sigkill@3"], "--fabric-test runs nccl-tests"),
@@ -184,9 +185,12 @@ def test_submit_dry_runs_on_the_server_then_creates(cluster):
     assert "created JobSet train in training" in result.stderr
 
     posts = [r for r in cluster.requests if r.method == "POST"]
+    # The NetworkPolicy first: no pod of the job may start reachable from the whole cluster.
     assert [(r.path, r.param("dryRun")) for r in posts] == [
+        (NETWORK_POLICIES, "All"),
         (CONFIGMAPS, "All"),
         (JOBSETS, "All"),
+        (NETWORK_POLICIES, None),
         (CONFIGMAPS, None),
         (JOBSETS, None),
     ]
@@ -197,6 +201,8 @@ def test_submit_dry_runs_on_the_server_then_creates(cluster):
     assert container["image"] == DEPLOYED_IMAGE  # live submit takes the image from the stack
     config_map = cluster.get("v1", "configmaps", "training", "train-config")
     assert config_map["metadata"]["ownerReferences"][0]["uid"] == jobset["metadata"]["uid"]
+    policy = cluster.get("networking.k8s.io/v1", "networkpolicies", "training", "train")
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == jobset["metadata"]["uid"]
 
 
 def test_requests_carry_an_eks_token_signed_for_the_cluster(cluster):
@@ -220,8 +226,9 @@ def test_submit_refused_by_the_server_dry_run_creates_nothing(cluster):
     result = run_cli("submit", "--nodes", "2")
     assert result.code == 2
     assert "denied by webhook" in result.stderr and "dry-run creating JobSet train" in result.stderr
-    assert [r.param("dryRun") for r in cluster.requests if r.method == "POST"] == ["All", "All"]
+    assert [r.param("dryRun") for r in cluster.requests if r.method == "POST"] == ["All", "All", "All"]
     assert cluster.list("v1", "configmaps") == [] and cluster.list("jobset.x-k8s.io/v1alpha2", "jobsets") == []
+    assert cluster.list("networking.k8s.io/v1", "networkpolicies") == []
 
 
 def test_failed_job_creation_rolls_back_the_configmap(cluster):
@@ -231,6 +238,7 @@ def test_failed_job_creation_rolls_back_the_configmap(cluster):
     assert "etcdserver: request timed out" in result.stderr
     assert cluster.requests_to("DELETE", f"{CONFIGMAPS}/train-config")
     assert cluster.list("v1", "configmaps") == []
+    assert cluster.list("networking.k8s.io/v1", "networkpolicies") == []
 
 
 def test_submit_refuses_an_existing_job(cluster):
@@ -354,6 +362,7 @@ def test_delete_removes_the_job_its_config_and_pods(cluster):
     assert delete.body["propagationPolicy"] == "Foreground"
     assert cluster.list("jobset.x-k8s.io/v1alpha2", "jobsets") == []
     assert cluster.list("v1", "configmaps") == [] and cluster.list("v1", "pods") == []
+    assert cluster.list("networking.k8s.io/v1", "networkpolicies") == []
     # The claim (checkpoints, data) is untouched.
     assert cluster.get("v1", "persistentvolumeclaims", "training", "fsx-lustre") is not None
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.validate import crd_dir
+from tests.conftest import CRDS_PRESENT
 from tests.trainer_fixtures import exclusive_trainer_runs, processes_mentioning
 from workloads.events import load_run, summarize
 
@@ -34,8 +34,8 @@ def test_demo_runs_every_step_offline(tmp_path, tmp_path_factory):
     assert "0 unacknowledged findings" in out
     # The CRD layer runs wherever the upstream schemas are (../shared/crds); a clone without them
     # says the layer was skipped and still validates the rest.
-    layers = "kubernetes, project, crd" if crd_dir().is_dir() else "kubernetes, project"
-    assert f"2 document(s) checked ({layers}): valid" in out
+    layers = "kubernetes, project, crd" if CRDS_PRESENT else "kubernetes, project"
+    assert f"3 document(s) checked ({layers}): valid" in out
     assert "world size 32" in out
     assert "Where the time went" in out and (run_dir / "timeline.png").is_file()
     # 3. each fault recovered by the layer meant for it, and the run completed.

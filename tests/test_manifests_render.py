@@ -188,7 +188,8 @@ def test_offline_render_uses_profile_image_or_a_placeholder():
 
 def test_fabric_test_renders_nccl_tests_over_all_nodes():
     rendered = render_job(build_jobspec(resolve_config(), nodes=4, name="nccl-test", workload="nccl-test"))
-    [job] = rendered.documents
+    assert [d["kind"] for d in rendered.documents] == ["JobSet", "NetworkPolicy"]
+    job = rendered.job_document
     pod = job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
     script = pod["spec"]["containers"][0]["command"][2]
     assert "-np 32 -N 8" in script and "all_reduce_perf -b 8 -e 16G" in script

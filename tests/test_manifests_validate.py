@@ -11,15 +11,16 @@ import pytest
 import yaml
 
 from infra.config import resolve_config
+from scripts.crds import CRD_DIR_ENV
 from scripts.jobspec import OFFLINE_PLACEHOLDER_IMAGE, build_jobspec
 from scripts.render import render_job
-from scripts.validate import CRD_DIR_ENV, DEFAULT_CRD_DIR, Expectations, format_path, validate_documents
+from scripts.validate import Expectations, format_path, validate_documents
+from tests.conftest import CRDS_PRESENT
 from tests.manifest_cases import GOLDEN_CASES, GOLDEN_IMAGE, Case
 
 P5 = Expectations("1.35", "training", "fsx-lustre", "p5.48xlarge")
 POD = "spec.replicatedJobs[0].template.spec.template.spec"
 CONTAINER = f"{POD}.containers[0]"
-CRDS_PRESENT = DEFAULT_CRD_DIR.is_dir()
 
 
 @pytest.mark.parametrize("case", GOLDEN_CASES, ids=lambda c: c.id)
@@ -63,8 +64,108 @@ def _drop_volume(docs, name: str) -> None:
     pod["volumes"] = [v for v in pod["volumes"] if v["name"] != name]
 
 
+def _security(docs) -> dict:
+    return _container(docs)["securityContext"]
+
+
+def _network_policy(docs) -> dict:
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    return policy
+
+
+RULES = "spec.failurePolicy.rules"
+
 # (id, mutation, layer, exact path of the offending field)
 SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
+    (
+        "privileged container",
+        lambda d: _security(d).__setitem__("privileged", True),
+        "project",
+        f"{CONTAINER}.securityContext.privileged",
+    ),
+    ("host PID namespace", lambda d: _pod(d).__setitem__("hostPID", True), "project", f"{POD}.hostPID"),
+    ("host network", lambda d: _pod(d).__setitem__("hostNetwork", True), "project", f"{POD}.hostNetwork"),
+    ("host IPC namespace", lambda d: _pod(d).__setitem__("hostIPC", True), "project", f"{POD}.hostIPC"),
+    (
+        "hostPath volume outside the allow-list",
+        lambda d: _pod(d)["volumes"].append({"name": "root", "hostPath": {"path": "/"}}),
+        "project",
+        f"{POD}.volumes[3].hostPath",
+    ),
+    (
+        "host port",
+        lambda d: _container(d)["ports"][0].__setitem__("hostPort", 29500),
+        "project",
+        f"{CONTAINER}.ports[0].hostPort",
+    ),
+    (
+        "capability other than IPC_LOCK",
+        lambda d: _security(d)["capabilities"]["add"].append("SYS_ADMIN"),
+        "project",
+        f"{CONTAINER}.securityContext.capabilities.add",
+    ),
+    (
+        "capabilities not dropped",
+        lambda d: _security(d)["capabilities"].pop("drop"),
+        "project",
+        f"{CONTAINER}.securityContext.capabilities.drop",
+    ),
+    (
+        "privilege escalation allowed",
+        lambda d: _security(d).__setitem__("allowPrivilegeEscalation", True),
+        "project",
+        f"{CONTAINER}.securityContext.allowPrivilegeEscalation",
+    ),
+    (
+        "no seccomp profile",
+        lambda d: _pod(d).pop("securityContext"),
+        "project",
+        f"{POD}.securityContext.seccompProfile.type",
+    ),
+    (
+        "service-account token mounted",
+        lambda d: _pod(d).pop("automountServiceAccountToken"),
+        "project",
+        f"{POD}.automountServiceAccountToken",
+    ),
+    (
+        "no deadline",
+        lambda d: d[1]["spec"]["replicatedJobs"][0]["template"]["spec"].pop("activeDeadlineSeconds"),
+        "project",
+        "spec.replicatedJobs[0].template.spec.activeDeadlineSeconds",
+    ),
+    (
+        "deadline shorter than the setup section",
+        lambda d: d[1]["spec"]["replicatedJobs"][0]["template"]["spec"].__setitem__("activeDeadlineSeconds", 60),
+        "project",
+        "spec.replicatedJobs[0].template.spec.activeDeadlineSeconds",
+    ),
+    (
+        "deadline restarts the JobSet instead of failing it",
+        lambda d: d[1]["spec"]["failurePolicy"].__setitem__(
+            "rules", [r for r in d[1]["spec"]["failurePolicy"]["rules"] if r["name"] != "DeadlineExceeded"]
+        ),
+        "project",
+        RULES,
+    ),
+    (
+        "no NetworkPolicy for the job",
+        lambda d: d.remove(_network_policy(d)),
+        "project",
+        "metadata.labels",
+    ),
+    (
+        "NetworkPolicy admits other namespaces",
+        lambda d: _network_policy(d)["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}}),
+        "project",
+        "spec.ingress[0].from[1]",
+    ),
+    (
+        "NetworkPolicy with an unknown field",
+        lambda d: _network_policy(d)["spec"].__setitem__("podSelecter", {}),
+        "kubernetes",
+        "spec.podSelecter",
+    ),
     (
         "wrong type: parallelism as a string",
         lambda d: d[1]["spec"]["replicatedJobs"][0]["template"]["spec"].__setitem__("parallelism", "four"),
@@ -331,10 +432,178 @@ def test_format_path_quotes_keys_with_dots_and_slashes():
 
 
 def test_fabric_test_is_validated_too():
-    [job] = copy.deepcopy(Case("p5", "fabric", 2).render().documents)
+    documents = copy.deepcopy(Case("p5", "fabric", 2).render().documents)
+    job = documents[0]
     pod = job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     pod["containers"][0]["resources"]["limits"]["vpc.amazonaws.com/efa"] = 4
-    errors = validate_documents([job], P5).errors
+    errors = validate_documents(documents, P5).errors
     assert [f.path for f in errors] == [
         'spec.replicatedJobs[0].template.spec.template.spec.containers[0].resources.limits["vpc.amazonaws.com/efa"]'
     ]
+
+
+# ----- pod security ------------------------------------------------------------------------
+
+#: The manifest of the security review: a pod that owns its node.
+NODE_OWNING_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "owner", "namespace": "training"},
+    "spec": {
+        "hostPID": True,
+        "hostNetwork": True,
+        "containers": [
+            {
+                "name": "x",
+                "image": "r.example.com/x:1",
+                "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}},
+                "volumeMounts": [{"name": "root", "mountPath": "/host"}],
+            }
+        ],
+        "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+    },
+}
+
+
+def test_the_reviews_node_owning_pod_is_rejected_field_by_field():
+    documents = _jobset_documents() + [copy.deepcopy(NODE_OWNING_POD)]
+    report = validate_documents(documents, P5)
+    owner = {f.path for f in report.errors if f.document == "Pod/owner"}
+    assert owner == {
+        "spec.hostPID",
+        "spec.hostNetwork",
+        "spec.containers[0].securityContext.privileged",
+        "spec.containers[0].securityContext.capabilities.add",
+        "spec.volumes[0].hostPath",
+    }
+
+
+def test_the_same_pod_inside_the_jobset_is_rejected_too():
+    documents = _jobset_documents()
+    pod = _pod(documents)
+    pod.update(hostPID=True, hostNetwork=True)
+    pod["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
+    _security(documents).update(privileged=True)
+    _security(documents)["capabilities"]["add"].append("SYS_ADMIN")
+    paths = {f.path for f in validate_documents(documents, P5).errors}
+    assert {
+        f"{POD}.hostPID",
+        f"{POD}.hostNetwork",
+        f"{POD}.volumes[3].hostPath",
+        f"{CONTAINER}.securityContext.privileged",
+        f"{CONTAINER}.securityContext.capabilities.add",
+    } <= paths
+
+
+def _pod_specs_of(documents):
+    from scripts.validate import _pod_specs
+
+    return [spec for doc in documents for _, spec in _pod_specs(doc)]
+
+
+@pytest.mark.parametrize("case", GOLDEN_CASES, ids=lambda c: c.id)
+def test_rendered_pods_pass_pod_security_baseline_with_only_ipc_lock_added(case: Case):
+    from scripts.pod_security import FABRIC_TEST_CAPABILITIES, pss_baseline_violations
+
+    specs = _pod_specs_of(case.render().documents)
+    assert specs
+    for spec in specs:
+        assert pss_baseline_violations(spec, allowed_extra_capabilities=frozenset({"IPC_LOCK"})) == []
+        # IPC_LOCK is the one exception: without it, baseline fails on that alone.
+        assert pss_baseline_violations(spec) == [
+            "spec.containers[0].securityContext.capabilities.add: IPC_LOCK is beyond baseline"
+        ]
+        container = spec["containers"][0]["securityContext"]
+        assert container["allowPrivilegeEscalation"] is False and container["capabilities"]["drop"] == ["ALL"]
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["automountServiceAccountToken"] is False
+        expected = ["IPC_LOCK"] if case.api != "fabric" else list(FABRIC_TEST_CAPABILITIES)
+        assert container["capabilities"]["add"] == expected
+
+
+def test_pod_security_baseline_check_rejects_the_node_owning_pod():
+    from scripts.pod_security import pss_baseline_violations
+
+    problems = pss_baseline_violations(NODE_OWNING_POD["spec"], allowed_extra_capabilities=frozenset({"IPC_LOCK"}))
+    assert problems == [
+        "spec.hostNetwork: host namespaces are not allowed",
+        "spec.hostPID: host namespaces are not allowed",
+        "spec.volumes[0].hostPath: hostPath volumes are not allowed",
+        "spec.containers[0].securityContext.privileged: privileged containers are not allowed",
+        "spec.containers[0].securityContext.capabilities.add: SYS_ADMIN is beyond baseline",
+    ]
+
+
+def test_host_path_allow_list_admits_a_reviewed_path(monkeypatch):
+    from scripts import pod_security
+
+    monkeypatch.setattr(pod_security, "HOST_PATH_ALLOW_LIST", ("/opt/dlami/nvme",))
+    documents = _jobset_documents()
+    _pod(documents)["volumes"].append({"name": "nvme", "hostPath": {"path": "/opt/dlami/nvme"}})
+    assert validate_documents(documents, P5).errors == []
+    _pod(documents)["volumes"][-1]["hostPath"]["path"] = "/opt"
+    assert [f.path for f in validate_documents(documents, P5).errors] == [f"{POD}.volumes[3].hostPath"]
+
+
+def test_fabric_test_may_add_sshds_capabilities_but_not_more():
+    documents = copy.deepcopy(Case("p5", "fabric", 2).render().documents)
+    assert validate_documents(documents, P5).errors == []
+    container = documents[0]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["securityContext"]["capabilities"]["add"].append("NET_ADMIN")
+    assert [f.path for f in validate_documents(documents, P5).errors] == [
+        f"{CONTAINER}.securityContext.capabilities.add"
+    ]
+
+
+def test_network_policy_admits_only_the_jobs_own_pods():
+    documents = _jobset_documents()
+    policy = _network_policy(documents)
+    labels = documents[1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["labels"]
+    # It selects the job's pods and admits TCP from them alone.
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"podSelector": policy["spec"]["podSelector"]}], "ports": [{"protocol": "TCP"}]}
+    ]
+    other = _jobset_documents()
+    other[1]["metadata"]["labels"]["app.kubernetes.io/instance"] = "other"
+    # Another job's policy does not cover this job.
+    found = [f.path for f in validate_documents([other[0], other[1], policy], P5).errors]
+    assert "metadata.labels" in found
+
+
+def test_pytorchjob_has_a_deadline_too():
+    documents = _pytorchjob_documents()
+    assert documents[1]["spec"]["runPolicy"]["activeDeadlineSeconds"] > 0
+    del documents[1]["spec"]["runPolicy"]["activeDeadlineSeconds"]
+    assert "spec.runPolicy.activeDeadlineSeconds" in [f.path for f in validate_documents(documents, P5).errors]
+
+
+def test_deadline_bounds_a_run_with_every_restart_and_follows_the_step_time():
+    from scripts.backstop import active_deadline_s
+
+    spec = build_jobspec(resolve_config(), nodes=2, name="train", max_step_time_s=2)
+    train = spec.train
+    # 100 steps x 2 s + setup 900 + 10 in-process restarts x (90 + 120 + 50 x 2)
+    # + 3 launcher restarts x (900 + 50 x 2) + grace 360.
+    assert spec.active_deadline_s == 200 + 900 + 10 * 310 + 3 * 1000 + 360 == 7560
+    assert active_deadline_s(train, kubernetes_restarts=3, step_time_s=2) == 7560 + 3 * 1000
+    # A PyTorchJob's deadline spans its pod recreations; a JobSet's Jobs each get their own.
+    pytorchjob = build_jobspec(resolve_config(), nodes=2, name="train", api="pytorchjob", max_step_time_s=2)
+    assert pytorchjob.active_deadline_s == 7560 + 3 * 1000
+    # Without a measured step time the trainer's own step timeout bounds each step.
+    default = build_jobspec(resolve_config(), nodes=2, name="train")
+    assert default.active_deadline_s == active_deadline_s(train, kubernetes_restarts=0, step_time_s=300)
+    rendered = render_job(spec).job_document
+    assert rendered["spec"]["replicatedJobs"][0]["template"]["spec"]["activeDeadlineSeconds"] == 7560
+
+
+def test_cli_validate_rejects_the_node_owning_pod():
+    from tests.cli_harness import run_cli
+
+    rendered = run_cli("render", "--nodes", "2", "--image", GOLDEN_IMAGE)
+    assert rendered.code == 0, rendered.output
+    manifest = rendered.stdout + "---\n" + yaml.safe_dump(NODE_OWNING_POD)
+    result = run_cli("validate", "-", stdin=manifest)
+    assert result.code == 2 and "Traceback" not in result.output
+    for field in ("spec.hostPID", "spec.hostNetwork", "privileged", "capabilities.add", "spec.volumes[0].hostPath"):
+        assert field in result.stdout

@@ -199,7 +199,8 @@ def test_teardown_in_order_sweeps_orphans_and_keeps_data(deployed):
         ("security group", left.cluster_sg): "deleted",
         ("placement group", "nvrx-eks-cluster-PlacementGroup-1X"): "deleted",
         ("EBS volume", left.volume): "deleted",
-        ("log group", "/aws/eks/nvrx-eks/cluster"): "deleted",
+        # The control-plane log group holds the audit log: data, kept like the FSx backups.
+        ("log group", "/aws/eks/nvrx-eks/cluster"): "kept (control-plane and audit logs; --delete-data deletes it)",
         ("log group", "/aws/containerinsights/nvrx-eks/performance"): "deleted",
         ("FSx backup", left.backup): "kept (data; --delete-data deletes it)",
     }
@@ -207,7 +208,7 @@ def test_teardown_in_order_sweeps_orphans_and_keeps_data(deployed):
     assert left.enis() == {left.foreign_eni}
     assert left.foreign_sg in left.security_groups() and left.cluster_sg not in left.security_groups()
     assert [g["GroupName"] for g in left.placement_groups.groups] == ["unrelated"]
-    assert left.log_groups() == {"/aws/eks/nvrx-eks-other/cluster"}
+    assert left.log_groups() == {"/aws/eks/nvrx-eks/cluster", "/aws/eks/nvrx-eks-other/cluster"}
     assert {DATA_BUCKET, LOG_BUCKET} <= left.buckets()
     assert left.file_system in left.file_systems()
     assert left.backup in left.backups()
@@ -223,6 +224,7 @@ def test_delete_data_removes_buckets_file_system_and_backups(deployed):
     assert result.data_deleted.file_systems == [left.file_system]
     assert left.file_systems().get(left.file_system) in (None, "DELETING")
     assert left.backup not in left.backups()
+    assert left.log_groups() == {"/aws/eks/nvrx-eks-other/cluster"}
 
 
 def test_profile_that_destroys_data_needs_delete_data(aws, k8s_server):
@@ -251,11 +253,14 @@ def test_failed_cdk_destroy_stops_before_the_sweep(deployed):
 def test_second_run_after_the_stacks_are_gone_only_sweeps(deployed):
     server, session, left = deployed
     _teardown(session, run_cdk=FakeCdk(server))
-    boto3.client("logs", region_name=REGION).create_log_group(logGroupName="/aws/eks/nvrx-eks/cluster")
+    # The first run kept the control-plane log group; the second keeps it too.
     cdk = FakeCdk()
     result = _teardown(session, run_cdk=cdk)
     assert cdk.calls == [] and result.stacks_destroyed == [] and result.jobs_deleted == []
-    assert [(o.kind, o.outcome) for o in result.orphans if o.kind == "log group"] == [("log group", "deleted")]
+    assert [(o.kind, o.outcome) for o in result.orphans if o.kind == "log group"] == [
+        ("log group", "kept (control-plane and audit logs; --delete-data deletes it)")
+    ]
+    assert "/aws/eks/nvrx-eks/cluster" in left.log_groups()
 
 
 def test_claim_still_in_use_times_out_with_a_hint(deployed):

@@ -342,8 +342,12 @@ class TrainConfig(_Strict):
         try:
             text = path.read_text()
         except OSError as err:
-            raise ConfigError(f"cannot read trainer config {path}: {err.strerror}; "
-                              "check the --config path") from None
+            # No flag named: the CLI passes this path as --train-config, the trainer as --config.
+            raise ConfigError(f"cannot read trainer config {path}: {err.strerror}; give the path "
+                              "of a trainer config YAML file") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"trainer config {path} is not a text file (not UTF-8); give the "
+                              "path of a trainer config YAML file") from None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:

@@ -97,6 +97,8 @@ class Restart:
 @dataclass
 class RunEvents:
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: Lines of the event files that held no event (torn by a kill, or damaged).
+    unreadable_lines: int = 0
 
     def of(self, *names: str, rank: int | None = None) -> list[dict[str, Any]]:
         return [e for e in self.events
@@ -136,17 +138,24 @@ class RunEvents:
 
 
 def load_run(run_dir: str | Path) -> RunEvents:
-    """All ranks' events of a run, sorted by wall clock. Tolerates a torn last line."""
+    """All ranks' events of a run, sorted by wall clock. Skips (and counts) lines that hold no
+    event: a line cut short by a kill, or bytes damaged on disk (decoded as U+FFFD, so one bad
+    byte costs its line at most, never the report)."""
     events: list[dict[str, Any]] = []
+    unreadable = 0
     directory = events_dir(run_dir)
     for path in sorted(directory.glob("rank*.jsonl")) if directory.is_dir() else []:
-        for line in path.read_text().splitlines():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                events.append(json.loads(line))
+                event = json.loads(line)
             except json.JSONDecodeError:
-                continue  # a line cut short by a kill
+                event = None
+            if isinstance(event, dict) and isinstance(event.get("t"), int | float) and "event" in event:
+                events.append(event)
+            elif line.strip():
+                unreadable += 1
     events.sort(key=lambda e: e["t"])
-    return RunEvents(events)
+    return RunEvents(events, unreadable)
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
