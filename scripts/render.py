@@ -20,9 +20,8 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from infra import conventions
+from infra import conventions, pod_security
 from infra.instance_facts import InstanceFacts
-from scripts import pod_security
 from scripts.jobspec import (
     FSX_MOUNT_PATH,
     JOBSET_REPLICATED_JOB,

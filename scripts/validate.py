@@ -15,7 +15,7 @@ the offending field (`spec.replicatedJobs[0].template.spec.template.spec.contain
    /dev/shm, IPC_LOCK, GPU node selection, a deadline that frees the nodes, a NetworkPolicy
    admitting only the job's own pods, and pod security: no pod template anywhere in the
    documents may be privileged, share a host namespace, mount a hostPath outside the reviewed
-   allow-list, bind a host port or add a capability beyond what scripts/pod_security.py allows;
+   allow-list, bind a host port or add a capability beyond what infra/pod_security.py allows;
    the job's own pods must also be as restricted as rendered (all else dropped, no privilege
    escalation, seccomp RuntimeDefault, no service-account token).
 """
@@ -35,9 +35,8 @@ import kubernetes_validate.utils as kv
 import yaml
 from referencing import Registry, Resource
 
-from infra import conventions
+from infra import conventions, pod_security
 from infra.instance_facts import INSTANCE_FACTS, InstanceFacts
-from scripts import pod_security
 from scripts.backstop import minimum_deadline_s
 from scripts.crds import crd_files
 from scripts.jobspec import (
@@ -419,7 +418,7 @@ class _Rules:
                         self.error(
                             cpath + ["securityContext", "capabilities", "add"],
                             f"adds {cap}; only {', '.join(sorted(allowed_capabilities))} may be added "
-                            "(scripts/pod_security.py says why)",
+                            "(infra/pod_security.py says why)",
                         )
                 ports = container.get("ports")
                 for k, port in enumerate(ports if isinstance(ports, list) else []):

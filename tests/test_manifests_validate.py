@@ -503,7 +503,7 @@ def _pod_specs_of(documents):
 
 @pytest.mark.parametrize("case", GOLDEN_CASES, ids=lambda c: c.id)
 def test_rendered_pods_pass_pod_security_baseline_with_only_ipc_lock_added(case: Case):
-    from scripts.pod_security import FABRIC_TEST_CAPABILITIES, pss_baseline_violations
+    from infra.pod_security import FABRIC_TEST_CAPABILITIES, pss_baseline_violations
 
     specs = _pod_specs_of(case.render().documents)
     assert specs
@@ -522,7 +522,7 @@ def test_rendered_pods_pass_pod_security_baseline_with_only_ipc_lock_added(case:
 
 
 def test_pod_security_baseline_check_rejects_the_node_owning_pod():
-    from scripts.pod_security import pss_baseline_violations
+    from infra.pod_security import pss_baseline_violations
 
     problems = pss_baseline_violations(NODE_OWNING_POD["spec"], allowed_extra_capabilities=frozenset({"IPC_LOCK"}))
     assert problems == [
@@ -535,7 +535,7 @@ def test_pod_security_baseline_check_rejects_the_node_owning_pod():
 
 
 def test_host_path_allow_list_admits_a_reviewed_path(monkeypatch):
-    from scripts import pod_security
+    from infra import pod_security
 
     monkeypatch.setattr(pod_security, "HOST_PATH_ALLOW_LIST", ("/opt/dlami/nvme",))
     documents = _jobset_documents()
