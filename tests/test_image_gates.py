@@ -249,16 +249,24 @@ def _third_party_imports(package: Path) -> set[str]:
     return {n for n in names if n not in local and n not in sys.stdlib_module_names}
 
 
-def test_trainer_extra_declares_every_package_the_trainer_imports():
-    """The image installs only the trainer extra: a module workloads/ imports from a package it
-    does not declare would be missing there (psutil and numpy were)."""
-    declared = {re.split(r"[=<>!~\[; ]", r, maxsplit=1)[0].lower() for r in trainer_requirements()}
+def _declared(requirements: list[str]) -> set[str]:
+    return {re.split(r"[=<>!~\[; ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def _undeclared_imports(package: Path, declared: set[str]) -> dict[str, list[str]]:
     distributions = importlib.metadata.packages_distributions()
     missing = {}
-    for module in sorted(_third_party_imports(ROOT / "workloads")):
+    for module in sorted(_third_party_imports(package)):
         owners = {d.lower() for d in distributions.get(module, [])}
         if not owners & declared:
             missing[module] = sorted(owners) or ["(not installed)"]
+    return missing
+
+
+def test_trainer_extra_declares_every_package_the_trainer_imports():
+    """The image installs only the trainer extra: a module workloads/ imports from a package it
+    does not declare would be missing there (numpy was)."""
+    missing = _undeclared_imports(ROOT / "workloads", _declared(trainer_requirements()))
     assert not missing, f"workloads/ imports packages the trainer extra does not declare: {missing}"
 
 
