@@ -45,7 +45,8 @@ PLUGIN_SYMBOLS = tuple(f"ncclNetPlugin_v{v}" for v in range(11, 1, -1))
 OFI_NETWORK_NAMES = frozenset({"Libfabric", "AWS Libfabric", "OFI"})
 EFA_PROVIDER = "efa"
 
-_PROVIDER_LINE = re.compile(r"NET/OFI Selected provider is (\S+)", re.IGNORECASE)
+# Releases differ in what follows the provider name (", fabric is ...", "(found N nics)").
+_PROVIDER_LINE = re.compile(r"NET/OFI Selected provider is ([\w;+-]+)", re.IGNORECASE)
 _NETWORK_LINE = re.compile(r"NCCL INFO Using network (.+?)\s*$")
 
 
