@@ -175,6 +175,30 @@ def test_plugin_check_fails_where_nccl_would_fall_back_to_sockets(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@needs_cc
+def test_plugin_check_accepts_a_plugin_that_needs_only_the_gpu_driver(tmp_path):
+    """An image build has no GPU driver: a plugin linked against libcuda.so.1 cannot load there,
+    yet is where NCCL looks; any other missing library fails the check."""
+    for needed, passes in (("cuda", True), ("fabric-missing", False)):
+        build = tmp_path / needed
+        build.mkdir()
+        (build / "stub.c").write_text("int stub = 1;\n")
+        soname = "libcuda.so.1" if needed == "cuda" else "libfabric-missing.so.1"
+        subprocess.run(["cc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(build / soname),
+                        str(build / "stub.c")], check=True)  # fmt: skip
+        plugin_dir = build / "lib"
+        plugin_dir.mkdir()
+        (plugin_dir / "plugin.c").write_text("int ncclNetPlugin_v9 = 1;\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(plugin_dir / transport.PLUGIN_LIBRARY),
+                        str(plugin_dir / "plugin.c"), str(build / soname)], check=True)  # fmt: skip
+        (build / soname).unlink()  # as in the image: the library is not there
+        if passes:
+            assert "needs the GPU driver" in check_plugin(str(plugin_dir))
+        else:
+            with pytest.raises(TransportError, match="does not load"):
+                check_plugin(str(plugin_dir))
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("trainer_runs")
 def test_trainer_run_on_gloo_skips_the_efa_check(tmp_path, tmp_path_factory):

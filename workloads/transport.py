@@ -41,6 +41,8 @@ from workloads.errors import ConfigError
 PLUGIN_LIBRARY = "libnccl-net.so"
 #: Symbols an NCCL network plugin exports, one per plugin API version.
 PLUGIN_SYMBOLS = tuple(f"ncclNetPlugin_v{v}" for v in range(11, 1, -1))
+#: Libraries of the NVIDIA driver, present on GPU nodes only.
+DRIVER_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
 #: Network names aws-ofi-nccl has reported (and accepts in NCCL_NET).
 OFI_NETWORK_NAMES = frozenset({"Libfabric", "AWS Libfabric", "OFI"})
 EFA_PROVIDER = "efa"
@@ -154,6 +156,10 @@ def check_plugin(ld_library_path: str) -> str:
     try:
         library = ctypes.CDLL(str(plugin))
     except OSError as err:
+        # The driver's libraries are mounted into the container by the NVIDIA runtime on a GPU
+        # node; an image build has none. Everything else the plugin needs must be in the image.
+        if any(driver in str(err) for driver in DRIVER_LIBRARIES):
+            return f"{plugin} -> {plugin.resolve()} found; it needs the GPU driver to load ({err})"
         raise TransportError(f"{plugin} does not load: {err}") from None
     exported = [s for s in PLUGIN_SYMBOLS if hasattr(library, s)]
     if not exported:
