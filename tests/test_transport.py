@@ -176,19 +176,22 @@ def test_plugin_check_fails_where_nccl_would_fall_back_to_sockets(tmp_path):
 
 
 @needs_cc
-def test_plugin_check_accepts_a_plugin_that_needs_only_the_gpu_driver(tmp_path):
-    """An image build has no GPU driver: a plugin linked against libcuda.so.1 cannot load there,
-    yet is where NCCL looks; any other missing library fails the check."""
-    for needed, passes in (("cuda", True), ("fabric-missing", False)):
+def test_plugin_check_accepts_a_plugin_that_needs_only_the_gpu_driver(tmp_path, monkeypatch):
+    """An image build has no GPU driver: a plugin linked against the driver's libraries cannot
+    load there, yet is where NCCL looks; any other missing library fails the check. (A stand-in
+    driver library name: this machine may have a real libcuda.so.1.)"""
+    monkeypatch.setattr(transport, "DRIVER_LIBRARIES", ("libnvrx-test-driver.so.1",))
+    for needed, passes in (("driver", True), ("other", False)):
         build = tmp_path / needed
         build.mkdir()
         (build / "stub.c").write_text("int stub = 1;\n")
-        soname = "libcuda.so.1" if needed == "cuda" else "libfabric-missing.so.1"
+        soname = "libnvrx-test-driver.so.1" if needed == "driver" else "libnvrx-test-fabric.so.1"
         subprocess.run(["cc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(build / soname),
                         str(build / "stub.c")], check=True)  # fmt: skip
         plugin_dir = build / "lib"
         plugin_dir.mkdir()
-        (plugin_dir / "plugin.c").write_text("int ncclNetPlugin_v9 = 1;\n")
+        # Referencing the library's symbol keeps it needed (linkers drop unused ones).
+        (plugin_dir / "plugin.c").write_text("extern int stub;\nint *ncclNetPlugin_v9 = &stub;\n")
         subprocess.run(["cc", "-shared", "-fPIC", "-o", str(plugin_dir / transport.PLUGIN_LIBRARY),
                         str(plugin_dir / "plugin.c"), str(build / soname)], check=True)  # fmt: skip
         (build / soname).unlink()  # as in the image: the library is not there
