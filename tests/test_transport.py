@@ -91,6 +91,7 @@ def test_hook_passes_when_nccl_chose_efa_and_checks_once_per_process(tmp_path, f
     with require_efa(True, "nccl", tmp_path, rank=3):
         _nccl_writes(EFA_CURRENT)
     assert "provider efa" in capsys.readouterr().err
+    assert "NCCL_DEBUG_FILE" not in os.environ  # not inherited by processes started later
     (log,) = (tmp_path / "nccl").iterdir()
     assert log.name.startswith("rank3-")
     # An in-process restart creates the next process group through the same plugin.

@@ -15,8 +15,9 @@ NCCL `Using network Libfabric` (`AWS Libfabric` up to aws-ofi-nccl 1.11, aws/aws
 Anything else fails the rank with a ConfigError, which the trainer turns into exit 93 (do not
 requeue): a restart cannot bring EFA back, and training over TCP is not what the job asked for.
 
-NCCL reads NCCL_DEBUG once per process, so its INFO lines for the NET subsystem, and its
-warnings, keep going to that file for the life of the process; its path is printed.
+NCCL reads NCCL_DEBUG when it first logs, so its INFO lines for INIT and NET, and its warnings,
+may keep going to that file for the life of the process; its path is printed. The environment
+itself is restored right after the check, for the processes the trainer starts later.
 
 `python -m workloads.transport --check-plugin` is the image build's assertion that the plugin is
 where NCCL looks.
@@ -114,8 +115,18 @@ def require_efa(required: bool, backend: str, run_dir: str | Path, rank: int) ->
         return
     path = log_path(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    os.environ.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": str(path)})
-    yield
+    log_env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": str(path)}
+    saved = {name: os.environ.get(name) for name in log_env}
+    os.environ.update(log_env)
+    try:
+        yield
+    finally:
+        # Processes started later (checkpoint workers) must not inherit the file and truncate it.
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     text = path.read_text(errors="replace") if path.is_file() else ""
     if not text.strip():
         raise TransportError(
@@ -133,7 +144,7 @@ def require_efa(required: bool, backend: str, run_dir: str | Path, rank: int) ->
             "only to train without EFA on purpose"
         )
     _verified_in_this_process = True
-    print(f"transport: {verdict.reason}; NCCL's NET log and warnings go to {path}", file=sys.stderr, flush=True)
+    print(f"transport: {verdict.reason}; NCCL's log (INIT, NET, warnings): {path}", file=sys.stderr, flush=True)
 
 
 def find_plugin(ld_library_path: str) -> Path | None:
