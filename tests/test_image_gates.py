@@ -307,6 +307,16 @@ def test_dockerfile_runs_the_efa_installer_before_apt_lists_are_deleted():
     assert "VALIDSIG" in efa  # the tarball is used only with a good signature
 
 
+def test_dockerfile_puts_the_nccl_plugin_where_nccl_looks_and_asserts_it():
+    steps = instructions((ROOT / DOCKERFILE).read_text())
+    library_path = env_of((ROOT / DOCKERFILE).read_text())["LD_LIBRARY_PATH"].split(":")
+    # EFA installer 1.48 puts the plugin in lib, older Ubuntu builds in lib/x86_64-linux-gnu.
+    assert {"/opt/amazon/ofi-nccl/lib", "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"} <= set(library_path)
+    copy_workloads = next(i for i, (k, a) in enumerate(steps) if k == "COPY" and "workloads" in a)
+    checks = [i for i, (k, a) in enumerate(steps) if k == "RUN" and "workloads.transport --check-plugin" in a]
+    assert checks and checks[0] > copy_workloads
+
+
 def test_image_entrypoint_is_tini_without_process_group_signalling():
     (entrypoint,) = [args for keyword, args in instructions((ROOT / DOCKERFILE).read_text()) if keyword == "ENTRYPOINT"]
     assert json.loads(entrypoint) == ["/usr/bin/tini", "--"]
