@@ -1,5 +1,10 @@
-"""The trainer image: built from workloads/ at deploy time as a CDK image asset (pushed to the
-account's CDK asset ECR repository), or an existing image URI from the profile.
+"""The trainer image: built at deploy time as a CDK image asset (pushed to the account's CDK
+asset ECR repository), or an existing image URI from the profile.
+
+The build context is the repository root, narrowed by its .dockerignore to what the
+Dockerfile's COPY instructions need (pyproject.toml for the pinned Python requirements, the
+workloads package). CDK reads that .dockerignore when it stages the context, so the staged
+directory and a `docker build` of the checkout see the same files.
 
 Synthesis never runs Docker: the asset step only stages the build context into cdk.out; the image
 is built and pushed by `cdk deploy` (or `cdk-assets`) on a machine with Docker.
@@ -9,13 +14,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from aws_cdk import IgnoreMode
 from aws_cdk import aws_ecr_assets as ecr_assets
 from constructs import Construct
 
 from infra.config import DeploymentConfig
 from workloads.errors import ConfigError
 
-WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "workloads"
+BUILD_CONTEXT = Path(__file__).resolve().parent.parent
+#: The Dockerfile, relative to BUILD_CONTEXT.
+DOCKERFILE = "workloads/Dockerfile"
 
 
 class TrainerImage(Construct):
@@ -25,16 +33,18 @@ class TrainerImage(Construct):
             assert config.image.uri is not None  # guaranteed by ImageConfig
             self.image_uri = config.image.uri
             return
-        if not (WORKLOADS_DIR / "Dockerfile").is_file():
-            raise ConfigError(
-                f"image.build is true but {WORKLOADS_DIR / 'Dockerfile'} is missing; restore it or set image.uri"
-            )
+        for needed in (DOCKERFILE, ".dockerignore"):
+            if not (BUILD_CONTEXT / needed).is_file():
+                raise ConfigError(
+                    f"image.build is true but {BUILD_CONTEXT / needed} is missing; restore it or set image.uri"
+                )
         asset = ecr_assets.DockerImageAsset(
             self,
             "Asset",
-            directory=str(WORKLOADS_DIR),
+            directory=str(BUILD_CONTEXT),
+            file=DOCKERFILE,
             platform=ecr_assets.Platform.LINUX_AMD64,
-            # Python caches and local runs would change the asset hash without changing the image.
-            exclude=["**/__pycache__", "**/*.pyc", "runs", ".pytest_cache"],
+            # Docker's own matching rules for the .dockerignore patterns CDK reads.
+            ignore_mode=IgnoreMode.DOCKER,
         )
         self.image_uri = asset.image_uri

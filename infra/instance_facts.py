@@ -38,6 +38,10 @@ class InstanceFacts:
     #: The EFA device supports RDMA (read), so NCCL can move GPU memory straight to the NIC
     #: (GPUDirect RDMA). g5's EFA has no RDMA: traffic is staged through host memory.
     efa_rdma: bool = False
+    #: NUMA nodes (CPU sockets) the GPUs are spread over, in GPU index order: 2-socket hosts
+    #: (p5: 2x AMD EPYC 7R13 for 192 vCPUs; p4d: 2x Xeon 8275CL; g5.48xlarge: 2x EPYC 7R32)
+    #: carry GPUs 0-3 on node 0 and 4-7 on node 1. ft_launcher binds ranks by it.
+    numa_nodes: int = 1
 
     @property
     def family(self) -> str:
@@ -64,7 +68,7 @@ def _p5_class(instance_type: str, gpu: str, gpu_memory_gib: int, cards: int, usd
     return InstanceFacts(
         instance_type, gpu, gpus=8, gpu_memory_gib=gpu_memory_gib, vcpus=192, memory_gib=2048,
         network_cards=cards, efa_interfaces=cards, network_gbps=3200, nvme_gib=8 * 3576,
-        on_demand_usd_per_hour=usd, fsx_efa_client=True, efa_rdma=True,
+        on_demand_usd_per_hour=usd, fsx_efa_client=True, efa_rdma=True, numa_nodes=2,
     )  # fmt: skip
 
 
@@ -91,6 +95,7 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
             nvme_gib=8 * 931,
             on_demand_usd_per_hour=21.96,
             efa_rdma=True,
+            numa_nodes=2,
         ),  # fmt: skip
         # Low-cost rehearsal types: A10G 24 GB GPUs, one EFA interface, no RDMA.
         InstanceFacts(
@@ -131,6 +136,7 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
             network_gbps=100,
             nvme_gib=7078,
             on_demand_usd_per_hour=16.288,
+            numa_nodes=2,
         ),  # fmt: skip
     )
 }

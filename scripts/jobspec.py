@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from infra.config import DeploymentConfig
 from infra.conventions import FSX_PVC_NAME, TRAINING_NAMESPACE
-from infra.instance_facts import InstanceFacts, facts_for
+from infra.instance_facts import INSTANCE_FACTS, InstanceFacts, facts_for
 from scripts.backstop import active_deadline_s
 from scripts.stack_outputs import StackOutputs
 from workloads.config import TrainConfig
@@ -41,9 +41,11 @@ TRAIN_CONFIG_PATH = f"{TRAIN_CONFIG_DIR}/{TRAIN_CONFIG_KEY}"
 
 #: The image of an offline render when nothing names one (see the module docstring).
 OFFLINE_PLACEHOLDER_IMAGE = "localhost/nvrx-eks-trainer:offline-render"
-#: nccl-tests built with Open MPI, libfabric/EFA and aws-ofi-nccl, as AWS's EKS EFA guide uses.
-#: Pin a digest (`--image ...@sha256:...`) for repeatable fabric baselines.
-NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:latest"
+#: nccl-tests built with Open MPI, libfabric/EFA and aws-ofi-nccl by AWS (awsome-distributed-ai
+#: micro-benchmarks/nccl-tests): CUDA 13.0.2, EFA installer 1.48.0, aws-ofi-nccl 1.19.0, NCCL
+#: 2.30.4, nccl-tests 2.18.3 (the trainer image uses the same CUDA and EFA installer). A tag,
+#: not `latest`, which moves; pin a digest (`--image ...@sha256:...`) for repeatable fabric baselines.
+NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:cuda13.0.2-efa1.48.0-ofiv1.19.0-ncclv2.30.4-1-testsv2.18.3"
 
 #: c10d rendezvous port on pod 0 (ft_launcher's store); the trainer's in-process store uses +1.
 RENDEZVOUS_PORT = 29500
@@ -193,6 +195,16 @@ def resolve_train_paths(train: TrainConfig, job_name: str) -> TrainConfig:
     return TrainConfig.from_dict(data, source="the trainer config placed on FSx")
 
 
+def require_efa_where_expected(train: TrainConfig, instance_type: str) -> TrainConfig:
+    """distributed.require_efa, unless set explicitly, follows the instance facts: on where NCCL
+    must run over EFA with RDMA (p5, p4d), off on the g5 rehearsal types, whose single EFA has no
+    RDMA (workloads/transport.py)."""
+    if "require_efa" in train.distributed.model_fields_set or instance_type not in INSTANCE_FACTS:
+        return train
+    distributed = train.distributed.model_copy(update={"require_efa": INSTANCE_FACTS[instance_type].efa_rdma})
+    return train.model_copy(update={"distributed": distributed})
+
+
 def _on_fsx(path: str) -> str:
     p = PurePosixPath(path)
     return str(p if p.is_absolute() else PurePosixPath(FSX_MOUNT_PATH) / p)
@@ -236,7 +248,7 @@ def build_jobspec(
         default_image = config.image.uri or OFFLINE_PLACEHOLDER_IMAGE
     if workload == "nccl-test":
         default_image = NCCL_TESTS_IMAGE
-    train = resolve_train_paths(train or TrainConfig(), name)
+    train = resolve_train_paths(require_efa_where_expected(train or TrainConfig(), instance_type), name)
     try:
         return JobSpec(
             name=name,

@@ -33,6 +33,7 @@ from scripts.jobspec import (
 )
 from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
 from workloads.launch import build_ft_launcher_argv, build_preflight_argv, inprocess_store_port
+from workloads.process_env import NCCL_RESTART_ENV
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -49,6 +50,8 @@ NCCL_SSH_PORT = 2222
 NCCL_WAIT_S = 600
 NCCL_DEADLINE_S = 1800
 NCCL_EXCHANGE_ROOT = f"{FSX_MOUNT_PATH}/.nvrx-eks/nccl-tests"
+#: Open MPI as the EFA installer puts it in the nccl-tests image.
+MPIRUN = "/opt/amazon/openmpi/bin/mpirun"
 
 #: p5-class tuning from AWS's published nccl-tests manifests for p5 (8 MiB NCCL buffers, 512 KiB
 #: chunks for point-to-point over the network), which fit 3200 Gbps EFA across 16-32 NICs.
@@ -58,11 +61,17 @@ _P5_CLASS = frozenset({"p5", "p5e", "p5en"})
 def fabric_env(facts: InstanceFacts, *, debug: str = "WARN") -> dict[str, str]:
     """NCCL/libfabric environment for the instance family."""
     env = {
-        # Fail loudly if the EFA provider is missing instead of falling back to TCP.
+        # libfabric may use only its EFA provider. This does not stop NCCL from falling back to
+        # TCP sockets when the plugin fails: the trainer (workloads/transport.py) and the
+        # fabric test check NCCL's log for that.
         "FI_PROVIDER": "efa",
         "FI_EFA_USE_DEVICE_RDMA": "1" if facts.efa_rdma else "0",
         # DataLoader workers fork after EFA memory registration; rdma-core must stay fork-safe.
         "FI_EFA_FORK_SAFE": "1",
+        # libfabric 2.x ignores FI_EFA_FORK_SAFE on AL2023's kernels and tries 2 MiB huge pages
+        # for its buffers. The GPU nodes reserve none and pods request none, so say so instead
+        # of relying on the fallback to normal pages.
+        "FI_EFA_USE_HUGE_PAGE": "0",
         # NCCL's bootstrap and socket fallback use the pod's primary interface, not loopback or
         # the CNI's host-side links.
         "NCCL_SOCKET_IFNAME": "^lo,docker,veth",
@@ -75,8 +84,15 @@ def fabric_env(facts: InstanceFacts, *, debug: str = "WARN") -> dict[str, str]:
 
 
 def trainer_env(spec: JobSpec) -> dict[str, str]:
-    # Unbuffered: a rank killed by a fault must not take its last log lines with it.
-    return {**fabric_env(spec.facts), "PYTHONUNBUFFERED": "1"}
+    """The trainer container's environment: fabric, the NCCL/torch settings NVRx's in-process
+    restart needs (also in the image, but a job run with another image must keep them), NUMA
+    binding, unbuffered output (a rank killed by a fault must not take its last lines with it)."""
+    env = {**fabric_env(spec.facts), **NCCL_RESTART_ENV, "PYTHONUNBUFFERED": "1"}
+    if spec.facts.numa_nodes > 1:
+        # ft_launcher runs each rank under `numactl --cpunodebind <local_rank // N>`, so host
+        # memory for checkpoint staging and data comes from the socket next to the rank's GPU.
+        env["NVRX_GPUS_PER_NUMA"] = str(spec.facts.gpus // spec.facts.numa_nodes)
+    return env
 
 
 def trainer_entrypoint_args(spec: JobSpec) -> tuple[list[str], list[str]]:
@@ -198,13 +214,15 @@ def render_job(spec: JobSpec) -> RenderedJob:
     fabric test JobSet alone; then the job's NetworkPolicy (submit creates it first)."""
     context = _common_context(spec)
     if spec.workload == "nccl-test":
-        env = fabric_env(spec.facts, debug="INFO")  # INFO prints which network provider NCCL chose
+        # INFO for INIT and NET prints which network and libfabric provider NCCL chose on each node.
+        env = {**fabric_env(spec.facts, debug="INFO"), "NCCL_DEBUG_SUBSYS": "INIT,NET"}
         script = _ENV.get_template("scripts/nccl-tests.sh.j2").render(
             **context,
             env=env,
             exchange_root=NCCL_EXCHANGE_ROOT,
             wait_s=NCCL_WAIT_S,
             ssh_port=NCCL_SSH_PORT,
+            mpirun=MPIRUN,
             max_bytes=nccl_max_bytes(spec.facts),
         )
         texts = [

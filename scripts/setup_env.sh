@@ -6,7 +6,6 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=.venv
-NVRX_VERSION=0.7.0
 
 "$PYTHON" - <<'PY' || { echo "setup: Python >= 3.11 is required (found $("$PYTHON" --version 2>&1)). Set PYTHON=/path/to/python3.11+." >&2; exit 2; }
 import sys
@@ -14,12 +13,15 @@ sys.exit(0 if sys.version_info >= (3, 11) else 1)
 PY
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+# The pins live in pyproject.toml's `trainer` extra, nowhere else.
+TORCH_VERSION=$("$VENV/bin/python" scripts/trainer_requirements.py --pin torch)
+NVRX_VERSION=$("$VENV/bin/python" scripts/trainer_requirements.py --pin nvidia-resiliency-ext)
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade "pip>=24" wheel
 
 # torch first and exactly pinned: an unpinned torch (or one pulled in by another package) is a
 # multi-GB CUDA build. The container image installs its own CUDA torch.
-"${PIP[@]}" install "torch==2.13.0"
+"${PIP[@]}" install "torch==$TORCH_VERSION"
 
 # nvidia-resiliency-ext 0.7.0 ships only cp312/cp314 manylinux_2_39 wheels and no sdist. Where pip
 # cannot take it natively (Python 3.11, or glibc < 2.39), a plain install silently falls back to

@@ -1,12 +1,16 @@
 """The rendered container entrypoint, run for real by /bin/sh with stand-ins for `python` and
 `ft_launcher` on PATH: exit codes reach Kubernetes as the failure policies expect, and SIGTERM
-delivered to the process group (what the image's `tini -g` does) reaches ft_launcher once."""
+delivered as the image's tini delivers it reaches ft_launcher once and, with the real
+ft_launcher, leaves its rank-monitor server up until the rank has finished."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -90,22 +94,6 @@ def test_launcher_gets_the_rendered_arguments(sandbox):
     assert args[args.index("--rdzv-endpoint") + 1] == "train-worker-0-0.train:29500"
 
 
-@pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
-def test_sigterm_to_the_group_reaches_the_launcher_once(sandbox, api):
-    work, env = sandbox
-    process = subprocess.Popen(
-        ["/bin/sh", "-c", _entrypoint(api)], env={**env, "LAUNCHER_SLEEP": "1"}, start_new_session=True
-    )
-    deadline = time.monotonic() + 20
-    while not (work / "launcher-started").exists():
-        assert time.monotonic() < deadline, "the launcher did not start"
-        time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGTERM)  # tini -g signals the whole process group
-    assert process.wait(timeout=20) == 143
-    # Exactly one SIGTERM: a second one would cut ft_launcher's graceful shutdown short.
-    assert (work / "launcher-signals").read_text().splitlines() == ["term"]
-
-
 @pytest.mark.parametrize("nodes", [1, 4])
 def test_fabric_test_script_parses_under_bash(nodes):
     job = render_job(build_jobspec(resolve_config(), nodes=nodes, name="nccl-test", workload="nccl-test")).job_document
@@ -114,3 +102,109 @@ def test_fabric_test_script_parses_under_bash(nodes):
     assert (shell, flag) == ("/bin/bash", "-c")
     checked = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
+
+
+# --- SIGTERM as the image's tini delivers it, with the real ft_launcher ------------------------
+
+DOCKERFILE = Path(__file__).resolve().parent.parent / "workloads" / "Dockerfile"
+
+
+def _tini_signals_the_group() -> bool:
+    """`tini -g` signals the child's whole process group, plain tini the child alone."""
+    (line,) = [line for line in DOCKERFILE.read_text().splitlines() if line.startswith("ENTRYPOINT")]
+    return "-g" in json.loads(line.removeprefix("ENTRYPOINT"))
+
+
+def _deliver_sigterm_like_tini(process: subprocess.Popen) -> None:
+    # The test starts the entrypoint in its own session, as tini's child is: pid == pgid.
+    if _tini_signals_the_group():
+        os.killpg(process.pid, signal.SIGTERM)
+    else:
+        os.kill(process.pid, signal.SIGTERM)
+
+
+@pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
+def test_sigterm_as_tini_delivers_it_reaches_the_launcher_once(sandbox, api):
+    work, env = sandbox
+    process = subprocess.Popen(
+        ["/bin/sh", "-c", _entrypoint(api)], env={**env, "LAUNCHER_SLEEP": "1"}, start_new_session=True
+    )
+    deadline = time.monotonic() + 20
+    while not (work / "launcher-started").exists():
+        assert time.monotonic() < deadline, "the launcher did not start"
+        time.sleep(0.02)
+    _deliver_sigterm_like_tini(process)
+    assert process.wait(timeout=20) == 143
+    assert (work / "launcher-signals").read_text().splitlines() == ["term"]
+
+
+#: A rank that reports to ft_launcher's rank monitor like the trainer, and on SIGTERM keeps
+#: reporting for two seconds (its final checkpoint) before it exits 143.
+RANK = """\
+import os, signal, sys, time
+from pathlib import Path
+from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+work = Path(os.environ["WORK"])
+terms = []
+signal.signal(signal.SIGTERM, lambda *_: terms.append(time.monotonic()))
+client = RankMonitorClient()
+client.init_workload_monitoring()
+(work / "rank-started").touch()
+while not terms:
+    client.send_heartbeat()
+    time.sleep(0.1)
+try:
+    for _ in range(20):
+        time.sleep(0.1)
+        client.send_heartbeat()
+    client.shutdown_workload_monitoring()
+except Exception as err:
+    (work / "rank-result").write_text(f"lost the rank monitor: {type(err).__name__}: {err}")
+    sys.exit(1)
+(work / "rank-result").write_text("finished")
+sys.exit(143)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
+def test_rank_finishes_its_last_checkpoint_when_the_pod_is_terminated(sandbox, api):
+    """The rendered entrypoint with the real ft_launcher (local rendezvous, one CPU rank): SIGTERM
+    delivered as the image's tini does must leave ft_launcher's rank-monitor server up while the
+    rank finishes. Signalling the whole group (`tini -g`) stops the server first."""
+    from tests.trainer_fixtures import port_pair
+    from workloads.config import TrainConfig
+    from workloads.launch import build_ft_launcher_argv
+
+    work, env = sandbox
+    (work / "rank.py").write_text(RANK)
+    cfg = TrainConfig.from_dict(
+        {"run_dir": str(work / "run"), "fault_tolerance": {"monitor": "heartbeat"}}, source="test"
+    )
+    argv = build_ft_launcher_argv(
+        cfg, config_path="unused", nnodes=1, nproc_per_node=1, rdzv_endpoint=f"127.0.0.1:{port_pair()}",
+        launcher=str(Path(sys.executable).parent / "ft_launcher"),
+    )  # fmt: skip
+    argv = argv[: argv.index("-m")] + [str(work / "rank.py")]
+    # The entrypoint's `ft_launcher ...` becomes the real launcher with this local command line.
+    (work / "bin" / "ft_launcher").write_text(f"#!/bin/sh\nexec {shlex.join(argv)}\n")
+    process = subprocess.Popen(
+        ["/bin/sh", "-c", _entrypoint(api)],
+        env={**env, "PATH": f"{work / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        stdout=open(work / "launcher.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (work / "rank-started").exists():
+            assert process.poll() is None, (work / "launcher.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the rank did not start"
+            time.sleep(0.1)
+        time.sleep(1.0)  # a few heartbeats in
+        _deliver_sigterm_like_tini(process)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    result = (work / "rank-result").read_text() if (work / "rank-result").exists() else "(no result)"
+    assert result == "finished", f"{result}\n{(work / 'launcher.log').read_text()[-3000:]}"

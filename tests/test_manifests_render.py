@@ -100,8 +100,9 @@ def test_pytorchjob_entrypoint_keeps_93_and_makes_other_failures_retryable():
     script = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"][2]
     assert "0|93|130|137|143) exit" in script
     assert "exit 138" in script
-    # The wrapper survives SIGTERM (tini -g delivers it to ft_launcher too) and waits for the launcher.
-    assert "trap : TERM INT" in script and 'wait "$launcher_pid"' in script
+    # The wrapper survives SIGTERM (tini delivers it to the wrapper alone), passes it on to the
+    # launcher and waits for it.
+    assert 'kill -TERM "$launcher_pid"' in script and 'wait "$launcher_pid"' in script
 
 
 def test_command_is_the_trainers_launch_command():
@@ -194,7 +195,7 @@ def test_fabric_test_renders_nccl_tests_over_all_nodes():
     script = pod["spec"]["containers"][0]["command"][2]
     assert "-np 32 -N 8" in script and "all_reduce_perf -b 8 -e 16G" in script
     assert "nccl-test-worker-0-$node.nccl-test slots=8" in script
-    assert "selected provider is efa" in script
+    assert "NET/OFI Selected provider is efa" in script
     assert job["spec"]["failurePolicy"]["maxRestarts"] == 0
 
 

@@ -165,14 +165,3 @@ def test_trainer_exits_93_without_traceback_on_config_errors(tmp_path):
     assert result.returncode == EXIT_DO_NOT_REQUEUE
     assert "inprocess.soft_timeout_s: must be below inprocess.hard_timeout_s" in result.stderr
     assert "Traceback" not in result.stderr
-
-
-def test_container_pins_the_same_nvrx_and_torch_as_the_project():
-    import re
-
-    dockerfile = (REPO / "workloads" / "Dockerfile").read_text()
-    pyproject = (REPO / "pyproject.toml").read_text()
-    for package, arg in (("nvidia-resiliency-ext", "NVRX_VERSION"), ("torch", "TORCH_VERSION")):
-        pinned = re.search(rf'"{package}==([^"]+)"', pyproject).group(1)
-        assert f"ARG {arg}={pinned}" in dockerfile
-    assert 'ENTRYPOINT ["/usr/bin/tini"' in dockerfile

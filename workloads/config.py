@@ -137,6 +137,10 @@ class DistributedConfig(_Strict):
     timeout_s: float | None = Field(
         None, gt=0,
         description="process-group timeout; default derived per backend from inprocess timeouts")
+    require_efa: bool = Field(
+        False,
+        description="on NCCL, exit 93 unless NCCL uses the aws-ofi-nccl plugin with provider efa "
+                    "(workloads/transport.py); the render sets it from the instance facts")
 
 
 class InProcessConfig(_Strict):

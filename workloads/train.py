@@ -155,6 +155,7 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
     from workloads.device import resolve_runtime
     from workloads.events import load_run, summarize
     from workloads.model import build_model
+    from workloads.transport import require_efa
 
     cfg, events, ft, faults = process.cfg, process.events, process.ft, process.faults
     iteration = call_wrapper.iteration if call_wrapper is not None else 0
@@ -169,7 +170,8 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
 
     with ft.section("setup"):
         runtime = resolve_runtime(cfg)
-        _init_process_group(process, runtime, iteration)
+        with require_efa(cfg.distributed.require_efa, runtime.backend, cfg.run_dir, process.rank):
+            _init_process_group(process, runtime, iteration)
         rank, world = dist.get_rank(), dist.get_world_size()
         mesh = init_device_mesh(runtime.device.type, (world,))
         shape = cfg.model.shape
