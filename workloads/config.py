@@ -79,12 +79,30 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+#: Presets that recompute each block's activations in backward by default: without it the 8b
+#: preset's saved activations alone (~176 KB per token per layer in bf16, workloads.memory) come
+#: to ~92 GB at 2 x 8192 tokens per GPU, more than an H100 holds.
+ACTIVATION_CHECKPOINTING_BY_DEFAULT = frozenset({"1b", "8b"})
+
+
 class ModelConfig(_Strict):
     preset: Literal["tiny", "small", "1b", "8b"] = "tiny"
+    activation_checkpointing: bool | None = Field(
+        None, description="recompute each block in backward; default: on for the 1b and 8b presets")
+    loss_chunk_tokens: int = Field(
+        2048, ge=1,
+        description="tokens per chunk of the output projection + cross-entropy; each chunk's "
+                    "logits are recomputed in backward, so only one chunk's exist at a time")
 
     @property
     def shape(self) -> ModelShape:
         return MODEL_PRESETS[self.preset]
+
+    @property
+    def checkpoint_activations(self) -> bool:
+        if self.activation_checkpointing is not None:
+            return self.activation_checkpointing
+        return self.preset in ACTIVATION_CHECKPOINTING_BY_DEFAULT
 
 
 class DataConfig(_Strict):
