@@ -15,6 +15,7 @@ from scripts.jobspec import OFFLINE_PLACEHOLDER_IMAGE, build_jobspec
 from scripts.render import render_job
 from scripts.validate import CRD_DIR_ENV, DEFAULT_CRD_DIR, Expectations, format_path, validate_documents
 from tests.manifest_cases import GOLDEN_CASES, GOLDEN_IMAGE, Case
+from workloads.config import TrainConfig
 
 P5 = Expectations("1.35", "training", "fsx-lustre", "p5.48xlarge")
 POD = "spec.replicatedJobs[0].template.spec.template.spec"
@@ -147,7 +148,9 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
     ),
     (
         "timeouts: ft_launcher flag hand-edited away from the trainer config",
-        lambda d: _replace_in_script(d, "--term-timeout 330", "--term-timeout 30"),
+        lambda d: _replace_in_script(
+            d, f"--term-timeout {TrainConfig().launcher_term_timeout_s():g}", "--term-timeout 30"
+        ),
         "project",
         f"{CONTAINER}.args[2]",
     ),

@@ -149,7 +149,7 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
-    from workloads.checkpoint import Checkpointer, state_sha256
+    from workloads.checkpoint import Checkpointer, state_digests
     from workloads.data import batch_fingerprint, build_batches
     from workloads.device import resolve_runtime
     from workloads.events import load_run, summarize
@@ -286,14 +286,23 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         return {"status": "terminated"}
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    digest = state_sha256({"model": model_sd, "optim": optim_sd})
+
+    def digest_progress() -> None:
+        ping()
+        faults.during_digest(progress["step"])
+
+    # Each rank hashes its own shards; pinging as it goes keeps the in-process watchdog from
+    # taking a large state's digest for a hang (state_digests).
+    digest, rank_digests = state_digests({"model": model_sd, "optim": optim_sd}, digest_progress)
     events.emit("run_end", status="completed", final_step=progress["step"],
-                final_loss=progress["last_loss"])
+                final_loss=progress["last_loss"], state_sha256=digest,
+                rank_state_sha256=rank_digests[rank])
     if rank == 0:
         report = summarize(load_run(cfg.run_dir), rank=0)
         summary = {
             "final_step": progress["step"], "final_loss": progress["last_loss"],
-            "state_sha256": digest, "world_size": world, "preset": cfg.model.preset,
+            "state_sha256": digest, "rank_state_sha256": rank_digests,
+            "world_size": world, "preset": cfg.model.preset,
             "restarts": report.restarts_by_layer(), "faults": report.fault_outcomes(),
             "checkpoints": {"backend": cfg.checkpoint.backend,
                             "median_stall_s": report.median_stall_s,
@@ -332,9 +341,11 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
                         steps=cfg.steps)
     fn = train_attempt
     if cfg.inprocess.enabled:
+        from workloads.device import resolved_backend
         from workloads.inprocess import TerminationRequested, build_wrapper
 
-        fn = build_wrapper(cfg.inprocess, store_port=store_port, world_size=world,
+        fn = build_wrapper(cfg.inprocess, backend=resolved_backend(cfg), store_port=store_port,
+                           world_size=world,
                            run_dir=Path(cfg.run_dir), events=process.events, ft=process.ft,
                            drop_iteration_state=process.drop_iteration_state,
                            sigterm_received=lambda: process.sigterm_received)(train_attempt)
