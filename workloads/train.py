@@ -294,9 +294,12 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
     # Each rank hashes its own shards; pinging as it goes keeps the in-process watchdog from
     # taking a large state's digest for a hang (state_digests).
     digest, rank_digests = state_digests({"model": model_sd, "optim": optim_sd}, digest_progress)
+    # The GPU memory high-water mark (reserved: what the allocator took from the device, which
+    # is what must fit), next to workloads.memory's estimate in the GPU smoke test.
+    peak = torch.cuda.max_memory_reserved(runtime.device) if runtime.is_cuda else None
     events.emit("run_end", status="completed", final_step=progress["step"],
                 final_loss=progress["last_loss"], state_sha256=digest,
-                rank_state_sha256=rank_digests[rank])
+                rank_state_sha256=rank_digests[rank], gpu_peak_reserved_bytes=peak)
     if rank == 0:
         report = summarize(load_run(cfg.run_dir), rank=0)
         summary = {
