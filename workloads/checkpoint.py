@@ -370,7 +370,14 @@ class Checkpointer:
         # cpu_shm_mode: the worker stages through shared CPU memory and never touches CUDA. On
         # CPU this is the only mode that works (the default queue's worker dies on
         # `rank % torch.cuda.device_count()` and the trainer waits forever); on GPU it avoids
-        # CUDA IPC handles entirely.
+        # CUDA IPC handles entirely. Kept on p5 too, by choice: the CUDA-IPC path
+        # (use_cpu_shm_for_gpu_tensors=False) gives the worker references to the live training
+        # tensors (filesystem_async.py, "GPU IPC path caches only stable GPU allocations") that
+        # it copies out with a pinned D2H after the hand-off, so the hand-off would have to wait
+        # for that copy before optimizer.step may change them, and each of the 8 workers per
+        # node would hold a CUDA context (~0.5 GB of the GPU it reads from). The price of shm
+        # staging is a pageable D2H copy (NVRx syncs every 8 tensors): scripts/plan.py assumes
+        # 10 GB/s for it, and the GPU smoke script measures the real stall.
         AsyncCallsQueue.warmup_persistent_caller(self.rank, cpu_shm_mode=True,
                                                  sigterm_timeout=WRITER_ABORT_GRACE_S)
         self._queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True,

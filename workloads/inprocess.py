@@ -19,10 +19,13 @@ Composition:
   health_check CudaHealthCheck with the nccl backend only; the GPU/NVLink/NIC checks NVRx adds when
                LOCAL_RANK is set are kept with nccl and suppressed with gloo (see cuda_compat).
                NVRx's NIC check reads /sys/class/infiniband/<nic>/ports/1/counters/link_downed
-               (shared_utils/health_check.py); EFA devices expose no such counter, so on p5 it logs
-               a warning and passes: EFA link loss shows up as an NCCL error instead, which the
-               in-process layer already handles. We keep NVRx's default rather than add
-               ft_launcher's --ft-enable-nic-healthcheck, which reads the same counters.
+               (shared_utils/health_check.py) and, when the file is missing, logs a warning and
+               reports healthy. EFA devices register with ib_core without the IB port counters,
+               so on p5 it checks nothing; EFA link loss reaches the trainer as an NCCL error,
+               which the in-process layer handles as any other fault. ft_launcher's own NIC check
+               (--ft-enable-nic-healthcheck, rendezvous time) reads ports/1/state instead, which
+               every ib_core device has; whether NVRx maps each GPU to its EFA device on p5 is
+               unverified, so it stays at its default until a p5 run shows it.
 
 The CUDA timeouts (drain and health check, inprocess.cuda_timeout_s) are short, like Megatron's
 10 s: a GPU that cannot drain in that time is broken, and the health check runs twice per restart
