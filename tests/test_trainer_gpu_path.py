@@ -6,6 +6,7 @@ in-process watchdog, and load-time trust of what the same process committed."""
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 
 import pytest
@@ -384,3 +385,45 @@ def test_a_digest_slower_than_the_soft_timeout_does_not_restart(tmp_path, tmp_pa
     import json
 
     assert json.loads((run_dir / "summary.json").read_text())["state_sha256"] == combined
+
+
+def test_one_host_sync_per_step(tmp_path, monkeypatch):
+    """The loss and the stop/save votes reach the host in one transfer per step (a GPU would
+    otherwise drain its queue several times per step before the next batch is built)."""
+    import workloads.train as train_module
+    from scripts.local_run import free_port_pair
+    from workloads.train import ProcessState, train_attempt
+
+    steps = 6
+    cfg = TrainConfig.from_dict(
+        {},
+        "x",
+        [
+            f"run_dir={tmp_path}",
+            f"steps={steps}",
+            "distributed.backend=gloo",
+            "inprocess.enabled=false",
+            "checkpoint.backend=none",
+        ],
+    )
+    for name, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port_pair()),
+    }.items():
+        monkeypatch.setenv(name, value)
+    syncs = []
+    for method in ("item", "tolist"):
+        real = getattr(torch.Tensor, method)
+
+        def counted(self, *args, _real=real, _name=method, **kwargs):
+            # The training loop's own transfers (the optimizer's CPU step counters are not).
+            if sys._getframe(1).f_code.co_filename == train_module.__file__:
+                syncs.append(_name)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, method, counted)
+    assert train_attempt(ProcessState(cfg, 0, 1, None)) == {"status": "completed"}
+    assert syncs == ["tolist"] * steps
