@@ -242,10 +242,11 @@ def test_cpu_shims_follow_the_gloo_backend_only(monkeypatch):
 
     from workloads.cuda_compat import install_cpu_checkpoint_shim, local_rank_hidden_on_cpu
 
-    original = core.torch
+    original = core.torch  # an earlier gloo run in this process may have installed it already
+    core.torch = torch
     try:
         assert torch.cuda.is_available() is False  # the machine these tests run on
-        assert install_cpu_checkpoint_shim("nccl") is False and core.torch is original
+        assert install_cpu_checkpoint_shim("nccl") is False and core.torch is torch
         monkeypatch.setenv("LOCAL_RANK", "3")
         import os
 
@@ -253,7 +254,7 @@ def test_cpu_shims_follow_the_gloo_backend_only(monkeypatch):
             assert os.environ.get("LOCAL_RANK") == "3"  # NVRx keeps its GPU health checks
         with local_rank_hidden_on_cpu("gloo"):
             assert "LOCAL_RANK" not in os.environ
-        assert install_cpu_checkpoint_shim("gloo") is True and core.torch is not original
+        assert install_cpu_checkpoint_shim("gloo") is True and core.torch is not torch
     finally:
         core.torch = original
 
