@@ -176,3 +176,11 @@ def test_container_pins_the_same_nvrx_and_torch_as_the_project():
         pinned = re.search(rf'"{package}==([^"]+)"', pyproject).group(1)
         assert f"ARG {arg}={pinned}" in dockerfile
     assert 'ENTRYPOINT ["/usr/bin/tini"' in dockerfile
+
+
+def test_launcher_term_timeout_covers_the_in_flight_save_and_the_stop_save():
+    # Review #12: after SIGTERM the stop-save first waits for the save in flight; both may take
+    # up to checkpoint.finalize_timeout_s before ft_launcher's SIGKILL.
+    cfg = TrainConfig.from_dict({}, "x", ["checkpoint.finalize_timeout_s=120"])
+    assert cfg.launcher_term_timeout_s() > 2 * 120
+    assert cfg.recommended_termination_grace_period_s() > cfg.launcher_term_timeout_s()
