@@ -428,3 +428,41 @@ def test_one_host_sync_per_step(tmp_path, monkeypatch):
         monkeypatch.setattr(torch.Tensor, method, counted)
     assert train_attempt(ProcessState(cfg, 0, 1, None)) == {"status": "completed"}
     assert syncs == ["tolist"] * steps
+
+
+def test_a_rank_without_its_gpu_exits_93_with_the_message(tmp_path):
+    """The real trainer process on this GPU-less machine with backend nccl, as a p5 pod whose
+    GPUs are not visible: one clear message and the do-not-requeue exit code, not a CPU run."""
+    import os
+    import subprocess
+
+    from scripts.local_run import free_port_pair
+    from tests.trainer_fixtures import REPO
+    from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
+
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        TrainConfig.from_dict(
+            {}, "x", [f"run_dir={tmp_path}", "distributed.backend=nccl", "inprocess.enabled=false", "steps=2"]
+        ).to_yaml()
+    )
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port_pair()),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "workloads.train", "--config", str(config)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == EXIT_DO_NOT_REQUEUE, result.stderr[-2000:]
+    assert "nccl needs one GPU per local rank, but this process sees 0 GPU(s)" in result.stderr
+    assert "Traceback" not in result.stderr
