@@ -19,7 +19,12 @@ from scripts.jobspec import build_jobspec, load_train_config
 from scripts.plan import _DEFAULT_JOB
 from workloads.config import MODEL_PRESETS, ModelShape, TrainConfig
 from workloads.errors import ConfigError
-from workloads.memory import GIB, block_activation_bytes_per_token, estimate_for
+from workloads.memory import (
+    GIB,
+    block_activation_bytes_per_token,
+    estimate_for,
+    saved_activation_bytes_per_token,
+)
 
 #: The memory model's activation term must be within this of what autograd actually saves.
 ACTIVATION_TOLERANCE = 0.05
@@ -80,6 +85,28 @@ def test_activation_model_matches_what_autograd_saves(shape):
     # CPU: fp32 (4 bytes) and torch's composite RMSNorm, as the model states.
     measured = _saved_bytes_per_token(shape, (2, 128))
     modelled = block_activation_bytes_per_token(shape, 4, fused_norm=False)
+    assert modelled == pytest.approx(measured, rel=ACTIVATION_TOLERANCE)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["full", "activation-checkpointing"])
+def test_whole_model_activations_match_the_model(single_rank, checkpointing):
+    """Everything autograd holds at the end of forward (the storages still allocated then: FSDP
+    has freed its unsharded parameters by that time), against saved_activation_bytes_per_token."""
+    shape = MODEL_PRESETS["small"]
+    model = _build(shape, activation_checkpointing=checkpointing, loss_chunk_tokens=128).train()
+    batch, seq = 2, 512
+    inputs, targets = torch.randint(0, shape.vocab_size, (batch, seq)), torch.randint(0, shape.vocab_size, (batch, seq))
+    storages = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype.is_floating_point:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(inputs, targets)
+    measured = sum(s.nbytes() for s in storages.values()) / (batch * seq)
+    modelled = saved_activation_bytes_per_token(shape, 4, activation_checkpointing=checkpointing, fused_norm=False)
     assert modelled == pytest.approx(measured, rel=ACTIVATION_TOLERANCE)
 
 

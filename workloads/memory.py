@@ -31,9 +31,11 @@ kv = n_kv_heads x head_dim, f = ffn_dim, V = vocab, a = n_heads, c = bytes per c
    = (7 h + 2 kv + 4 f) c + 8 + 4 a (+ 2 h) bytes. Llama-3-8B: 176 KB per token per block.
    RoPE saves nothing per token (the tables are the only saved operands of its products).
    Without activation checkpointing every block keeps that: L x block. With it (a
-   checkpoint_wrapper per block), each block keeps only its input (h c) and backward recomputes
-   one block at a time: L h c + one block's full set, plus the same again as the block's
-   gradient transients. Outside the blocks: the final norm's input and output (2 h c).
+   checkpoint_wrapper per block), each block keeps only its input (h c). Outside the blocks: the
+   final norm's input and output (2 h c). That is what autograd holds at the end of forward
+   (saved_activation_bytes_per_token, checked against torch on CPU in the tests). Backward adds,
+   per token, one block's activation gradients (~ one block), and with checkpointing the
+   recomputed block's activations (one more block).
 4. Loss: one chunk of C = min(loss_chunk_tokens, T) tokens at a time, per logit: the logits (c),
    their fp32 copy (4, none in fp32), log-probabilities (4), their gradient (4), the fp32 logits'
    gradient (4, none in fp32) and its cast back (c): 20 bytes per logit in bf16, 16 in fp32.
@@ -100,6 +102,20 @@ def block_activation_bytes_per_token(shape: ModelShape, compute_bytes: int, *, f
     return saved
 
 
+def saved_activation_bytes_per_token(
+    shape: ModelShape, compute_bytes: int, *, activation_checkpointing: bool, fused_norm: bool = True
+) -> int:
+    """What autograd holds per token at the end of the forward pass (item 3 above)."""
+    h = shape.dim
+    per_layer = (
+        h * compute_bytes
+        if activation_checkpointing
+        else block_activation_bytes_per_token(shape, compute_bytes, fused_norm=fused_norm)
+    )
+    final_norm = 2 * h * compute_bytes + (0 if fused_norm else h * compute_bytes + 4)
+    return shape.n_layers * per_layer + final_norm
+
+
 def _loss_bytes_per_logit(compute_bytes: int) -> int:
     upcast = 4 if compute_bytes != 4 else 0  # .float() is a no-op in fp32
     return compute_bytes + upcast + 4 + 4 + upcast + compute_bytes
@@ -160,11 +176,11 @@ def estimate(
     largest = largest_group_parameters(shape)
     unsharded = largest * (2 * c + c + (4 if c != 4 else 0))
     block = block_activation_bytes_per_token(shape, c, fused_norm=bf16)
-    if activation_checkpointing:
-        per_token = shape.n_layers * shape.dim * c + 2 * block
-    else:
-        per_token = shape.n_layers * block
-    activations = tokens * (per_token + 2 * shape.dim * c)
+    saved = saved_activation_bytes_per_token(
+        shape, c, activation_checkpointing=activation_checkpointing, fused_norm=bf16
+    )
+    backward = (2 if activation_checkpointing else 1) * block
+    activations = tokens * (saved + backward)
     loss = min(loss_chunk_tokens, tokens) * shape.vocab_size * _loss_bytes_per_logit(c)
     return MemoryEstimate(
         sharded_state=params * SHARDED_BYTES_PER_PARAM // world_size,
