@@ -493,3 +493,19 @@ def test_a_rank_without_its_gpu_exits_93_with_the_message(tmp_path):
     assert result.returncode == EXIT_DO_NOT_REQUEUE, result.stderr[-2000:]
     assert "nccl needs one GPU per local rank, but this process sees 0 GPU(s)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_render_command_exits_2_with_the_numbers_when_the_job_cannot_fit():
+    import subprocess
+
+    from tests.trainer_fixtures import REPO
+
+    sets = ["model.preset=8b", "data.seq_len=8192", "data.batch_size=2", "model.activation_checkpointing=false"]
+    argv = [sys.executable, "-m", "scripts.cli", "render", "--nodes", "2"]
+    for item in sets:
+        argv += ["--set", item]
+    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2, result.stderr
+    message = " ".join(result.stderr.split())
+    assert "GiB per GPU" in message and "exceeds the 80 GiB of one H100" in message
+    assert "Traceback" not in result.stderr and result.stdout == ""
