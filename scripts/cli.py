@@ -385,6 +385,20 @@ def bench(
         raise typer.Exit(1)
 
 
+@app.command("gpu-smoke")
+def gpu_smoke(
+    out: Path = typer.Option(..., "--out", help="A new directory for the runs and gpu_smoke.json."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="CPU, gloo, tiny preset: the same code path."),
+    preset: str | None = typer.Option(None, "--preset", help="Model preset (default: 1b on GPU, tiny dry)."),
+    nproc: int | None = typer.Option(None, "--nproc", min=1, help="Ranks (default: one per visible GPU)."),
+) -> None:
+    """On one GPU machine: NCCL, bf16, async checkpoints, faults recovered in process, resume, stall, memory."""
+    from scripts.gpu_smoke import smoke
+
+    result = smoke(out_dir=out, dry_run=dry_run, preset=preset, nproc=nproc, console=Console())
+    raise typer.Exit(0 if result["ok"] else 1)
+
+
 def main() -> None:
     try:
         app()

@@ -31,6 +31,7 @@ from scripts.backstop import active_deadline_s
 from scripts.stack_outputs import StackOutputs
 from workloads.config import TrainConfig
 from workloads.errors import ConfigError, describe_validation_error
+from workloads.memory import check_fits
 
 #: Where the FSx claim is mounted in every pod: data, checkpoints and run directories live there.
 FSX_MOUNT_PATH = "/fsx"
@@ -248,9 +249,9 @@ def build_jobspec(
         default_image = config.image.uri or OFFLINE_PLACEHOLDER_IMAGE
     if workload == "nccl-test":
         default_image = NCCL_TESTS_IMAGE
-    train = resolve_train_paths(require_efa_where_expected(train or TrainConfig(), instance_type), name)
+    train = for_gpu_nodes(resolve_train_paths(require_efa_where_expected(train or TrainConfig(), instance_type), name))
     try:
-        return JobSpec(
+        spec = JobSpec(
             name=name,
             namespace=namespace,
             api=api,
@@ -266,6 +267,26 @@ def build_jobspec(
         )
     except ValidationError as e:
         raise _flag_error(e) from None
+    if workload == "train":
+        facts = spec.facts
+        problem = check_fits(
+            spec.train, spec.world_size, facts.gpu_memory_gib, f"{facts.gpu_model} ({spec.instance_type})"
+        )
+        if problem:
+            raise ConfigError(f"--train-config/--set: {problem}")
+    return spec
+
+
+def for_gpu_nodes(train: TrainConfig) -> TrainConfig:
+    """Every instance type this project deploys has GPUs: the pod's trainer must use them. An
+    explicit `backend: nccl` (rather than auto) makes a pod that cannot see its GPUs (device
+    plugin, driver, NVIDIA_VISIBLE_DEVICES) fail at start-up instead of silently training on
+    CPU with gloo; an explicitly chosen backend is kept."""
+    if train.distributed.backend != "auto":
+        return train
+    data = train.model_dump(mode="json")
+    data["distributed"]["backend"] = "nccl"
+    return TrainConfig.from_dict(data, source="the trainer config for GPU nodes")
 
 
 #: JobSpec field -> the CLI flag that sets it, so errors name what the user typed.

@@ -23,34 +23,35 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.config import DeploymentConfig
-from workloads.config import MODEL_PRESETS, ModelShape
+from workloads.config import MODEL_PRESETS
+from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, GIB, MemoryEstimate, parameter_count
 
 #: Per-node MTBF: Llama 3 (Meta, 2024, "The Llama 3 Herd of Models", sec. 3.3.4) saw 419
 #: unexpected interruptions in 54 days on 16,384 H100 GPUs (2,048 8-GPU nodes):
 #: 54 * 24 * 2048 / 419 = 6,335 node-hours between failures.
 DEFAULT_NODE_MTBF_HOURS = 54 * 24 * 2048 / 419
-#: Recovery time after a fault, from the published NVRx/EKS figures this project reproduces:
-#: a Kubernetes pod restart ~270 s, NVRx in-process restart ~10 s.
+#: Recovery time after a fault. A Kubernetes pod restart: ~270 s, the published NVRx/EKS figure
+#: this project reproduces. An NVRx in-process restart: a fixed part (abort the process groups,
+#: finalize, health check, regroup, a new NCCL communicator, rebuild the model: the published
+#: ~10 s) plus reloading the checkpoint, modelled in inprocess_recovery_s.
 POD_RESTART_RECOVERY_S = 270.0
-INPROCESS_RECOVERY_S = 10.0
-#: Bytes of checkpointed state per parameter with FSDP2 + AdamW: fp32 parameters (4) and two
-#: fp32 optimizer moments (8). bf16 compute copies are transient and never saved.
-STATE_BYTES_PER_PARAM = 12
-#: Host-side copy bandwidth per GPU for the async snapshot (device-to-pinned-host over PCIe
-#: Gen5 x16, ~50 GB/s peak): a conservative 20 GB/s.
-DEFAULT_D2H_GBPS = 20.0
+INPROCESS_FIXED_S = 10.0
+#: Host-side copy bandwidth per GPU for the async snapshot. NVRx's cpu_shm staging copies into
+#: pageable shared memory (not a pinned DMA, filesystem_async.py), with a device sync every 8
+#: tensors: a conservative 10 GB/s, half of the ~20 GB/s a pinned copy reaches in practice.
+DEFAULT_D2H_GBPS = 10.0
 #: Sustained bf16 throughput per H100 for a Llama-8B FSDP run: 40% of the 989 TFLOP/s dense peak.
 DEFAULT_EFFECTIVE_TFLOPS_PER_GPU = 0.40 * 989.0
 
 
-def parameter_count(shape: ModelShape) -> int:
-    """Parameters of the decoder-only transformer the trainer builds (untied embeddings, GQA,
-    SwiGLU, RMSNorm weights)."""
-    head_dim = shape.dim // shape.n_heads
-    attention = shape.dim * head_dim * (2 * shape.n_heads + 2 * shape.n_kv_heads)
-    mlp = 3 * shape.dim * shape.ffn_dim
-    norms = 2 * shape.dim
-    return 2 * shape.vocab_size * shape.dim + shape.n_layers * (attention + mlp + norms) + shape.dim
+def inprocess_recovery_s(state_bytes: int, fsx_bytes_per_s: float) -> float:
+    """In-process restart: the fixed part plus every rank reading its shard of the newest
+    checkpoint, all ranks at once, bounded by the file system's throughput. Verification adds no
+    reads: an in-process restart trusts the digests of the shards the same process wrote and
+    verified at commit (Checkpointer.load_latest), so only the load reads the data. (Re-hashing
+    another rank's shard first doubled the reads: ~20 s more for the 8b preset on the p5
+    profile's 4.7 GB/s.)"""
+    return INPROCESS_FIXED_S + state_bytes / fsx_bytes_per_s
 
 
 def young_interval(delta: float, mtbf: float) -> float:
@@ -95,6 +96,8 @@ class Plan:
     step_time_s: float
     usd_per_hour: float | None
     strategies: list[StrategyPlan]
+    #: Per-GPU training memory of the job (workloads.memory), when the job is known.
+    memory: MemoryEstimate | None = None
 
     def lost_cost_per_day(self, plan: StrategyPlan, at_optimal: bool = True) -> float | None:
         if self.usd_per_hour is None:
@@ -114,12 +117,13 @@ def make_plan(
     sync_stall_s: float | None = None,
     async_stall_s: float | None = None,
     step_time_s: float | None = None,
+    memory: MemoryEstimate | None = None,
 ) -> Plan:
     facts = config.gpu_nodes.facts
     nodes = nodes or config.gpu_nodes.desired_size
     gpus = nodes * facts.gpus
     params = parameter_count(MODEL_PRESETS[preset])
-    state_bytes = params * STATE_BYTES_PER_PARAM
+    state_bytes = params * CHECKPOINT_BYTES_PER_PARAM
     if step_time_s is None:
         # 6 FLOPs per parameter per token (forward + backward), spread over every GPU.
         step_time_s = 6 * params * tokens_per_step / (gpus * DEFAULT_EFFECTIVE_TFLOPS_PER_GPU * 1e12)
@@ -133,7 +137,11 @@ def make_plan(
     configured_s = interval_steps * step_time_s
     strategies = [
         Strategy("sync + pod restart", sync_stall_s, POD_RESTART_RECOVERY_S),
-        Strategy("NVRx async + in-process", async_stall_s, INPROCESS_RECOVERY_S),
+        Strategy(
+            "NVRx async + in-process",
+            async_stall_s,
+            inprocess_recovery_s(state_bytes, config.fsx.throughput_mbps * 1e6),
+        ),
     ]
     plans = []
     for s in strategies:
@@ -157,6 +165,7 @@ def make_plan(
         step_time_s=step_time_s,
         usd_per_hour=None if price is None else price * nodes,
         strategies=plans,
+        memory=memory,
     )
 
 
@@ -212,10 +221,26 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
     else:
         console.print(f"Cost: {facts.instance_type} has no on-demand price (Capacity Blocks only)")
     console.print(
-        "[dim]Stalls are estimates (sync: state / FSx throughput; async: shard / 20 GB/s host copy) unless "
+        "[dim]Stalls are estimates (sync: state / FSx throughput; async: shard / "
+        f"{DEFAULT_D2H_GBPS:g} GB/s host copy) unless "
         "given with --sync-stall-s/--async-stall-s; recoveries are the published ~270 s pod restart and "
-        "~10 s in-process restart. Measure yours with `nvrx-eks bench`.[/]"
+        f"an in-process restart of ~{INPROCESS_FIXED_S:g} s plus reading the checkpoint from FSx. Measure yours "
+        "with `nvrx-eks bench`.[/]"
     )
+
+
+def print_memory(memory: MemoryEstimate, config: DeploymentConfig, train, world_size: int, console: Console) -> None:
+    facts = config.gpu_nodes.facts
+    verdict = "fits" if memory.total <= facts.gpu_memory_gib * GIB else "does NOT fit"
+    console.print(
+        f"Memory per GPU ({train.model.preset}, {train.data.batch_size} x {train.data.seq_len} tokens, "
+        f"activation checkpointing {'on' if train.model.checkpoint_activations else 'off'}, "
+        f"world {world_size}): {memory.total / GIB:.1f} GiB of {facts.gpu_memory_gib} GiB "
+        f"({facts.gpu_model}): {verdict}"
+    )
+    for name, nbytes in memory.components():
+        console.print(f"  {name:<44} {nbytes / GIB:6.1f} GiB")
+    console.print(f"  [dim]host memory for checkpoint staging: {memory.host_staging / GIB:.1f} GiB per rank[/]")
 
 
 def print_scaling(config: DeploymentConfig, plan_for_nodes, node_counts: list[int], console: Console) -> None:
@@ -255,6 +280,8 @@ def run(
         train = TrainConfig.from_yaml(train_config_path)
     else:
         train = TrainConfig.from_dict(_DEFAULT_JOB, source="the default 8B job")
+    from workloads.memory import estimate_for
+
     gpus_per_node = config.gpu_nodes.facts.gpus
 
     def plan_for(n: int) -> Plan:
@@ -268,9 +295,11 @@ def run(
             sync_stall_s=sync_stall_s,
             async_stall_s=async_stall_s,
             step_time_s=step_time_s,
+            memory=estimate_for(train, n * gpus_per_node),
         )
 
     result = plan_for(nodes or config.gpu_nodes.desired_size)
     print_plan(result, config, train.model.preset, console)
+    print_memory(result.memory, config, train, result.gpus, console)
     print_scaling(config, plan_for, [result.nodes, 16, 128, 1024, 2048], console)
     return result

@@ -17,6 +17,7 @@ from scripts.render import render_job
 from scripts.validate import Expectations, format_path, validate_documents
 from tests.conftest import CRDS_PRESENT
 from tests.manifest_cases import GOLDEN_CASES, GOLDEN_IMAGE, Case
+from workloads.config import TrainConfig
 
 P5 = Expectations("1.35", "training", "fsx-lustre", "p5.48xlarge")
 POD = "spec.replicatedJobs[0].template.spec.template.spec"
@@ -248,7 +249,9 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
     ),
     (
         "timeouts: ft_launcher flag hand-edited away from the trainer config",
-        lambda d: _replace_in_script(d, "--term-timeout 330", "--term-timeout 30"),
+        lambda d: _replace_in_script(
+            d, f"--term-timeout {TrainConfig().launcher_term_timeout_s():g}", "--term-timeout 30"
+        ),
         "project",
         f"{CONTAINER}.args[2]",
     ),
@@ -583,18 +586,20 @@ def test_deadline_bounds_a_run_with_every_restart_and_follows_the_step_time():
 
     spec = build_jobspec(resolve_config(), nodes=2, name="train", max_step_time_s=2)
     train = spec.train
+    grace = train.recommended_termination_grace_period_s()
     # 100 steps x 2 s + setup 900 + 10 in-process restarts x (90 + 120 + 50 x 2)
-    # + 3 launcher restarts x (900 + 50 x 2) + grace 360.
-    assert spec.active_deadline_s == 200 + 900 + 10 * 310 + 3 * 1000 + 360 == 7560
-    assert active_deadline_s(train, kubernetes_restarts=3, step_time_s=2) == 7560 + 3 * 1000
+    # + 3 launcher restarts x (900 + 50 x 2) + the termination grace period.
+    bound = 200 + 900 + 10 * 310 + 3 * 1000 + grace
+    assert spec.active_deadline_s == bound
+    assert active_deadline_s(train, kubernetes_restarts=3, step_time_s=2) == bound + 3 * 1000
     # A PyTorchJob's deadline spans its pod recreations; a JobSet's Jobs each get their own.
     pytorchjob = build_jobspec(resolve_config(), nodes=2, name="train", api="pytorchjob", max_step_time_s=2)
-    assert pytorchjob.active_deadline_s == 7560 + 3 * 1000
+    assert pytorchjob.active_deadline_s == bound + 3 * 1000
     # Without a measured step time the trainer's own step timeout bounds each step.
     default = build_jobspec(resolve_config(), nodes=2, name="train")
     assert default.active_deadline_s == active_deadline_s(train, kubernetes_restarts=0, step_time_s=300)
     rendered = render_job(spec).job_document
-    assert rendered["spec"]["replicatedJobs"][0]["template"]["spec"]["activeDeadlineSeconds"] == 7560
+    assert rendered["spec"]["replicatedJobs"][0]["template"]["spec"]["activeDeadlineSeconds"] == bound
 
 
 def test_cli_validate_rejects_the_node_owning_pod():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,13 +12,14 @@ import pytest
 
 from infra.config import resolve_config
 from scripts.plan import (
+    INPROCESS_FIXED_S,
     daly_interval,
     expected_goodput,
     make_plan,
-    parameter_count,
     young_interval,
 )
 from workloads.config import MODEL_PRESETS
+from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, parameter_count
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,3 +81,20 @@ def test_plan_command_prints_interval_and_goodput_for_the_default_profile():
     out = result.stdout
     assert "optimal interval" in out and "goodput" in out
     assert "2x p5.48xlarge" in out and "lost $" in out
+    # Issue 14, acceptance 2: the per-GPU memory of the p5 default job, below an H100's 80 GB.
+    match = re.search(
+        r"Memory per GPU \(8b, 2 x 8192 tokens, activation checkpointing on, world 16\): "
+        r"([\d.]+) GiB of 80 GiB \(H100\): fits",
+        " ".join(out.split()),
+    )
+    assert match, out
+    assert float(match.group(1)) < 80
+
+
+def test_inprocess_recovery_includes_reading_the_checkpoint():
+    config = resolve_config("p5")
+    plan = make_plan(config, tokens_per_step=16 * 2 * 8192, interval_steps=50)
+    layered = plan.strategies[1].strategy
+    state = parameter_count(MODEL_PRESETS["8b"]) * CHECKPOINT_BYTES_PER_PARAM
+    assert layered.recovery_s == pytest.approx(INPROCESS_FIXED_S + state / (config.fsx.throughput_mbps * 1e6))
+    assert layered.recovery_s > 25  # 96 GB from a 4.7 GB/s file system: not the old 10 s constant

@@ -165,3 +165,11 @@ def test_trainer_exits_93_without_traceback_on_config_errors(tmp_path):
     assert result.returncode == EXIT_DO_NOT_REQUEUE
     assert "inprocess.soft_timeout_s: must be below inprocess.hard_timeout_s" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_launcher_term_timeout_covers_the_in_flight_save_and_the_stop_save():
+    # Review #12: after SIGTERM the stop-save first waits for the save in flight; both may take
+    # up to checkpoint.finalize_timeout_s before ft_launcher's SIGKILL.
+    cfg = TrainConfig.from_dict({}, "x", ["checkpoint.finalize_timeout_s=120"])
+    assert cfg.launcher_term_timeout_s() > 2 * 120
+    assert cfg.recommended_termination_grace_period_s() > cfg.launcher_term_timeout_s()

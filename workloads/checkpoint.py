@@ -21,7 +21,8 @@ commit.json records every file's size and, with checkpoint.verify=sha256, its SH
 files are hashed by whoever wrote them: for the async backends the writer does it right after
 writing, in the NVRx worker process or torch's writer thread, so the commit on the training thread
 only gathers the digests instead of reading the rank's whole shard back; sync saves hash at the
-commit). Loading re-checks them (spread over the ranks) and refuses, with a
+commit). Loading re-checks them (each rank the files it reads, except those this same process
+committed and nobody touched since: see Checkpointer._verify_share) and refuses, with a
 ConfigError, a checkpoint from another world size or model preset; a checkpoint that fails the
 check or fails to load is skipped with a warning and the previous committed one is used.
 
@@ -167,6 +168,26 @@ def _file_digest(path: Path, with_sha: bool) -> list[Any]:
     return [size, h.hexdigest()]
 
 
+#: Files this process committed, with their (size, mtime_ns) at the commit (see _verify_share).
+_VERIFIED_AT_COMMIT: dict[str, tuple[int, int]] = {}
+_SHARD = re.compile(r"^__\d+_\d+\.distcp$")
+
+
+def _remember_verified(directory: Path, files: dict[str, Any]) -> None:
+    for name in files:
+        stat = (directory / name).stat()
+        _VERIFIED_AT_COMMIT[str((directory / name).resolve())] = (stat.st_size, stat.st_mtime_ns)
+
+
+def _verified_earlier(path: Path, size: int) -> bool:
+    try:
+        stat = path.stat()
+    except OSError:
+        return False
+    return _VERIFIED_AT_COMMIT.get(str(path.resolve())) == (size, stat.st_mtime_ns) == (
+        stat.st_size, stat.st_mtime_ns)
+
+
 def read_pointer(ckpt_dir: str | Path) -> dict[str, Any] | None:
     path = Path(ckpt_dir) / POINTER_FILE
     try:
@@ -190,7 +211,15 @@ def committed_checkpoints(ckpt_dir: str | Path) -> list[str]:
     return list(pointer["committed"]) if pointer else []
 
 
-# ----- layout-independent state hash ------------------------------------------------------------
+# ----- state digest ------------------------------------------------------------------------------
+
+#: Bytes hashed between two progress calls: ~40 ms at the ~1.7 GB/s SHA-256 of one core.
+DIGEST_SLICE_BYTES = 64 << 20
+
+
+def _no_progress() -> None:
+    return None
+
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
     if isinstance(value, dict):
@@ -206,30 +235,64 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
-def state_sha256(state: dict[str, Any]) -> str:
-    """SHA-256 of a (possibly sharded) state dict in canonical order: keys sorted, each tensor as
-    its full (unsharded) value with dtype and shape. Identical for any shard layout of the same
-    state. Collective: every rank must call it with the same keys; DTensors are gathered one at a
-    time so no rank ever holds more than one full tensor. Returns the digest on every rank."""
+def state_digests(state: dict[str, Any],
+                  progress: Callable[[], None] = _no_progress) -> tuple[str, list[str]]:
+    """SHA-256 of a (possibly sharded) state dict: (combined digest, per-rank digests).
+
+    Each rank hashes its own local shards, in canonical order (keys sorted; each tensor with its
+    dtype, global shape and local shape), so the ranks hash in parallel and nothing is gathered
+    but 32 bytes per rank; the combined digest is the SHA-256 of the rank digests in rank order.
+    It identifies the state for a given world size (the same state sharded over another world
+    size hashes differently): a faulted and a clean run of the same world size compare equal.
+
+    `progress` is called at least every DIGEST_SLICE_BYTES and while waiting for the other ranks'
+    digests: the trainer passes the in-process watchdog's ping, so hashing a large state (the 8b
+    preset: ~6 GB per rank at 16 ranks, seconds) never looks like a hang. The exchange is an
+    asynchronous all_gather polled with progress calls, not a blocking collective that would
+    leave the watchdog without pings.
+
+    Collective: every rank must call it with the same keys. Returns the same on every rank."""
     flat: dict[str, Any] = {}
     _flatten("", state, flat)
-    rank = dist.get_rank() if dist.is_initialized() else 0
     h = hashlib.sha256()
     for key in sorted(flat):
         value = flat[key]
         if isinstance(value, torch.Tensor):
-            full = value.full_tensor() if isinstance(value, DTensor) else value
-            if rank == 0:
-                cpu = full.detach().to("cpu").contiguous()
-                h.update(f"{key}|{cpu.dtype}|{tuple(cpu.shape)}|".encode())
-                h.update(cpu.reshape(-1).view(torch.uint8).numpy().tobytes())
-            del full
-        elif rank == 0:
+            local = value.to_local() if isinstance(value, DTensor) else value
+            cpu = local.detach().to("cpu").contiguous()
+            h.update(f"{key}|{cpu.dtype}|{tuple(value.shape)}|{tuple(cpu.shape)}|".encode())
+            data = cpu.reshape(-1).view(torch.uint8).numpy()  # a view: no copy
+            for start in range(0, data.size, DIGEST_SLICE_BYTES):
+                h.update(data[start:start + DIGEST_SLICE_BYTES])
+                progress()
+            progress()
+        else:
             h.update(f"{key}|{json.dumps(value, sort_keys=True, default=str)}|".encode())
-    digest = [h.hexdigest() if rank == 0 else None]
-    if dist.is_initialized():
-        dist.broadcast_object_list(digest, src=0)
-    return digest[0]
+    mine = h.digest()
+    if not dist.is_initialized():
+        return hashlib.sha256(mine).hexdigest(), [mine.hex()]
+    device = _collective_device()
+    ours = torch.frombuffer(bytearray(mine), dtype=torch.uint8).to(device)
+    gathered = [torch.empty_like(ours) for _ in range(dist.get_world_size())]
+    work = dist.all_gather(gathered, ours, async_op=True)
+    while not work.is_completed():
+        progress()
+        time.sleep(0.01)
+    work.wait()
+    ranks = [bytes(t.cpu().tolist()) for t in gathered]
+    return hashlib.sha256(b"".join(ranks)).hexdigest(), [r.hex() for r in ranks]
+
+
+def state_sha256(state: dict[str, Any], progress: Callable[[], None] = _no_progress) -> str:
+    """The combined digest of state_digests."""
+    return state_digests(state, progress)[0]
+
+
+def _collective_device() -> torch.device:
+    """NCCL collectives need CUDA tensors; gloo takes CPU tensors."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 # ----- the checkpointer --------------------------------------------------------------------------
@@ -273,6 +336,7 @@ class Checkpointer:
         self.pending: PendingSave | None = None
         self.last_saved_step = -1
         self._saves = 0
+        self._trusted_files = 0
         self._queue = None
         self._group = None
         if self.backend == "none":
@@ -302,11 +366,18 @@ class Checkpointer:
 
         from workloads.cuda_compat import install_cpu_checkpoint_shim
 
-        install_cpu_checkpoint_shim()
+        install_cpu_checkpoint_shim(dist.get_backend())
         # cpu_shm_mode: the worker stages through shared CPU memory and never touches CUDA. On
         # CPU this is the only mode that works (the default queue's worker dies on
         # `rank % torch.cuda.device_count()` and the trainer waits forever); on GPU it avoids
-        # CUDA IPC handles entirely.
+        # CUDA IPC handles entirely. Kept on p5 too, by choice: the CUDA-IPC path
+        # (use_cpu_shm_for_gpu_tensors=False) gives the worker references to the live training
+        # tensors (filesystem_async.py, "GPU IPC path caches only stable GPU allocations") that
+        # it copies out with a pinned D2H after the hand-off, so the hand-off would have to wait
+        # for that copy before optimizer.step may change them, and each of the 8 workers per
+        # node would hold a CUDA context (~0.5 GB of the GPU it reads from). The price of shm
+        # staging is a pageable D2H copy (NVRx syncs every 8 tensors): scripts/plan.py assumes
+        # 10 GB/s for it, and the GPU smoke script measures the real stall.
         AsyncCallsQueue.warmup_persistent_caller(self.rank, cpu_shm_mode=True,
                                                  sigterm_timeout=WRITER_ABORT_GRACE_S)
         self._queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True,
@@ -449,6 +520,7 @@ class Checkpointer:
         mine = self._writer_digests(pending)
         if mine is None:  # sync saves, or a writer that recorded nothing
             mine = _rank_digests(pending.path, self.rank, with_sha)
+        _remember_verified(pending.path, mine)
         gathered: list[dict[str, Any] | None] = [None] * self.world_size
         dist.all_gather_object(gathered, mine)
         if self.rank == 0:
@@ -492,13 +564,27 @@ class Checkpointer:
     # -- loading ---------------------------------------------------------------------------------
 
     def _verify_share(self, path: Path, manifest: dict[str, Any]) -> str | None:
-        """Check this rank's share of the files; returns a reason on failure."""
-        names = sorted(manifest["files"])
-        for name in names[self.rank::self.world_size]:
+        """Check the files this rank will read (its own shards; rank 0 also the rest, e.g.
+        .metadata); returns a reason on failure. A file this process committed and that is
+        unchanged since (same size and mtime) is trusted without re-hashing: after an in-process
+        restart that is every shard of the rank, so the reload reads each shard once, from the
+        page cache the write left warm, instead of first hashing another rank's shard from the
+        file system (for the 8b preset: ~6 GB per rank, seconds). Anything written to the file
+        since, such as the corrupt-latest fault, changes its mtime and gets the full check (on
+        Lustre, mtime has one-second resolution: a write within the commit's second would pass)."""
+        prefix = f"__{self.rank}_"
+        for name in sorted(manifest["files"]):
+            mine = name.startswith(prefix)
+            orphan = not _SHARD.match(name)
+            if not (mine or (orphan and self.rank == 0)):
+                continue
             size, sha = manifest["files"][name]
             target = path / name
             if not target.is_file():
                 return f"{name} is missing"
+            if _verified_earlier(target, size):
+                self._trusted_files += 1
+                continue
             actual = _file_digest(target, sha is not None)
             if actual[0] != size:
                 return f"{name} has {actual[0]} bytes, the commit recorded {size}"
@@ -554,7 +640,7 @@ class Checkpointer:
                 self.events.emit("checkpoint_fallback", path=str(path), reason=reason)
                 continue
             self.events.emit("checkpoint_load", step=manifest["step"], path=str(path),
-                             load_s=time.monotonic() - started)
+                             load_s=time.monotonic() - started, trusted_files=self._trusted_files)
             return LoadResult(step=manifest["step"], path=path, state=state)
         if names[0]:
             raise NoUsableCheckpoint(

@@ -79,12 +79,30 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+#: Presets that recompute each block's activations in backward by default: without it the 8b
+#: preset's saved activations alone (~176 KB per token per layer in bf16, workloads.memory) come
+#: to ~92 GB at 2 x 8192 tokens per GPU, more than an H100 holds.
+ACTIVATION_CHECKPOINTING_BY_DEFAULT = frozenset({"1b", "8b"})
+
+
 class ModelConfig(_Strict):
     preset: Literal["tiny", "small", "1b", "8b"] = "tiny"
+    activation_checkpointing: bool | None = Field(
+        None, description="recompute each block in backward; default: on for the 1b and 8b presets")
+    loss_chunk_tokens: int = Field(
+        2048, ge=1,
+        description="tokens per chunk of the output projection + cross-entropy; each chunk's "
+                    "logits are recomputed in backward, so only one chunk's exist at a time")
 
     @property
     def shape(self) -> ModelShape:
         return MODEL_PRESETS[self.preset]
+
+    @property
+    def checkpoint_activations(self) -> bool:
+        if self.activation_checkpointing is not None:
+            return self.activation_checkpointing
+        return self.preset in ACTIVATION_CHECKPOINTING_BY_DEFAULT
 
 
 class DataConfig(_Strict):
@@ -155,6 +173,8 @@ class InProcessConfig(_Strict):
     progress_watchdog_interval_s: float = Field(1.0, gt=0)
     last_call_wait_s: float = Field(1.0, ge=0)
     termination_grace_s: float = Field(5.0, ge=0)
+    cuda_timeout_s: float = Field(
+        20.0, gt=0, description="GPU drain in the restart's finalize, and NVRx's CUDA health check")
     # A deterministic bug would otherwise restart in place forever; past the cap the ranks exit
     # and ft_launcher (with its own max_restarts) takes over.
     max_restarts: int | None = Field(10, ge=0, description="in-process restarts per process")
@@ -268,21 +288,27 @@ class TrainConfig(_Strict):
         if not ip.enabled:
             return problems
         # What the in-process layer may spend before training resumes after a fault: up to the
-        # hard timeout to detect, up to the barrier timeout to regroup.
+        # hard timeout to detect, up to the barrier timeout to regroup, and on GPU up to the CUDA
+        # timeout three times: the finalize's drain and the CUDA health check, which NVRx runs at
+        # the restart and again at the next iteration's start.
         recovery = ip.hard_timeout_s + ip.barrier_timeout_s
+        if dist.backend != "gloo":
+            recovery += 3 * ip.cuda_timeout_s
         if ft.monitor == "heartbeat":
             if ft.heartbeat_timeout_s is not None and not ft.heartbeat_timeout_s > recovery:
                 problems.append(
                     f"fault_tolerance.heartbeat_timeout_s: {ft.heartbeat_timeout_s:g}s must "
-                    f"exceed inprocess.hard_timeout_s + inprocess.barrier_timeout_s "
-                    f"({recovery:g}s), or ft_launcher kills ranks that are restarting in place")
+                    f"exceed the in-process recovery bound, inprocess.hard_timeout_s + "
+                    f"inprocess.barrier_timeout_s (+ 3 x inprocess.cuda_timeout_s on GPU) = "
+                    f"{recovery:g}s, or ft_launcher kills ranks that are restarting in place")
         else:
             st = ft.section_timeouts_s
             if ft.out_of_section_timeout_s is not None and not ft.out_of_section_timeout_s > recovery:
                 problems.append(
                     f"fault_tolerance.out_of_section_timeout_s: {ft.out_of_section_timeout_s:g}s "
-                    f"must exceed inprocess.hard_timeout_s + inprocess.barrier_timeout_s "
-                    f"({recovery:g}s): in-process restarts run outside any section")
+                    f"must exceed the in-process recovery bound, inprocess.hard_timeout_s + "
+                    f"inprocess.barrier_timeout_s (+ 3 x inprocess.cuda_timeout_s on GPU) = "
+                    f"{recovery:g}s: in-process restarts run outside any section")
             if not st.step > ip.hard_timeout_s:
                 problems.append(
                     f"fault_tolerance.section_timeouts_s.step: {st.step:g}s must exceed "
@@ -318,9 +344,11 @@ class TrainConfig(_Strict):
         return explicit if explicit is not None else self.checkpoint.finalize_timeout_s + 60.0
 
     def launcher_term_timeout_s(self) -> float:
-        """ft_launcher --term-timeout: how long ranks get after a forwarded SIGTERM to finish
-        their in-flight checkpoint (one finalize) before SIGKILL."""
-        return self.checkpoint.finalize_timeout_s + 30.0
+        """ft_launcher --term-timeout: how long ranks get after a forwarded SIGTERM before
+        SIGKILL. The stop path may need two saves: the one in flight when the signal arrived
+        (one save in flight at most, so the stop-save first waits for it) and the stop-save of
+        the current step; each may take up to checkpoint.finalize_timeout_s. Plus a step."""
+        return 2 * self.checkpoint.finalize_timeout_s + 30.0
 
     def recommended_termination_grace_period_s(self) -> int:
         """Kubernetes terminationGracePeriodSeconds for the pod running ft_launcher: the

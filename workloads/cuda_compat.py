@@ -1,4 +1,8 @@
-"""The narrow compatibility layer that lets NVRx run on a machine without CUDA. Inactive with CUDA.
+"""The narrow compatibility layer that lets NVRx run without CUDA. Active only for the gloo backend.
+
+Whether to install it follows the resolved backend (workloads.device.resolved_backend), never
+the mere absence of CUDA: a GPU pod that lost its GPUs must fail (backend nccl, exit 93), not
+have these shims quietly make NVRx CPU-only and drop its GPU health checks.
 
 Two NVRx 0.7.0 behaviours break CPU-only runs, and nothing else is touched:
 
@@ -51,9 +55,9 @@ class _TorchWithCpuCuda:
         return getattr(torch, name)
 
 
-def install_cpu_checkpoint_shim() -> bool:
-    """Make NVRx async checkpointing CUDA-free when CUDA is absent. Returns True if installed."""
-    if torch.cuda.is_available():
+def install_cpu_checkpoint_shim(backend: str) -> bool:
+    """Make NVRx async checkpointing CUDA-free for a gloo run. Returns True if installed."""
+    if backend != "gloo":
         return False
     import importlib
 
@@ -65,8 +69,8 @@ def install_cpu_checkpoint_shim() -> bool:
 
 
 @contextlib.contextmanager
-def local_rank_hidden_on_cpu() -> Iterator[None]:
-    if torch.cuda.is_available() or "LOCAL_RANK" not in os.environ:
+def local_rank_hidden_on_cpu(backend: str) -> Iterator[None]:
+    if backend != "gloo" or "LOCAL_RANK" not in os.environ:
         yield
         return
     saved = os.environ.pop("LOCAL_RANK")

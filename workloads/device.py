@@ -1,7 +1,10 @@
 """Device, backend and precision: decided here and nowhere else.
 
-CUDA present and backend nccl (or auto): one GPU per rank (LOCAL_RANK), NCCL, bf16 compute with
-fp32 master weights and fp32 gradient reduction. Otherwise: CPU, gloo, fp32.
+Backend nccl: one GPU per rank (LOCAL_RANK), NCCL, bf16 compute with fp32 master weights and fp32
+gradient reduction. Backend gloo: CPU, fp32. `auto` picks nccl when CUDA is visible, else gloo;
+it serves laptops and CI. Manifests for GPU nodes always say nccl (scripts/jobspec.py), so a pod
+that cannot see its GPUs fails at start-up with exit 93 instead of training on CPU: the CPU shims
+(workloads.cuda_compat) follow the resolved backend, never the mere absence of CUDA.
 """
 
 from __future__ import annotations
@@ -13,6 +16,15 @@ import torch
 
 from workloads.config import TrainConfig
 from workloads.errors import ConfigError
+
+#: The CUDA caching allocator's settings for GPU runs, unless the environment sets its own:
+#: expandable segments let freed blocks of different sizes be reused without fragmenting (the
+#: activations of recomputed blocks and loss chunks come and go every step).
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
+
+class GpusMissing(ConfigError):
+    """Backend nccl but fewer visible GPUs than local ranks: no restart can fix that."""
 
 
 @dataclass(frozen=True)
@@ -27,16 +39,34 @@ class Runtime:
         return self.device.type == "cuda"
 
 
-def resolve_runtime(cfg: TrainConfig) -> Runtime:
-    cuda = torch.cuda.is_available()
+def resolved_backend(cfg: TrainConfig) -> str:
+    """"gloo" or "nccl": the configured backend, with auto decided by CUDA's presence."""
     backend = cfg.distributed.backend
     if backend == "auto":
-        backend = "nccl" if cuda else "gloo"
-    if backend == "nccl" and not cuda:
-        raise ConfigError("distributed.backend: nccl needs CUDA GPUs and none are visible; "
-                          "use gloo or auto")
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return backend
+
+
+def check_gpus_visible(local_rank: int, local_world_size: int) -> None:
+    """Raise GpusMissing unless every local rank has its own visible GPU."""
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible < local_world_size or local_rank >= visible:
+        raise GpusMissing(
+            f"distributed.backend: nccl needs one GPU per local rank, but this process sees "
+            f"{visible} GPU(s) for {local_world_size} local rank(s) (LOCAL_RANK={local_rank}, "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); check the "
+            "pod's nvidia.com/gpu request, the NVIDIA device plugin and the driver, or run "
+            "with distributed.backend=gloo on a machine without GPUs")
+
+
+def resolve_runtime(cfg: TrainConfig) -> Runtime:
+    backend = resolved_backend(cfg)
     if backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        check_gpus_visible(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        # Before the first allocation, which is when the allocator reads its settings.
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

@@ -4,7 +4,10 @@ Spec: comma-separated `KIND@STEP[:RANK]`, e.g. "exception@20:1,hang@35:0,kill-in
 defaults to 0. Each fault fires once per run, even across in-process and launcher restarts: before
 acting, the target rank creates a marker file in `<run_dir>/faults/` (O_EXCL, fsync'd), and a fault
 whose marker exists is skipped. Replayed steps after a restart therefore run clean, which is what
-makes a faulted run end bit-identical to a clean one.
+makes a faulted run end bit-identical to a clean one, on CPU: there every kernel is
+deterministic. On GPU, cuDNN/flash-attention backward kernels and atomics are not, so a faulted
+and a clean GPU run agree only to within floating-point noise unless the run enables
+torch.use_deterministic_algorithms (with CUBLAS_WORKSPACE_CONFIG=:4096:8), at a speed cost.
 
 Kinds and which resilience layer should recover them:
   exception      raise at the start of STEP                       -> in-process restart
@@ -22,6 +25,9 @@ Kinds and which resilience layer should recover them:
                                                                      previous committed one
   slow           the rank sleeps SLOW_SECONDS_PER_STEP in each of SLOW_STEPS steps from STEP
                  (a straggler, not a failure: nothing should restart)
+  slow-digest    the end-of-run state digest of a run that reached STEP takes SLOW_DIGEST_SECONDS
+                 longer on the rank, in slices between its progress pings (a large state: the
+                 in-process watchdog must not take it for a hang; nothing should restart)
 """
 
 from __future__ import annotations
@@ -35,10 +41,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-FAULT_KINDS = ("exception", "hang", "block", "sigkill", "kill-in-save", "corrupt-latest", "slow")
+FAULT_KINDS = ("exception", "hang", "block", "sigkill", "kill-in-save", "corrupt-latest", "slow",
+               "slow-digest")
 KINDS_NEEDING_CHECKPOINTS = ("kill-in-save", "corrupt-latest")
 SLOW_SECONDS_PER_STEP = 0.5
 SLOW_STEPS = 5
+SLOW_DIGEST_SECONDS = 12.0
+_SLOW_DIGEST_SLICE_S = 0.25
 
 
 class InjectedFault(RuntimeError):
@@ -109,6 +118,7 @@ class FaultInjector:
         self.marker_dir = marker_dir
         self.emit = emit
         self._slow_until_step = 0
+        self._digest_delay_left: float | None = None
 
     def _claim(self, fault: FaultSpec) -> bool:
         """Create the fault's marker; False if it already fired in this run."""
@@ -129,7 +139,9 @@ class FaultInjector:
         if step < self._slow_until_step:
             time.sleep(SLOW_SECONDS_PER_STEP)
         for fault in self.mine:
-            if fault.step != step or fault.kind == "kill-in-save" or not self._claim(fault):
+            if fault.step != step or fault.kind in ("kill-in-save", "slow-digest"):
+                continue
+            if not self._claim(fault):
                 continue
             if fault.kind == "corrupt-latest":
                 damaged = corrupt_latest()
@@ -156,3 +168,17 @@ class FaultInjector:
             if fault.kind == "kill-in-save" and step >= fault.step and self._claim(fault):
                 self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank)
                 os.kill(os.getpid(), signal.SIGKILL)
+
+    def during_digest(self, final_step: int) -> None:
+        """Called between slices of the end-of-run state digest, right after a progress ping."""
+        if self._digest_delay_left is None:
+            self._digest_delay_left = 0.0
+            for fault in self.mine:
+                if fault.kind == "slow-digest" and final_step >= fault.step and self._claim(fault):
+                    self.emit("fault_injected", kind=fault.kind, step=final_step,
+                              target_rank=self.rank)
+                    self._digest_delay_left = SLOW_DIGEST_SECONDS
+        if self._digest_delay_left > 0:
+            pause = min(_SLOW_DIGEST_SLICE_S, self._digest_delay_left)
+            self._digest_delay_left -= pause
+            time.sleep(pause)

@@ -14,10 +14,23 @@ Composition:
                save must not complete behind the next iteration's back), then
                AbortTorchDistributed (destroys the process groups). Compose runs right to left.
   finalize     RestartFinalize: records restart_begin, closes ft sections, drops the failed
-               iteration's objects, and on CUDA synchronizes in a thread with a timeout.
-               (NVRx's ThreadedFinalize refuses to run without CUDA.)
-  health_check CudaHealthCheck on GPU only; the GPU/NVLink/NIC checks NVRx adds when LOCAL_RANK is
-               set are kept on GPU and suppressed on CPU (see cuda_compat).
+               iteration's objects, and on CUDA drains the rank's own GPU in a thread with a
+               timeout (NVRx's ThreadedFinalize refuses to run without CUDA).
+  health_check CudaHealthCheck with the nccl backend only; the GPU/NVLink/NIC checks NVRx adds when
+               LOCAL_RANK is set are kept with nccl and suppressed with gloo (see cuda_compat).
+               NVRx's NIC check reads /sys/class/infiniband/<nic>/ports/1/counters/link_downed
+               (shared_utils/health_check.py) and, when the file is missing, logs a warning and
+               reports healthy. EFA devices register with ib_core without the IB port counters,
+               so on p5 it checks nothing; EFA link loss reaches the trainer as an NCCL error,
+               which the in-process layer handles as any other fault. ft_launcher's own NIC check
+               (--ft-enable-nic-healthcheck, rendezvous time) reads ports/1/state instead, which
+               every ib_core device has; whether NVRx maps each GPU to its EFA device on p5 is
+               unverified, so it stays at its default until a p5 run shows it.
+
+The CUDA timeouts (drain and health check, inprocess.cuda_timeout_s) are short, like Megatron's
+10 s: a GPU that cannot drain in that time is broken, and the health check runs twice per restart
+(at the restart and at the next iteration's start), so the bound adds up (see
+TrainConfig._timeout_problems).
 """
 
 from __future__ import annotations
@@ -70,10 +83,15 @@ class RestartFinalize(inprocess.finalize.Finalize):
         self.drop_iteration_state()
         gc.collect()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
+            # The current device is per thread and a new thread starts on GPU 0: without this,
+            # every local rank would create a context on GPU 0 (~0.5 GB each) and drain GPU 0
+            # instead of its own (NVRx's ThreadedFinalize sets the device for the same reason).
+            device = torch.cuda.current_device()
             done = threading.Event()
 
             def drain() -> None:
-                torch.cuda.synchronize()
+                torch.cuda.set_device(device)
+                torch.cuda.synchronize(device)
                 torch.cuda.empty_cache()
                 done.set()
 
@@ -83,7 +101,7 @@ class RestartFinalize(inprocess.finalize.Finalize):
         return state
 
 
-def build_wrapper(cfg: InProcessConfig, *, store_port: int, world_size: int, run_dir: Path,
+def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_size: int, run_dir: Path,
                   events: EventLog, ft: FaultToleranceReporter,
                   drop_iteration_state: Callable[[], None],
                   sigterm_received: Callable[[], bool]) -> inprocess.Wrapper:
@@ -91,9 +109,9 @@ def build_wrapper(cfg: InProcessConfig, *, store_port: int, world_size: int, run
     pid_dir = (run_dir / "pids").resolve()
     pid_dir.mkdir(parents=True, exist_ok=True)
     tag = f"c{events.cycle}-p{os.getpid()}"
-    health_check = (inprocess.health_check.CudaHealthCheck(timeout=seconds(cfg.hard_timeout_s))
-                    if torch.cuda.is_available() else None)
-    with local_rank_hidden_on_cpu():
+    health_check = (inprocess.health_check.CudaHealthCheck(timeout=seconds(cfg.cuda_timeout_s))
+                    if backend == "nccl" else None)
+    with local_rank_hidden_on_cpu(backend):
         return inprocess.Wrapper(
             store_kwargs={"port": store_port, "timeout": seconds(cfg.barrier_timeout_s)},
             initialize=inprocess.Compose(
@@ -103,7 +121,7 @@ def build_wrapper(cfg: InProcessConfig, *, store_port: int, world_size: int, run
                     min_world_size=world_size, min_active_world_size=world_size),
             ),
             abort=inprocess.Compose(AbortTorchDistributed(), AbortPersistentCheckpointProcesses()),
-            finalize=RestartFinalize(events, ft, drop_iteration_state, cfg.hard_timeout_s),
+            finalize=RestartFinalize(events, ft, drop_iteration_state, cfg.cuda_timeout_s),
             health_check=health_check,
             monitor_thread_interval=seconds(cfg.monitor_interval_s),
             monitor_process_interval=seconds(cfg.monitor_interval_s),

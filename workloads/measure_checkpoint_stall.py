@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 
 
 def _worker(rank: int, args: argparse.Namespace, port: int, results: dict) -> None:
@@ -51,7 +50,9 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: dict) -> No
     runtime = resolve_runtime(cfg["nvrx"])
     dist.init_process_group(runtime.backend, rank=rank, world_size=args.nproc)
     model = build_model(cfg["nvrx"].model.shape, runtime, init_device_mesh(runtime.device.type,
-                                                                          (args.nproc,)), seed=1)
+                                                                          (args.nproc,)), seed=1,
+                        activation_checkpointing=cfg["nvrx"].model.checkpoint_activations,
+                        loss_chunk_tokens=cfg["nvrx"].model.loss_chunk_tokens)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batches = build_batches(cfg["nvrx"].data, rank, args.nproc, cfg["nvrx"].model.shape.vocab_size, 1)
     events = EventLog(run_dir, rank)
@@ -63,8 +64,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: dict) -> No
     def train_step() -> float:
         started = time.monotonic()
         inputs, targets = batches.next_batch()
-        loss = F.cross_entropy(model(inputs.to(runtime.device)).float().flatten(0, 1),
-                               targets.to(runtime.device).flatten())
+        loss = model(inputs.to(runtime.device), targets.to(runtime.device))  # as the trainer
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

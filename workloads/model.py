@@ -1,5 +1,13 @@
 """A Llama-like decoder-only transformer in plain PyTorch, sharded with FSDP2 `fully_shard`.
 
+Memory (see workloads.memory for the arithmetic): each block is its own FSDP group, and so are
+`tok_embeddings` and `[norm, output]`, so the root group owns no parameters (FSDP2 never reshards
+the root after forward: a root holding the 1 B embedding and output parameters of the 8b preset
+would keep them unsharded, in bf16 with their gradients, for the whole step). Blocks can be
+wrapped in `checkpoint_wrapper` (recompute in backward), and the loss is computed by the output
+projection in chunks of tokens, each recomputed in backward, so the full [tokens, vocab] logits
+and their fp32 copies never exist.
+
 Initialization is deterministic and independent of the shard layout: every parameter's full value
 is generated from a generator seeded by (seed, parameter name) and each rank keeps its own slice.
 A 1-rank and an 8-rank run of the same seed therefore start from the same weights, and a restarted
@@ -14,12 +22,20 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    _CHECKPOINT_PREFIX,
+    checkpoint_wrapper,
+)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.checkpoint import checkpoint
 
 from workloads.config import ModelShape
 from workloads.device import Runtime
+
+#: Default tokens per chunk of the output projection + cross-entropy (ModelConfig.loss_chunk_tokens).
+DEFAULT_LOSS_CHUNK_TOKENS = 2048
 
 
 def _rope_tables(shape: ModelShape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,12 +48,16 @@ def _rope_tables(shape: ModelShape, device: torch.device) -> tuple[torch.Tensor,
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [batch, heads, seq, head_dim]; rotate pairs (even, odd) by the position angle.
+    # x: [batch, heads, seq, head_dim]; rotate pairs (even, odd) by the position angle. In fp32:
+    # bf16 keeps 8 bits of mantissa, too few for angles up to max_seq_len radians (torchtitan also
+    # rotates in fp32). The tables arrive in fp32 because the blocks' FSDP policy does not cast
+    # forward inputs (build_model).
     seq = x.shape[-2]
-    cos, sin = cos[:seq].to(x.dtype), sin[:seq].to(x.dtype)
-    even, odd = x[..., 0::2], x[..., 1::2]
+    cos, sin = cos[:seq].float(), sin[:seq].float()
+    xf = x.float()
+    even, odd = xf[..., 0::2], xf[..., 1::2]
     rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-    return rotated.flatten(-2)
+    return rotated.flatten(-2).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -56,10 +76,10 @@ class Attention(nn.Module):
         k = self.wk(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
-        if self.n_kv_heads != self.n_heads:
-            repeat = self.n_heads // self.n_kv_heads
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # enable_gqa: the kernel reads each key/value head for its group of query heads instead
+        # of materializing (and saving for backward) n_heads copies of k and v.
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                             enable_gqa=self.n_kv_heads != self.n_heads)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -90,6 +110,36 @@ class Block(nn.Module):
         return x + F.dropout(h, self.dropout, self.training)
 
 
+class OutputProjection(nn.Linear):
+    """The output layer, which can also compute the loss itself, chunk by chunk.
+
+    `forward(h)` returns logits. `forward(h, targets)` returns the mean cross-entropy: the
+    tokens are split into chunks of `chunk_tokens`; each chunk's logits are projected, upcast to
+    fp32 and reduced to a summed loss under activation checkpointing, so backward keeps only `h`
+    and recomputes one chunk's logits at a time. Peak memory for the loss is one chunk's
+    [chunk, vocab] logits (bf16 + fp32 + their gradient) instead of the whole batch's. The loss
+    lives inside this module's forward so that FSDP unshards the weight once per pass."""
+
+    def __init__(self, dim: int, vocab_size: int):
+        super().__init__(dim, vocab_size, bias=False)
+        self.chunk_tokens = DEFAULT_LOSS_CHUNK_TOKENS
+
+    def _chunk_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(h, self.weight)
+        return F.cross_entropy(logits.float(), targets, reduction="sum")
+
+    def forward(self, h: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if targets is None:
+            return F.linear(h, self.weight)
+        h, targets = h.flatten(0, 1), targets.flatten()
+        total = h.new_zeros((), dtype=torch.float32)
+        for start in range(0, h.shape[0], self.chunk_tokens):
+            end = start + self.chunk_tokens
+            total = total + checkpoint(self._chunk_loss, h[start:end], targets[start:end],
+                                       use_reentrant=False)
+        return total / targets.numel()
+
+
 class Transformer(nn.Module):
     def __init__(self, shape: ModelShape):
         super().__init__()
@@ -97,16 +147,17 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(shape.vocab_size, shape.dim)
         self.layers = nn.ModuleList(Block(shape) for _ in range(shape.n_layers))
         self.norm = nn.RMSNorm(shape.dim, eps=shape.norm_eps)
-        self.output = nn.Linear(shape.dim, shape.vocab_size, bias=False)
+        self.output = OutputProjection(shape.dim, shape.vocab_size)
         # Derived, not state: recomputed after materialization, never checkpointed.
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits, or with `targets` the mean cross-entropy (see OutputProjection)."""
         x = self.tok_embeddings(tokens)
         for layer in self.layers:
             x = layer(x, self.rope_cos, self.rope_sin)
-        return self.output(self.norm(x))
+        return self.output(self.norm(x), targets)
 
     @torch.no_grad()
     def init_weights(self, seed: int, device: torch.device) -> None:
@@ -114,6 +165,8 @@ class Transformer(nn.Module):
         self.rope_cos, self.rope_sin = _rope_tables(self.shape, device)
         residual_std = 0.02 / math.sqrt(2 * self.shape.n_layers)
         for name, param in self.named_parameters():
+            # The same name (hence seed) with and without activation checkpointing.
+            name = name.replace(_CHECKPOINT_PREFIX, "")
             if name.endswith("norm.weight"):
                 full = torch.ones(param.shape, device=device)
             else:
@@ -133,16 +186,30 @@ class Transformer(nn.Module):
                 param.copy_(full)
 
 
-def build_model(shape: ModelShape, runtime: Runtime, mesh: DeviceMesh, seed: int) -> Transformer:
-    """Build on the meta device, shard each block and the root with FSDP2, materialize on the
-    runtime device, then initialize. Nothing full-size is ever allocated, which is what lets the
-    8B preset start on a GPU that only holds its shard."""
+def build_model(shape: ModelShape, runtime: Runtime, mesh: DeviceMesh, seed: int, *,
+                activation_checkpointing: bool = False,
+                loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS) -> Transformer:
+    """Build on the meta device, shard with FSDP2 (embeddings, each block, [norm, output], then
+    the root, which is left without parameters), materialize on the runtime device, then
+    initialize. Nothing full-size is ever allocated, which is what lets the 8B preset start on a
+    GPU that only holds its shard. Activation checkpointing wraps each block before it is sharded
+    (the order torchtitan uses: FSDP's hooks then see the wrapper's forward, and the recompute in
+    backward runs while the block's parameters are unsharded for its backward)."""
     with torch.device("meta"):
         model = Transformer(shape)
-    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if runtime.bf16 else MixedPrecisionPolicy())
-    for block in model.layers:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
+    model.output.chunk_tokens = loss_chunk_tokens
+    mp = ({"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32} if runtime.bf16 else {})
+    policy = MixedPrecisionPolicy(**mp)
+    # Blocks take the fp32 RoPE tables as forward arguments; casting them to bf16 (the default
+    # cast_forward_inputs) would rotate in bf16. Their activations arrive in bf16 anyway: the
+    # embedding group computes with bf16 parameters.
+    block_policy = MixedPrecisionPolicy(**mp, cast_forward_inputs=False)
+    fully_shard(model.tok_embeddings, mesh=mesh, mp_policy=policy)
+    for index, block in enumerate(model.layers):
+        if activation_checkpointing:
+            block = model.layers[index] = checkpoint_wrapper(block)
+        fully_shard(block, mesh=mesh, mp_policy=block_policy)
+    fully_shard([model.norm, model.output], mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     model.to_empty(device=runtime.device)
     model.init_weights(seed, runtime.device)

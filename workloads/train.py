@@ -146,11 +146,10 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
     import numpy as np
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
-    from workloads.checkpoint import Checkpointer, state_sha256
+    from workloads.checkpoint import Checkpointer, state_digests
     from workloads.data import batch_fingerprint, build_batches
     from workloads.device import resolve_runtime
     from workloads.events import load_run, summarize
@@ -178,7 +177,10 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         torch.manual_seed(cfg.seed + rank)
         random.seed(cfg.seed + rank)
         np.random.seed(cfg.seed + rank)
-        model = objects["model"] = build_model(shape, runtime, mesh, cfg.seed)
+        model = objects["model"] = build_model(
+            shape, runtime, mesh, cfg.seed,
+            activation_checkpointing=cfg.model.checkpoint_activations,
+            loss_chunk_tokens=cfg.model.loss_chunk_tokens)
         opt = cfg.optimizer
         optimizer = objects["optimizer"] = torch.optim.AdamW(
             model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
@@ -239,8 +241,9 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
             inputs, targets = batches.next_batch()
             fingerprint = batch_fingerprint(inputs)
             inputs, targets = inputs.to(runtime.device), targets.to(runtime.device)
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            # The model computes the loss itself, chunk by chunk (OutputProjection): no full
+            # [tokens, vocab] logits tensor is ever alive here.
+            loss = model(inputs, targets)
             loss.backward()
             if opt.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), opt.grad_clip)
@@ -249,12 +252,16 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
             optimizer.zero_grad(set_to_none=True)
             save_due = every_s is not None and time.monotonic() - last_save_t >= every_s
             # One all-reduce per step carries the loss and the decisions every rank must take at
-            # the same step: stop after a SIGTERM, save because the time interval elapsed.
-            control = torch.tensor([loss.detach().float().item(), float(process.sigterm_received),
-                                    float(save_due)], device=runtime.device)
+            # the same step: stop after a SIGTERM, save because the time interval elapsed. The
+            # loss stays on the device until the single host sync below (.tolist()).
+            flags = torch.tensor([float(process.sigterm_received), float(save_due)])
+            if runtime.is_cuda:  # a pageable host-to-device copy would itself wait for the GPU
+                flags = flags.pin_memory().to(runtime.device, non_blocking=True)
+            control = torch.cat([loss.detach().float().view(1), flags])
             dist.all_reduce(control)
-        mean_loss = float(control[0].item()) / world
-        stop_requested = bool(control[1].item() > 0)
+            loss_sum, stop_votes, save_votes = control.tolist()
+        mean_loss = loss_sum / world
+        stop_requested = stop_votes > 0
         progress.update(step=step, last_loss=mean_loss)
         step_s = time.monotonic() - started
         events.emit("step_end", step=step, loss=mean_loss, lr=scheduler.get_last_lr()[0],
@@ -262,8 +269,7 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
             log.info("step %d loss %.4f lr %.2e %.3fs/step", step, mean_loss,
                      scheduler.get_last_lr()[0], step_s)
-        if (step % interval == 0 or step == cfg.steps or stop_requested
-                or bool(control[2].item() > 0)):
+        if step % interval == 0 or step == cfg.steps or stop_requested or save_votes > 0:
             with ft.section("checkpointing"):
                 checkpointer.save(step, checkpoint_state())
             last_save_t = time.monotonic()
@@ -282,14 +288,26 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         return {"status": "terminated"}
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    digest = state_sha256({"model": model_sd, "optim": optim_sd})
+
+    def digest_progress() -> None:
+        ping()
+        faults.during_digest(progress["step"])
+
+    # Each rank hashes its own shards; pinging as it goes keeps the in-process watchdog from
+    # taking a large state's digest for a hang (state_digests).
+    digest, rank_digests = state_digests({"model": model_sd, "optim": optim_sd}, digest_progress)
+    # The GPU memory high-water mark (reserved: what the allocator took from the device, which
+    # is what must fit), next to workloads.memory's estimate in the GPU smoke test.
+    peak = torch.cuda.max_memory_reserved(runtime.device) if runtime.is_cuda else None
     events.emit("run_end", status="completed", final_step=progress["step"],
-                final_loss=progress["last_loss"])
+                final_loss=progress["last_loss"], state_sha256=digest,
+                rank_state_sha256=rank_digests[rank], gpu_peak_reserved_bytes=peak)
     if rank == 0:
         report = summarize(load_run(cfg.run_dir), rank=0)
         summary = {
             "final_step": progress["step"], "final_loss": progress["last_loss"],
-            "state_sha256": digest, "world_size": world, "preset": cfg.model.preset,
+            "state_sha256": digest, "rank_state_sha256": rank_digests,
+            "world_size": world, "preset": cfg.model.preset,
             "restarts": report.restarts_by_layer(), "faults": report.fault_outcomes(),
             "checkpoints": {"backend": cfg.checkpoint.backend,
                             "median_stall_s": report.median_stall_s,
@@ -328,9 +346,11 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
                         steps=cfg.steps)
     fn = train_attempt
     if cfg.inprocess.enabled:
+        from workloads.device import resolved_backend
         from workloads.inprocess import TerminationRequested, build_wrapper
 
-        fn = build_wrapper(cfg.inprocess, store_port=store_port, world_size=world,
+        fn = build_wrapper(cfg.inprocess, backend=resolved_backend(cfg), store_port=store_port,
+                           world_size=world,
                            run_dir=Path(cfg.run_dir), events=process.events, ft=process.ft,
                            drop_iteration_state=process.drop_iteration_state,
                            sigterm_received=lambda: process.sigterm_received)(train_attempt)

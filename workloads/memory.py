@@ -1,0 +1,224 @@
+"""Per-GPU memory of a training job: the arithmetic, stated once, torch-free.
+
+`nvrx-eks plan` prints it, the manifest renderer refuses a job whose estimate exceeds the GPU's
+memory (infra/instance_facts.py), and the presets' defaults (activation checkpointing for 1b and
+8b, workloads.config) follow from it. It models the trainer as built by workloads.model: FSDP2
+over all ranks (one group for the embeddings, one per block, one for [norm, output], a root with
+no parameters), AdamW, bf16 compute with fp32 master weights and fp32 gradient reduction on GPU
+(fp32 throughout on CPU), the loss computed in recomputed chunks of tokens.
+
+Notation: P parameters, W ranks, T = batch_size x seq_len tokens per rank, h = dim,
+kv = n_kv_heads x head_dim, f = ffn_dim, V = vocab, a = n_heads, c = bytes per compute element
+(2 in bf16, 4 in fp32), L = n_layers.
+
+1. Sharded state, 16 P / W bytes: fp32 parameters (4), fp32 gradients (4; reduce_dtype=fp32),
+   AdamW exp_avg and exp_avg_sq (4 + 4). FSDP2 pads each shard to a multiple of W: negligible.
+2. Unsharded working set: while a group computes, its parameters are all-gathered in the compute
+   dtype and FSDP2 prefetches the next group's, 2 c per parameter of the largest group; in its
+   backward the full gradient exists in the compute dtype (c) and, when that differs from the
+   reduce dtype, as the fp32 reduce-scatter input (4). The largest group of the 8b preset is the
+   output projection (V h = 525 M parameters), not a block (218 M).
+3. Activations saved for backward, per token per block, counted from the ops in
+   workloads.model.Block (bf16 on GPU):
+     RMSNorm x2: input (h) and rstd (one fp32)          2 h c + 8 bytes
+     q/k/v projections: normed input (shared)         counted in the norm's output: h c
+     SDPA: q (h), k (kv), v (kv), out (h), logsumexp    (2 h + 2 kv) c + 4 a bytes
+     wo: its input, the re-laid-out SDPA output         h c
+     w1/w3: normed input                                h c
+     SwiGLU: w1 out (silu input), silu out, w3 out      3 f c
+     w2: its input, the product                         f c
+     dropout (p > 0): two boolean masks                 2 h bytes
+   = (7 h + 2 kv + 4 f) c + 8 + 4 a (+ 2 h) bytes. Llama-3-8B: 176 KB per token per block.
+   RoPE saves nothing per token (the tables are the only saved operands of its products).
+   Without activation checkpointing every block keeps that: L x block. With it (a
+   checkpoint_wrapper per block), each block keeps only its input (h c). Outside the blocks: the
+   final norm's input and output (2 h c). That is what autograd holds at the end of forward
+   (saved_activation_bytes_per_token, checked against torch on CPU in the tests). Backward adds,
+   per token, one block's activation gradients (~ one block), and with checkpointing the
+   recomputed block's activations (one more block).
+4. Loss: one chunk of C = min(loss_chunk_tokens, T) tokens at a time, per logit: the logits (c),
+   their fp32 copy (4, none in fp32), log-probabilities (4), their gradient (4), the fp32 logits'
+   gradient (4, none in fp32) and its cast back (c): 20 bytes per logit in bf16, 16 in fp32.
+   Llama-3-8B at C = 2048: 2048 x 128256 x 20 = 4.9 GiB. The full logits of 2 x 8192 tokens
+   without chunking would take 8x that.
+5. Checkpoint staging: the NVRx backend copies the state into shared host memory (cpu_shm), so it
+   costs host memory (12 P / W per rank: fp32 parameters and the two moments), not GPU memory.
+6. Runtime overhead: CUDA context, cuBLAS/cuDNN workspaces and NCCL's buffers, assumed 3 GiB per
+   GPU, plus 5% of the rest for allocator fragmentation (with expandable_segments). These two are
+   assumptions, not measurements: the GPU smoke script (scripts/gpu_smoke.py) reports the real
+   high-water mark next to this estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workloads.config import ModelShape, TrainConfig
+
+GIB = 1 << 30
+#: Bytes of persistent state per parameter: fp32 parameter + fp32 gradient + two fp32 moments.
+SHARDED_BYTES_PER_PARAM = 16
+#: Bytes per parameter that a checkpoint holds: fp32 parameter and the two AdamW moments.
+CHECKPOINT_BYTES_PER_PARAM = 12
+#: CUDA context, library workspaces and NCCL buffers per GPU (assumed, see the module docstring).
+RUNTIME_OVERHEAD_BYTES = 3 * GIB
+#: Allocator fragmentation on top of everything else (assumed).
+FRAGMENTATION = 0.05
+
+
+def head_dim(shape: ModelShape) -> int:
+    return shape.dim // shape.n_heads
+
+
+def block_parameters(shape: ModelShape) -> int:
+    attention = shape.dim * head_dim(shape) * (2 * shape.n_heads + 2 * shape.n_kv_heads)
+    return attention + 3 * shape.dim * shape.ffn_dim + 2 * shape.dim
+
+
+def parameter_count(shape: ModelShape) -> int:
+    """Parameters of the decoder-only transformer the trainer builds (untied embeddings, GQA,
+    SwiGLU, RMSNorm weights)."""
+    embeddings = shape.vocab_size * shape.dim
+    head = shape.vocab_size * shape.dim + shape.dim
+    return embeddings + shape.n_layers * block_parameters(shape) + head
+
+
+def largest_group_parameters(shape: ModelShape) -> int:
+    """The largest FSDP group: the embeddings, one block, or [norm, output]."""
+    return max(shape.vocab_size * shape.dim, block_parameters(shape), shape.vocab_size * shape.dim + shape.dim)
+
+
+def block_activation_bytes_per_token(shape: ModelShape, compute_bytes: int, *, fused_norm: bool = True) -> int:
+    """Saved activations of one Block per token without recomputation (item 3 above).
+
+    fused_norm: CUDA runs RMSNorm as one fused kernel (saves input and rstd); on CPU torch runs
+    it as composite ops, which also save the normalized input before the weight: + h per norm."""
+    h, kv, f = shape.dim, shape.n_kv_heads * head_dim(shape), shape.ffn_dim
+    saved = (7 * h + 2 * kv + 4 * f) * compute_bytes + 2 * 4 + 4 * shape.n_heads
+    if not fused_norm:
+        saved += 2 * h * compute_bytes
+    if shape.dropout > 0:
+        saved += 2 * h
+    return saved
+
+
+def saved_activation_bytes_per_token(
+    shape: ModelShape, compute_bytes: int, *, activation_checkpointing: bool, fused_norm: bool = True
+) -> int:
+    """What autograd holds per token at the end of the forward pass (item 3 above)."""
+    h = shape.dim
+    per_layer = (
+        h * compute_bytes
+        if activation_checkpointing
+        else block_activation_bytes_per_token(shape, compute_bytes, fused_norm=fused_norm)
+    )
+    final_norm = 2 * h * compute_bytes + (0 if fused_norm else h * compute_bytes + 4)
+    return shape.n_layers * per_layer + final_norm
+
+
+def _loss_bytes_per_logit(compute_bytes: int) -> int:
+    upcast = 4 if compute_bytes != 4 else 0  # .float() is a no-op in fp32
+    return compute_bytes + upcast + 4 + 4 + upcast + compute_bytes
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-GPU bytes by component; `total` is what must fit in the GPU's memory."""
+
+    sharded_state: int
+    unsharded_groups: int
+    activations: int
+    loss: int
+    runtime_overhead: int
+    host_staging: int  # host memory per rank, not GPU memory
+
+    @property
+    def gpu_subtotal(self) -> int:
+        return self.sharded_state + self.unsharded_groups + self.activations + self.loss
+
+    @property
+    def fragmentation(self) -> int:
+        return int(self.gpu_subtotal * FRAGMENTATION)
+
+    @property
+    def total(self) -> int:
+        return self.gpu_subtotal + self.fragmentation + self.runtime_overhead
+
+    def components(self) -> list[tuple[str, int]]:
+        return [
+            ("sharded params + grads + AdamW (fp32)", self.sharded_state),
+            ("unsharded FSDP groups (largest + prefetch)", self.unsharded_groups),
+            ("activations", self.activations),
+            ("loss chunk (logits)", self.loss),
+            ("allocator fragmentation", self.fragmentation),
+            ("CUDA context, workspaces, NCCL", self.runtime_overhead),
+        ]
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{name} {nbytes / GIB:.1f}" for name, nbytes in self.components())
+        return f"{self.total / GIB:.1f} GiB per GPU ({parts}; GiB)"
+
+
+def estimate(
+    shape: ModelShape,
+    *,
+    world_size: int,
+    batch_size: int,
+    seq_len: int,
+    activation_checkpointing: bool,
+    loss_chunk_tokens: int,
+    bf16: bool = True,
+) -> MemoryEstimate:
+    """Per-GPU training memory (see the module docstring for every term)."""
+    c = 2 if bf16 else 4
+    tokens = batch_size * seq_len
+    params = parameter_count(shape)
+    largest = largest_group_parameters(shape)
+    unsharded = largest * (2 * c + c + (4 if c != 4 else 0))
+    block = block_activation_bytes_per_token(shape, c, fused_norm=bf16)
+    saved = saved_activation_bytes_per_token(
+        shape, c, activation_checkpointing=activation_checkpointing, fused_norm=bf16
+    )
+    backward = (2 if activation_checkpointing else 1) * block
+    activations = tokens * (saved + backward)
+    loss = min(loss_chunk_tokens, tokens) * shape.vocab_size * _loss_bytes_per_logit(c)
+    return MemoryEstimate(
+        sharded_state=params * SHARDED_BYTES_PER_PARAM // world_size,
+        unsharded_groups=unsharded,
+        activations=activations,
+        loss=loss,
+        runtime_overhead=RUNTIME_OVERHEAD_BYTES if bf16 else 0,
+        host_staging=params * CHECKPOINT_BYTES_PER_PARAM // world_size,
+    )
+
+
+def estimate_for(train: TrainConfig, world_size: int, *, bf16: bool = True) -> MemoryEstimate:
+    """The estimate for a TrainConfig's model, batch and switches at `world_size` ranks."""
+    return estimate(
+        train.model.shape,
+        world_size=world_size,
+        batch_size=train.data.batch_size,
+        seq_len=train.data.seq_len,
+        activation_checkpointing=train.model.checkpoint_activations,
+        loss_chunk_tokens=train.model.loss_chunk_tokens,
+        bf16=bf16,
+    )
+
+
+def check_fits(train: TrainConfig, world_size: int, gpu_memory_gib: float, gpu_model: str) -> str | None:
+    """None if the job fits one GPU, else a message with the numbers and the fix."""
+    est = estimate_for(train, world_size)
+    if est.total <= gpu_memory_gib * GIB:
+        return None
+    fixes = []
+    if not train.model.checkpoint_activations:
+        fixes.append("model.activation_checkpointing=true")
+    fixes += [
+        f"a smaller data.batch_size (now {train.data.batch_size})",
+        f"a shorter data.seq_len (now {train.data.seq_len})",
+        "more nodes (the sharded state divides by the world size)",
+    ]
+    return (
+        f"model {train.model.preset}: the estimated memory per GPU, {est.describe()}, exceeds "
+        f"the {gpu_memory_gib:g} GiB of one {gpu_model}; use " + ", or ".join(fixes)
+    )
