@@ -19,3 +19,10 @@ EXIT_DO_NOT_REQUEUE = 93
 # after finishing or abandoning its in-flight checkpoint. Non-zero on purpose: the run is not done,
 # so neither ft_launcher nor the Kubernetes job may record it as a success.
 EXIT_TERMINATED = 143
+
+# The longest a rank takes to exit once it has decided to (an error no restart can fix, the end
+# of the run, a honoured SIGTERM): a watchdog in the trainer (workloads.train.arm_exit_watchdog)
+# enforces it, so a way out that blocks (a barrier with a dead peer, a checkpoint worker that
+# ignores SIGTERM) still ends with the intended exit code. Checked against the config's grace
+# periods by workloads.train.exit_bound_s.
+EXIT_BOUND_S = 60.0
