@@ -96,12 +96,12 @@ def _mounted(target: Path, *args: str) -> Iterator[None]:
 def _assert_unrecoverable_exit(run_dir: Path, result: subprocess.CompletedProcess, record: dict, cause: str) -> None:
     log = (run_dir / "launcher.log").read_text(errors="replace")
     assert result.returncode == EXIT_DO_NOT_REQUEUE, result.stdout[-3000:] + log[-3000:]
-    # Named in one line: the trainer's error line, the runner's record and its table.
-    assert cause in record["stopped_by"] and "\n" not in record["stopped_by"]
-    assert f"error: {record['stopped_by']}" in log
-    assert "stopped" in result.stdout
-    # No rank went through interpreter shutdown (where the old code blocked for good).
+    # No rank went through interpreter shutdown, where NVRx's __del__ can block for good.
     assert "Python is likely shutting down" not in log
+    # Named in one line: the trainer's error line, the runner's record and its table.
+    assert record["stopped_by"] is not None and cause in record["stopped_by"], record
+    assert "\n" not in record["stopped_by"] and f"error: {record['stopped_by']}" in log
+    assert "stopped" in result.stdout
     # Bounded: each cycle whose ranks decided to leave was followed by the next cycle (or the
     # end of the run) within the bound; a hung rank holds the launcher until it is killed.
     run = load_run(run_dir)

@@ -152,3 +152,14 @@ def test_rng_state_is_tensors_only_and_restores_exactly():
     _restore_rng(state, cuda=False)
     again = (random.random(), random.gauss(0, 1), np.random.rand(), np.random.standard_normal(), torch.rand(1))
     assert expected[:4] == again[:4] and torch.equal(expected[4], again[4])
+
+
+def test_exit_bound_is_checked_against_the_grace_periods_it_must_cover():
+    from workloads.config import TrainConfig
+    from workloads.errors import ConfigError
+    from workloads.exit_codes import EXIT_BOUND_S
+    from workloads.train import exit_bound_s
+
+    assert exit_bound_s(TrainConfig()) == EXIT_BOUND_S
+    with pytest.raises(ConfigError, match="inprocess.termination_grace_s"):
+        exit_bound_s(TrainConfig.from_dict({"inprocess": {"termination_grace_s": EXIT_BOUND_S}}))

@@ -6,7 +6,8 @@ Layout and commit rules: workloads.ckpt_layout.
 A checkpoint counts only once it is listed in latest.json, which rank 0 replaces atomically
 (write, fsync, rename) after writing the directory's commit.json, which itself is written only
 after the global finalize saw every rank's data on disk. A rank killed mid-save therefore leaves a
-directory that nothing ever loads. Each save goes to a fresh directory (the attempt token differs
+directory that nothing ever loads. (Without a usable latest.json the list is rebuilt from the
+commit records that verify, with a warning.) Each save goes to a fresh directory (the attempt token differs
 per restart), so an abandoned save is never overwritten in place, and nothing is deleted before a
 newer checkpoint committed: at each commit rank 0 keeps the newest `keep` committed checkpoints and
 removes what the pointer it read proves superseded (older commits, abandoned saves, and commits
@@ -20,6 +21,10 @@ only gathers the digests instead of reading the rank's whole shard back; sync sa
 commit). Loading re-checks them (spread over the ranks) and refuses, with a
 ConfigError, a checkpoint from another world size or model preset; a checkpoint that fails the
 check or fails to load is skipped with a warning and the previous committed one is used.
+
+A save the storage refuses (read-only, not permitted, full: CheckpointStorageError) ends the run
+with the cause named rather than costing restarts that meet the same storage; its directory is
+removed if it provably never committed.
 
 Backends (checkpoint.backend):
     nvrx       NVRx: persistent AsyncCallsQueue worker (cpu_shm_mode), FileSystemWriterAsync with

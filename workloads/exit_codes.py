@@ -3,7 +3,8 @@
 EXIT_DO_NOT_REQUEUE (93) is the code NVRx's ft_launcher itself uses for "NVRx decided the job must
 not be restarted" (nvidia_resiliency_ext.fault_tolerance.utils.DEFAULT_NO_RESTART_EXIT_CODE). The
 trainer exits with it for errors that no restart can fix: an invalid TrainConfig, a checkpoint
-from another world size or model preset, a fault spec naming a rank that does not exist. Kubernetes
+from another world size or model preset, a fault spec naming a rank that does not exist, a
+checkpoint.dir that is read-only, not writable or full, no committed checkpoint that loads. Kubernetes
 failure policies match on it to fail the job instead of recreating pods.
 
 How it reaches the scheduler: `python -m workloads.train --preflight` runs before ft_launcher in the

@@ -366,11 +366,14 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
         code = 1
     finally:
         # Every way out: the exit is bounded from here, and nothing of NVRx's is left for the
-        # interpreter's shutdown to tear down.
+        # interpreter's shutdown to tear down. Each step on its own: one failing (a monitor
+        # connection already gone) must not keep the checkpoint worker alive.
         arm_exit_watchdog(code)
-        process.ft.shutdown()
-        stop_checkpoint_workers()
-        process.events.close()
+        for step in (process.ft.shutdown, stop_checkpoint_workers, process.events.close):
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - best effort on the way out; the exit is bounded
+                log.exception("on the way out: %s failed", getattr(step, "__name__", step))
     return code
 
 
@@ -383,13 +386,10 @@ def stop_checkpoint_workers() -> None:
     core = sys.modules.get("nvidia_resiliency_ext.checkpointing.async_ckpt.core")
     if core is None:
         return
-    try:
-        core.abort_nvrx_checkpoint()
-        if core.AsyncCallsQueue._warmup_persistent_caller is not None:
-            core.AsyncCallsQueue._warmup_persistent_caller.close(abort=True)
-            core.AsyncCallsQueue._warmup_persistent_caller = None
-    except Exception:  # noqa: BLE001 - best effort on the way out; the exit is bounded anyway
-        log.exception("stopping the checkpoint worker failed")
+    core.abort_nvrx_checkpoint()
+    if core.AsyncCallsQueue._warmup_persistent_caller is not None:
+        core.AsyncCallsQueue._warmup_persistent_caller.close(abort=True)
+        core.AsyncCallsQueue._warmup_persistent_caller = None
 
 
 _exit_watchdog: threading.Timer | None = None
