@@ -113,6 +113,11 @@ def _assert_unrecoverable_exit(run_dir: Path, result: subprocess.CompletedProces
         after = [e["t"] for e in run.of("run_start") if e["t"] > decision["t"]]
         next_t = min(after, default=ended_at)
         assert next_t - decision["t"] < EXIT_BOUND_S, (decision, next_t)
+    # The table reports this run: restarts counted from its launcher cycles (none of which
+    # recovered), and not the state digest of the earlier run that completed in this directory.
+    cycles = max(e["cycle"] for e in run.events if e["t"] >= since)
+    assert cycles >= 1 and f"launcher {cycles}" in result.stdout, result.stdout
+    assert "state_sha256" not in result.stdout
     assert_nothing_left(run_dir, record)
 
 
