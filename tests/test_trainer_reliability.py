@@ -130,7 +130,7 @@ def test_read_only_checkpoint_dir_exits_93_naming_it(committed, tmp_path, tmp_pa
         _mount("-o", "remount,ro,bind", str(ckpt))
         result, record = _resume(run_dir, 20, tmp_path_factory)
         after = _committed_files(ckpt)
-    _assert_unrecoverable_exit(run_dir, result, record, f"checkpoint.dir {ckpt} is read-only")
+    _assert_unrecoverable_exit(run_dir, result, record, f"checkpoint.dir {ckpt} is read-only (file system at {ckpt})")
     assert after == before
 
 

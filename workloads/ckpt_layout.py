@@ -201,9 +201,18 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 def mount_point(path: Path) -> Path:
+    """The mount `path` lives on: the longest mount point above it in /proc/self/mounts (a bind
+    mount shares its device with its parent, so comparing devices would name the parent)."""
     path = Path(path).resolve()
-    while not path.exists():
-        path = path.parent
+    try:
+        mounts = [
+            Path(line.split()[1].replace("\\040", " ")) for line in Path("/proc/self/mounts").read_text().splitlines()
+        ]
+    except OSError:
+        mounts = []
+    above = [m for m in mounts if path == m or m in path.parents]
+    if above:
+        return max(above, key=lambda m: len(m.parts))
     while not os.path.ismount(path):
         path = path.parent
     return path
@@ -218,7 +227,7 @@ def human_bytes(n: float) -> str:
 
 
 def storage_refusal_now(ckpt_dir: str | Path, need_bytes: int) -> str | None:
-    """"read-only", "denied" or "full" when checkpoint.dir (or the directory it will be created
+    """ "read-only", "denied" or "full" when checkpoint.dir (or the directory it will be created
     in) cannot take a checkpoint of need_bytes now; None when it can."""
     target = Path(ckpt_dir)
     while not target.exists():
@@ -232,21 +241,26 @@ def storage_refusal_now(ckpt_dir: str | Path, need_bytes: int) -> str | None:
     return None
 
 
-def storage_refusal_message(kind: str, ckpt_dir: str | Path, need_bytes: int,
-                            err: OSError | None = None) -> str:
+def storage_refusal_message(kind: str, ckpt_dir: str | Path, need_bytes: int, err: OSError | None = None) -> str:
     """The one line that names why checkpoint.dir refuses a checkpoint, and the fix."""
     mount = mount_point(Path(ckpt_dir))
     if kind == "read-only":
-        return (f"checkpoint.dir {ckpt_dir} is read-only (file system at {mount}); mount it "
-                "read-write or point checkpoint.dir at writable storage")
+        return (
+            f"checkpoint.dir {ckpt_dir} is read-only (file system at {mount}); mount it "
+            "read-write or point checkpoint.dir at writable storage"
+        )
     if kind == "denied":
         why = f": {err.strerror}" if err is not None and err.strerror else ""
-        return (f"checkpoint.dir {ckpt_dir} is not writable by this process (uid {os.getuid()})"
-                f"{why}; fix its ownership or permissions, or point checkpoint.dir elsewhere")
+        return (
+            f"checkpoint.dir {ckpt_dir} is not writable by this process (uid {os.getuid()})"
+            f"{why}; fix its ownership or permissions, or point checkpoint.dir elsewhere"
+        )
     free = shutil.disk_usage(mount).free
-    return (f"no space left on {mount} ({human_bytes(free)} free): a checkpoint needs "
-            f"~{human_bytes(need_bytes)}; free space there, enlarge the file system, or lower "
-            "checkpoint.keep")
+    return (
+        f"no space left on {mount} ({human_bytes(free)} free): a checkpoint needs "
+        f"~{human_bytes(need_bytes)}; free space there, enlarge the file system, or lower "
+        "checkpoint.keep"
+    )
 
 
 def committed_bytes(directory: Path) -> int:
