@@ -22,11 +22,12 @@ from typing import Any
 
 import psutil
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from workloads.config import TrainConfig
 from workloads.errors import ConfigError
-from workloads.events import load_run, summarize
+from workloads.events import RunEvents, load_run, summarize
 from workloads.faults import parse_fault_spec
 from workloads.launch import build_ft_launcher_argv
 
@@ -168,6 +169,7 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
     log_path = run_dir / "launcher.log"
     console.print(f"run dir {run_dir}\nlauncher log {log_path}")
     started = time.monotonic()
+    started_at = time.time()  # events and summary.json newer than this belong to this run
     tracker = ProcessTracker(run_dir)
     with open(log_path, "ab") as log_file:
         launcher = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env,
@@ -192,28 +194,50 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
     killed = tracker.reap(grace_s=cfg.inprocess.barrier_timeout_s + 10)
     wall_s = time.monotonic() - started
     (run_dir / "local_run.json").write_text(json.dumps(
-        {"exit_code": code, "wall_s": wall_s, "processes_seen": len(tracker.seen),
-         "killed_after_exit": killed}, indent=1))
+        {"exit_code": code, "wall_s": wall_s, "started_at": started_at,
+         "processes_seen": len(tracker.seen), "killed_after_exit": killed,
+         "stopped_by": stop_reason(load_run(run_dir), started_at)}, indent=1))
     if print_summary:
-        print_report(console, run_dir, code, wall_s, killed)
+        print_report(console, run_dir, code, wall_s, killed, started_at)
     elif killed:
         console.print(f"[red]processes had to be killed after the launcher exited: {killed}[/]")
     return code
 
 
+def stop_reason(run: RunEvents, since: float) -> str | None:
+    """Why a rank of this run ended it on an error no restart can fix (the newest such event)."""
+    stops = [e for e in run.of("unrecoverable") if e["t"] >= since]
+    return stops[-1]["reason"] if stops else None
+
+
+def restart_counts(run: RunEvents) -> dict[str, int]:
+    """Restarts begun, recovered or not: in-process ones from restart_begin (the busiest rank's
+    count; every rank records each one), launcher ones from the highest launcher cycle seen."""
+    per_rank: dict[int, int] = {}
+    for e in run.of("restart_begin"):
+        per_rank[e["rank"]] = per_rank.get(e["rank"], 0) + 1
+    return {"inprocess": max(per_rank.values(), default=0),
+            "launcher": max((e["cycle"] for e in run.events), default=0)}
+
+
 def print_report(console: Console, run_dir: Path, code: int, wall_s: float,
-                 killed: list[int]) -> None:
-    run = load_run(run_dir)
+                 killed: list[int], started_at: float = 0.0) -> None:
+    """The run's outcome from its own events: a resumed run directory also holds the events and
+    summary.json of earlier runs, which must not be reported as this one's."""
+    run = RunEvents([e for e in load_run(run_dir).events if e["t"] >= started_at])
     report = summarize(run)
     table = Table(title=f"nvrx-eks local: launcher exit {code}, {wall_s:.1f}s", show_header=False)
     table.add_column(no_wrap=True)  # labels stay greppable on narrow terminals
     table.add_column(overflow="fold")
+    reason = stop_reason(run, started_at)
+    if reason is not None:
+        table.add_row("stopped", escape(reason))
     table.add_row("final step", str(report.final_step))
     ends = run.of("step_end", rank=0)
     if ends:
         table.add_row("loss first -> last", f"{ends[0]['loss']:.3f} -> {ends[-1]['loss']:.3f}")
-    by_layer = report.restarts_by_layer()
-    table.add_row("restarts", f"in-process {by_layer['inprocess']}, launcher {by_layer['launcher']}")
+    counts = restart_counts(run)
+    table.add_row("restarts", f"in-process {counts['inprocess']}, launcher {counts['launcher']}")
     for outcome in report.fault_outcomes():
         if "layer" in outcome:
             text = (f"recovered by {outcome['layer']} in {outcome['recovered_s']:.1f}s, resumed "
@@ -221,14 +245,16 @@ def print_report(console: Console, run_dir: Path, code: int, wall_s: float,
         else:
             text = "injected (no restart needed)"
         table.add_row(f"fault {outcome['fault']}", text)
+    for rebuilt in run.of("checkpoint_pointer_rebuilt", rank=0)[:1]:
+        table.add_row("checkpoint pointer", escape(rebuilt["reason"]))
     for fb in run.of("checkpoint_fallback", rank=0):
-        table.add_row("checkpoint fallback", f"{Path(fb['path']).name}: {fb['reason']}")
+        table.add_row("checkpoint fallback", escape(f"{Path(fb['path']).name}: {fb['reason']}"))
     if report.stalls_s:
         table.add_row("checkpoint stall", f"median {report.median_stall_s * 1000:.1f} ms, max "
                       f"{max(report.stalls_s) * 1000:.1f} ms over {len(report.stalls_s)} saves")
     table.add_row("goodput", f"{report.goodput:.1%} (replayed steps: {report.lost_steps})")
     summary = run_dir / "summary.json"
-    if summary.is_file():
+    if summary.is_file() and summary.stat().st_mtime >= started_at:
         table.add_row("state_sha256", json.loads(summary.read_text())["state_sha256"][:16] + "…")
     table.add_row("processes left", "none" if not killed else f"killed {killed}")
     console.print(table)

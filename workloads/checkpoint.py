@@ -1,21 +1,18 @@
 """Checkpoints: DCP format, written by NVRx async checkpointing (or torch's async_save, or
 synchronously), committed atomically, verified and restored.
 
-Layout under checkpoint.dir:
-    step_00000040-<attempt>/      one save: DCP shards (`__<rank>_<n>.distcp`) and `.metadata`
-        commit.json               written by rank 0 only after every rank finished writing
-    latest.json                   the run-level pointer: {"latest", "step", "committed": [...]}
-    latest_step                   the newest committed step as a bare integer (ft_launcher's
-                                  progress tracker reads it)
+Layout and commit rules: workloads.ckpt_layout.
 
 A checkpoint counts only once it is listed in latest.json, which rank 0 replaces atomically
 (write, fsync, rename) after writing the directory's commit.json, which itself is written only
 after the global finalize saw every rank's data on disk. A rank killed mid-save therefore leaves a
-directory that nothing ever loads. Each save goes to a fresh directory (the attempt token differs
+directory that nothing ever loads. (Without a usable latest.json the list is rebuilt from the
+commit records that verify, with a warning.) Each save goes to a fresh directory (the attempt token differs
 per restart), so an abandoned save is never overwritten in place, and nothing is deleted before a
 newer checkpoint committed: at each commit rank 0 keeps the newest `keep` committed checkpoints and
-removes everything else (older commits, abandoned saves, and commits from a timeline that a
-fallback abandoned, i.e. at or after the new step).
+removes what the pointer it read proves superseded (older commits, abandoned saves, and commits
+from a timeline that a fallback abandoned, i.e. at or after the new step; see
+ckpt_layout.may_delete).
 
 commit.json records every file's size and, with checkpoint.verify=sha256, its SHA-256 (each rank's
 files are hashed by whoever wrote them: for the async backends the writer does it right after
@@ -25,6 +22,10 @@ commit). Loading re-checks them (each rank the files it reads, except those this
 committed and nobody touched since: see Checkpointer._verify_share) and refuses, with a
 ConfigError, a checkpoint from another world size or model preset; a checkpoint that fails the
 check or fails to load is skipped with a warning and the previous committed one is used.
+
+A save the storage refuses (read-only, not permitted, full: CheckpointStorageError) ends the run
+with the cause named rather than costing restarts that meet the same storage; its directory is
+removed if it provably never committed.
 
 Backends (checkpoint.backend):
     nvrx       NVRx: persistent AsyncCallsQueue worker (cpu_shm_mode), FileSystemWriterAsync with
@@ -40,6 +41,7 @@ At most one save is in flight: a new save first waits for the previous commit.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -58,8 +60,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 
+from workloads.ckpt_layout import (
+    COMMIT_FILE,
+    ITERATION_FILE,
+    METADATA_FILE,
+    POINTER_FILE,
+    CommitState,
+    atomic_write,
+    checkpoint_dirs,
+    commit_state,
+    may_delete,
+    pointer_text,
+    step_dir_name,
+    step_of,
+    storage_refusal_message,
+    storage_refusal_now,
+)
 from workloads.config import TrainConfig
 from workloads.errors import ConfigError
 from workloads.events import EventLog
@@ -67,13 +86,8 @@ from workloads.faults import FaultInjector
 
 log = logging.getLogger(__name__)
 
-POINTER_FILE = "latest.json"
-ITERATION_FILE = "latest_step"
-COMMIT_FILE = "commit.json"
-METADATA_FILE = ".metadata"
 #: Written by an async writer next to the rank's shards: {file name: [size, sha256 or null]}.
 DIGESTS_FILE = ".digests-rank{rank}.json"
-_NAME = re.compile(r"^step_(\d{8})-([0-9a-z.]+)$")
 
 
 class CheckpointIncompatible(ConfigError):
@@ -90,6 +104,60 @@ class CheckpointTimeout(RuntimeError):
 
 class CheckpointWriterDied(RuntimeError):
     """The NVRx checkpoint worker exited with a save in flight: the save is abandoned."""
+
+
+class CheckpointStorageError(ConfigError):
+    """checkpoint.dir refuses the save: read-only, not permitted, or full. A restart meets the same
+    storage, so this ends the run (exit 93) with the cause named, instead of costing restarts."""
+
+
+# errno -> what the storage did. EPERM/EACCES: permissions; EDQUOT: a quota is a full disk too.
+_STORAGE_ERRNOS = {errno.EROFS: "read-only", errno.EACCES: "denied", errno.EPERM: "denied",
+                   errno.ENOSPC: "full", errno.EDQUOT: "full"}
+
+
+def _os_errors(err: BaseException | None, seen: set[int] | None = None) -> list[OSError]:
+    """Every OSError inside `err`: its cause/context chain and the per-rank failures a DCP
+    CheckpointException carries (NVRx re-raises the writer's error in that form)."""
+    seen = set() if seen is None else seen
+    if err is None or id(err) in seen:
+        return []
+    seen.add(id(err))
+    found = [err] if isinstance(err, OSError) else []
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict):
+        for failure in failures.values():
+            inner = failure[0] if isinstance(failure, tuple) and failure else failure
+            if isinstance(inner, BaseException):
+                found += _os_errors(inner, seen)
+    for inner in (err.__cause__, err.__context__):
+        found += _os_errors(inner, seen)
+    return found
+
+
+def storage_failure(err: BaseException, ckpt_dir: Path, need_bytes: int) -> str | None:
+    """One line naming why checkpoint.dir refused a save, or None when `err` is not a storage
+    refusal. A save failure that carries no errno is judged by what the file system says now:
+    NVRx reports a writer's ENOSPC as a RuntimeError string inside the CheckpointException (and
+    to the other ranks as an empty one), and a worker that died says nothing at all."""
+    kinds = [(_STORAGE_ERRNOS[e.errno], e) for e in _os_errors(err) if e.errno in _STORAGE_ERRNOS]
+    kind, os_err = kinds[0] if kinds else (None, None)
+    if kind is None and isinstance(err, (CheckpointWriterDied, CheckpointException)):
+        kind = storage_refusal_now(ckpt_dir, need_bytes)
+    return storage_refusal_message(kind, ckpt_dir, need_bytes, os_err) if kind else None
+
+
+def state_nbytes(state: dict[str, Any]) -> int:
+    """Bytes of this rank's share of `state` (local shards of DTensors)."""
+    total = 0
+    for value in state.values():
+        if isinstance(value, dict):
+            total += state_nbytes(value)
+        elif isinstance(value, DTensor):
+            total += value.to_local().nbytes
+        elif isinstance(value, torch.Tensor):
+            total += value.nbytes
+    return total
 
 
 # An in-process restart aborts the NVRx writer with SIGTERM, then waits this long before SIGKILL.
@@ -137,25 +205,18 @@ def _write_then_digest(write_fn: Callable[..., None], directory: str, with_sha: 
     the shard off the training thread, which would otherwise do it at the commit."""
     write_fn(rank, write_buckets, results_queue)
     path = Path(directory)
-    _atomic_write(path / DIGESTS_FILE.format(rank=rank),
-                  json.dumps(_rank_digests(path, rank, with_sha)))
+    try:
+        atomic_write(path / DIGESTS_FILE.format(rank=rank),
+                     json.dumps(_rank_digests(path, rank, with_sha)))
+    except OSError:
+        # Full or read-only storage. The write function has already reported its own outcome
+        # through the results queue; raising here would kill the worker, and the trainer would
+        # learn only "the worker died" instead of the error. Without the digests the commit
+        # hashes on the training thread, where a storage error is reported by name.
+        pass
 
 
 # ----- small file helpers ------------------------------------------------------------------------
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
 
 def _file_digest(path: Path, with_sha: bool) -> list[Any]:
     size = path.stat().st_size
@@ -188,27 +249,10 @@ def _verified_earlier(path: Path, size: int) -> bool:
         stat.st_size, stat.st_mtime_ns)
 
 
-def read_pointer(ckpt_dir: str | Path) -> dict[str, Any] | None:
-    path = Path(ckpt_dir) / POINTER_FILE
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-
-
-def step_of(name: str) -> int:
-    match = _NAME.match(name)
-    return int(match.group(1)) if match else -1
-
-
-def checkpoint_dirs(ckpt_dir: str | Path) -> list[Path]:
-    root = Path(ckpt_dir)
-    return sorted(p for p in root.iterdir() if _NAME.match(p.name)) if root.is_dir() else []
-
-
 def committed_checkpoints(ckpt_dir: str | Path) -> list[str]:
-    pointer = read_pointer(ckpt_dir)
-    return list(pointer["committed"]) if pointer else []
+    """Committed checkpoint names, newest first (rebuilt from the commit records when the pointer
+    is missing or unreadable)."""
+    return commit_state(ckpt_dir).committed
 
 
 # ----- state digest ------------------------------------------------------------------------------
@@ -337,6 +381,8 @@ class Checkpointer:
         self.last_saved_step = -1
         self._saves = 0
         self._trusted_files = 0
+        self._state_bytes = 0
+        self._handing_off: Path | None = None
         self._queue = None
         self._group = None
         if self.backend == "none":
@@ -414,16 +460,52 @@ class Checkpointer:
 
     # -- saving ----------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _storage_errors(self) -> Any:
+        """Turn a refusal of the storage (read-only, permissions, full) into
+        CheckpointStorageError, after removing the failed save's directory if it provably never
+        committed. Anything else passes through unchanged (a restart may fix it)."""
+        try:
+            yield
+        except CheckpointStorageError:
+            raise
+        except (Exception, CheckpointException) as err:  # DCP's is a BaseException
+            # The estimate: this rank's share times the ranks (FSDP shards evenly).
+            need = self._state_bytes * self.world_size
+            reason = storage_failure(err, self.dir, need)
+            if reason is None:
+                raise
+            failed = self.pending.path if self.pending is not None else self._handing_off
+            self.pending = None
+            if failed is not None and self.rank == 0:
+                self._remove_if_uncommitted(failed)
+            log.error("checkpoint save failed: %s (%s: %s)", reason, type(err).__name__, err)
+            raise CheckpointStorageError(reason) from err
+
+    def _remove_if_uncommitted(self, path: Path) -> None:
+        try:
+            named = commit_state(self.dir).committed
+        except OSError:
+            return
+        if path.is_dir() and not (path / COMMIT_FILE).exists() and path.name not in named:
+            shutil.rmtree(path, ignore_errors=True)
+
     def save(self, step: int, state: dict[str, Any]) -> float:
         """Hand off a save of `state` as of `step`; returns the stall (seconds blocked)."""
         if self.backend == "none":
             return 0.0
+        with self._storage_errors():
+            self._state_bytes = state_nbytes(state)
+            return self._save(step, state)
+
+    def _save(self, step: int, state: dict[str, Any]) -> float:
         self.wait()  # one save in flight at most
         start = time.monotonic()
         self._saves += 1
         pending = PendingSave(step=step,
-                              path=self.dir / f"step_{step:08d}-{self.attempt}.{self._saves}",
+                              path=self.dir / step_dir_name(step, f"{self.attempt}.{self._saves}"),
                               handed_off_t=time.monotonic())
+        self._handing_off = pending.path
         if self.backend == "nvrx" and self._saves == 1:
             # The first NVRx save of an iteration plans, allocates the shared-memory staging
             # buffers and ships them to the worker: seconds on a busy host, which the in-process
@@ -469,6 +551,10 @@ class Checkpointer:
         """Commit the in-flight save if every rank finished writing it. Call once per step."""
         if self.pending is None:
             return
+        with self._storage_errors():
+            self._poll()
+
+    def _poll(self) -> None:
         if self.backend == "nvrx":
             # Runs the finalize functions (.metadata, then our commit) once all ranks are done.
             self._queue.maybe_finalize_async_calls(blocking=False)
@@ -488,7 +574,8 @@ class Checkpointer:
             self.poll()
             if self.pending is None:
                 break
-            self._raise_if_writer_died()
+            with self._storage_errors():
+                self._raise_if_writer_died()
             if time.monotonic() > deadline:
                 raise CheckpointTimeout(f"checkpoint of step {self.pending.step} did not commit "
                                         f"within {self.cfg.checkpoint.finalize_timeout_s:g}s")
@@ -548,18 +635,29 @@ class Checkpointer:
     def _write_commit(self, pending: PendingSave, files: dict[str, Any]) -> None:
         manifest = {"step": pending.step, "backend": self.backend, "verify": self.cfg.checkpoint.verify,
                     "files": files, "committed_at": time.time(), **self.identity}
-        _atomic_write(pending.path / COMMIT_FILE, json.dumps(manifest, indent=1, sort_keys=True))
-        previous = committed_checkpoints(self.dir)
+        atomic_write(pending.path / COMMIT_FILE, json.dumps(manifest, indent=1, sort_keys=True))
+        previous = self._commit_state()
         # A newer commit supersedes anything at or after its step: those belong to a timeline a
         # fallback or restart abandoned.
-        keep = ([pending.path.name] + [n for n in previous if step_of(n) < pending.step])
+        keep = ([pending.path.name] + [n for n in previous.committed if step_of(n) < pending.step])
         keep = keep[: self.cfg.checkpoint.keep]
-        pointer = {"latest": pending.path.name, "step": pending.step, "committed": keep}
-        _atomic_write(self.dir / POINTER_FILE, json.dumps(pointer, indent=1))
-        _atomic_write(self.dir / ITERATION_FILE, f"{pending.step}\n")
+        atomic_write(self.dir / POINTER_FILE, pointer_text(keep))
+        atomic_write(self.dir / ITERATION_FILE, f"{pending.step}\n")
         for path in checkpoint_dirs(self.dir):
-            if path.name not in keep:
+            if may_delete(path, previous, keep):
                 shutil.rmtree(path, ignore_errors=True)
+
+    def _commit_state(self) -> CommitState:
+        """Rank 0: what is committed, warning (log line and event) when the pointer had to be
+        rebuilt from the commit records, and failing when nothing committed can be trusted."""
+        state = commit_state(self.dir)
+        if state.source == "lost":
+            raise NoUsableCheckpoint(state.warning)
+        if state.source == "rebuilt":
+            log.warning("checkpoint pointer: %s", state.warning)
+            self.events.emit("checkpoint_pointer_rebuilt", reason=state.warning,
+                             committed=state.committed)
+        return state
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -610,8 +708,15 @@ class Checkpointer:
         """
         if self.backend == "none":
             return None
-        names = [committed_checkpoints(self.dir) if self.rank == 0 else None]
+        names: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                names[0] = self._commit_state().committed
+            except NoUsableCheckpoint as err:
+                names[0] = err
         dist.broadcast_object_list(names, src=0)
+        if isinstance(names[0], NoUsableCheckpoint):
+            raise names[0]
         for name in names[0]:
             path = self.dir / name
             started = time.monotonic()

@@ -3,7 +3,8 @@
 EXIT_DO_NOT_REQUEUE (93) is the code NVRx's ft_launcher itself uses for "NVRx decided the job must
 not be restarted" (nvidia_resiliency_ext.fault_tolerance.utils.DEFAULT_NO_RESTART_EXIT_CODE). The
 trainer exits with it for errors that no restart can fix: an invalid TrainConfig, a checkpoint
-from another world size or model preset, a fault spec naming a rank that does not exist. Kubernetes
+from another world size or model preset, a fault spec naming a rank that does not exist, a
+checkpoint.dir that is read-only, not writable or full, no committed checkpoint that loads. Kubernetes
 failure policies match on it to fail the job instead of recreating pods.
 
 How it reaches the scheduler: `python -m workloads.train --preflight` runs before ft_launcher in the
@@ -19,3 +20,10 @@ EXIT_DO_NOT_REQUEUE = 93
 # after finishing or abandoning its in-flight checkpoint. Non-zero on purpose: the run is not done,
 # so neither ft_launcher nor the Kubernetes job may record it as a success.
 EXIT_TERMINATED = 143
+
+# The longest a rank takes to exit once it has decided to (an error no restart can fix, the end
+# of the run, a honoured SIGTERM): a watchdog in the trainer (workloads.train.arm_exit_watchdog)
+# enforces it, so a way out that blocks (a barrier with a dead peer, a checkpoint worker that
+# ignores SIGTERM) still ends with the intended exit code. Checked against the config's grace
+# periods by workloads.train.exit_bound_s.
+EXIT_BOUND_S = 60.0

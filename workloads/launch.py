@@ -20,6 +20,7 @@ concurrent local runs from colliding: each owns P and P+1 and nothing else.
 
 from __future__ import annotations
 
+from workloads.ckpt_layout import iteration_file
 from workloads.config import TrainConfig
 from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
 
@@ -69,7 +70,7 @@ def build_ft_launcher_argv(
         "--ft-no-restart-exit-code", str(EXIT_DO_NOT_REQUEUE),
         "--ft-max-no-progress-cycles", str(ft.max_no_progress_cycles),
         # Progress = a newer committed checkpoint; the trainer rewrites this file at each commit.
-        "--ft-checkpoint-iteration-file", f"{cfg.checkpoint_dir}/latest_step",
+        "--ft-checkpoint-iteration-file", iteration_file(cfg.checkpoint_dir),
     ]
     if ft.monitor == "heartbeat":
         argv += [

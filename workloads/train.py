@@ -26,10 +26,10 @@ import json
 import logging
 import math
 import os
-import pickle
 import random
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -39,7 +39,7 @@ from nvidia_resiliency_ext.inprocess import CallWrapper
 
 from workloads.config import TrainConfig
 from workloads.errors import ConfigError
-from workloads.exit_codes import EXIT_DO_NOT_REQUEUE, EXIT_TERMINATED
+from workloads.exit_codes import EXIT_BOUND_S, EXIT_DO_NOT_REQUEUE, EXIT_TERMINATED
 from workloads.faults import parse_fault_spec
 
 log = logging.getLogger("workloads.train")
@@ -90,13 +90,22 @@ def _lr_lambda(cfg: TrainConfig):
 
 
 def _rng_state(cuda: bool) -> dict[str, Any]:
+    """Every RNG the step uses, as tensors only: the checkpoint directory is writable by every pod
+    that mounts the volume, so nothing read back from it may be unpickled (code execution)."""
     import numpy as np
     import torch
 
+    version, mt, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    assert kind == "MT19937", kind  # the only bit generator np.random's legacy state has
     return {"torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state() if cuda else torch.zeros(0, dtype=torch.uint8),
-            "python": pickle.dumps(random.getstate()),
-            "numpy": pickle.dumps(np.random.get_state())}
+            "python_mt": torch.tensor(mt, dtype=torch.int64),
+            "python_meta": torch.tensor([version, gauss is not None], dtype=torch.int64),
+            "python_gauss": torch.tensor([gauss or 0.0], dtype=torch.float64),
+            "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
+            "numpy_meta": torch.tensor([pos, has_gauss], dtype=torch.int64),
+            "numpy_gauss": torch.tensor([cached], dtype=torch.float64)}
 
 
 def _restore_rng(state: dict[str, Any], cuda: bool) -> None:
@@ -106,8 +115,12 @@ def _restore_rng(state: dict[str, Any], cuda: bool) -> None:
     torch.set_rng_state(state["torch"])
     if cuda:
         torch.cuda.set_rng_state(state["cuda"])
-    random.setstate(pickle.loads(state["python"]))
-    np.random.set_state(pickle.loads(state["numpy"]))
+    version, has_gauss = (int(v) for v in state["python_meta"].tolist())
+    gauss = float(state["python_gauss"][0]) if has_gauss else None
+    random.setstate((version, tuple(int(v) for v in state["python_mt"].tolist()), gauss))
+    pos, np_has_gauss = (int(v) for v in state["numpy_meta"].tolist())
+    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), pos,
+                         np_has_gauss, float(state["numpy_gauss"][0])))
 
 
 def _init_process_group(process: ProcessState, runtime, iteration: int) -> None:
@@ -139,6 +152,10 @@ def train_attempt(process: ProcessState, call_wrapper: CallWrapper | None = None
     try:
         return _train_attempt(process, call_wrapper)
     except ConfigError as err:
+        # From here the rank is leaving: the watchdog bounds everything the Wrapper and run()
+        # still do on the way out (barriers with peers, stopping the checkpoint worker).
+        arm_exit_watchdog(EXIT_DO_NOT_REQUEUE)
+        process.events.emit("unrecoverable", reason=str(err)[:2000])
         raise Unrecoverable(str(err)) from None
 
 
@@ -333,6 +350,7 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
                               f"has {world} ranks; use a rank below {world}")
     if store_port is None and cfg.inprocess.enabled:
         store_port = int(os.environ["MASTER_PORT"]) + 1
+    exit_bound_s(cfg)
     process = ProcessState(cfg, rank, world, store_port)
 
     def on_sigterm(signum, frame):
@@ -356,19 +374,94 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
                            sigterm_received=lambda: process.sigterm_received)(train_attempt)
     else:
         TerminationRequested = ()  # noqa: N806 - nothing to catch without the Wrapper
+    code = 1
     try:
         outcome = fn(process)
+        code = EXIT_TERMINATED if outcome and outcome.get("status") == "terminated" else 0
     except Unrecoverable as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
-        return EXIT_DO_NOT_REQUEUE
+        code = EXIT_DO_NOT_REQUEUE
     except TerminationRequested:
-        return EXIT_TERMINATED
+        code = EXIT_TERMINATED
     except RestartAbort as err:
         print(f"in-process restart gave up: {err}", file=sys.stderr, flush=True)
-        return 1
+        code = 1
     finally:
-        process.ft.shutdown()
-    return EXIT_TERMINATED if outcome and outcome.get("status") == "terminated" else 0
+        # Every way out: the exit is bounded from here, and nothing of NVRx's is left for the
+        # interpreter's shutdown to tear down. Each step on its own: one failing (a monitor
+        # connection already gone) must not keep the checkpoint worker alive.
+        arm_exit_watchdog(code)
+        for step in (process.ft.shutdown, stop_checkpoint_workers, process.events.close):
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - best effort on the way out; the exit is bounded
+                log.exception("on the way out: %s failed", getattr(step, "__name__", step))
+    return code
+
+
+def stop_checkpoint_workers() -> None:
+    """Stop every NVRx checkpoint worker this process still has (abort: SIGTERM, then SIGKILL
+    after WRITER_ABORT_GRACE_S). After a normal end they are already closed and this does
+    nothing. Left to the interpreter, NVRx's __del__ would close them at shutdown by posting to
+    the worker's queue and joining it; with the worker dead or aborted that join never returns
+    (seen: Py_FinalizeEx blocked in a SemLock acquire, exit code never delivered)."""
+    core = sys.modules.get("nvidia_resiliency_ext.checkpointing.async_ckpt.core")
+    if core is None:
+        return
+    core.abort_nvrx_checkpoint()
+    if core.AsyncCallsQueue._warmup_persistent_caller is not None:
+        core.AsyncCallsQueue._warmup_persistent_caller.close(abort=True)
+        core.AsyncCallsQueue._warmup_persistent_caller = None
+
+
+_exit_watchdog: threading.Timer | None = None
+
+
+def exit_bound_s(cfg: TrainConfig) -> float:
+    """EXIT_BOUND_S, checked against what an orderly exit waits for: the checkpoint worker's abort
+    grace and the NVRx monitor's termination grace. A bound shorter than those would turn every
+    orderly exit into a watchdog kill."""
+    from workloads.checkpoint import WRITER_ABORT_GRACE_S
+
+    needs = WRITER_ABORT_GRACE_S + cfg.inprocess.termination_grace_s
+    if not EXIT_BOUND_S > needs:
+        raise ConfigError(f"inprocess.termination_grace_s: {cfg.inprocess.termination_grace_s:g}s "
+                          f"plus the checkpoint writer's abort grace ({WRITER_ABORT_GRACE_S:g}s) "
+                          f"must stay below the exit bound ({EXIT_BOUND_S:g}s); lower it")
+    return EXIT_BOUND_S
+
+
+def arm_exit_watchdog(code: int, bound_s: float = EXIT_BOUND_S) -> None:
+    """Guarantee that the process exits with `code` within bound_s from now, whatever the way
+    out blocks on (a barrier with a dead peer, a checkpoint worker that ignores SIGTERM). A daemon
+    timer: it runs while the main thread waits in a lock or a socket. The first call wins: the
+    decision to leave was taken then, and with the code it names."""
+    global _exit_watchdog
+    if _exit_watchdog is not None:
+        return
+
+    def fire() -> None:
+        print(f"exit watchdog: still here {bound_s:g}s after deciding to exit; exiting {code} now",
+              file=sys.stderr, flush=True)
+        _exit(code)
+
+    _exit_watchdog = threading.Timer(bound_s, fire)
+    _exit_watchdog.daemon = True
+    _exit_watchdog.start()
+
+
+def _exit(code: int) -> None:
+    """End the process without finalizing the interpreter: flush what was written, then
+    os._exit. Finalizing runs NVRx's __del__ methods and the gloo process group's destructor,
+    either of which can block on a peer or a worker that is gone (see stop_checkpoint_workers,
+    _leave_after_failure); there is nothing left to finish that those would do."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def preflight(cfg: TrainConfig, world_size: int) -> int:
@@ -382,20 +475,39 @@ def preflight(cfg: TrainConfig, world_size: int) -> int:
         root = Path(cfg.data.path or "")
         if not (root.is_file() or (root.is_dir() and any(root.glob("*.bin")))):
             problems.append(f"data.path: no .bin token shards at {root}")
-    pointer_path = Path(cfg.checkpoint_dir) / "latest.json"
-    if cfg.checkpoint.backend != "none" and pointer_path.is_file():
-        pointer = json.loads(pointer_path.read_text())
-        commit = Path(cfg.checkpoint_dir) / pointer["latest"] / "commit.json"
-        if commit.is_file():
-            manifest = json.loads(commit.read_text())
-            for key, expected in (("world_size", world_size), ("preset", cfg.model.preset)):
-                if manifest.get(key) != expected:
-                    problems.append(f"checkpoint.dir: the newest checkpoint was written with "
-                                    f"{key}={manifest.get(key)!r}, this run has {expected!r}; "
-                                    "resume with the same setting or use an empty checkpoint.dir")
+    if cfg.checkpoint.backend != "none":
+        problems += _checkpoint_dir_problems(cfg, world_size)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     return EXIT_DO_NOT_REQUEUE if problems else 0
+
+
+def _checkpoint_dir_problems(cfg: TrainConfig, world_size: int) -> list[str]:
+    """What the trainer would meet in checkpoint.dir: a pointer it cannot trust, a newest
+    checkpoint from another world size or preset, storage that refuses the next save."""
+    from workloads import ckpt_layout as layout
+
+    root = Path(cfg.checkpoint_dir)
+    state = layout.commit_state(root)
+    if state.source == "lost":
+        return [state.warning]
+    if state.source == "rebuilt":
+        # The trainer rebuilds the pointer the same way (and says so in its log and events).
+        print(f"warning: checkpoint.dir: {state.warning}", file=sys.stderr)
+    problems = []
+    newest = root / state.committed[0] if state.committed else None
+    manifest = layout.verified_commit(newest) if newest is not None else None
+    for key, expected in (("world_size", world_size), ("preset", cfg.model.preset)):
+        if manifest is not None and manifest.get(key) != expected:
+            problems.append(f"checkpoint.dir: the newest checkpoint was written with "
+                            f"{key}={manifest.get(key)!r}, this run has {expected!r}; "
+                            "resume with the same setting or use an empty checkpoint.dir")
+    # The next save needs about as much as the newest one took (nothing to go by on a fresh run).
+    need = layout.committed_bytes(newest) if newest is not None else 0
+    refusal = layout.storage_refusal_now(root, need)
+    if refusal is not None:
+        problems.append(layout.storage_refusal_message(refusal, root, need))
+    return problems
 
 
 def main(argv: list | None = None) -> int:
@@ -439,9 +551,7 @@ def _leave_after_failure() -> None:
     line by line, the ft client was shut down by run(), the checkpoint worker dies with this
     process (parent-death signal)."""
     traceback.print_exc()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+    _exit(1)
 
 
 def _tie_checkpoint_worker_to_trainer() -> None:
@@ -464,5 +574,18 @@ def _tie_checkpoint_worker_to_trainer() -> None:
 if __name__ == "__mp_main__" and sys.platform == "linux":
     _tie_checkpoint_worker_to_trainer()
 
+def _main_then_exit() -> None:
+    """main(), then _exit with its code, whatever way main ends (an exception the NVRx Wrapper
+    re-raises may be a BaseException, e.g. DCP's CheckpointException)."""
+    try:
+        code = main()
+    except SystemExit as err:  # argparse
+        code = err.code if isinstance(err.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the process ends here either way
+        traceback.print_exc()
+        code = 1
+    _exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _main_then_exit()
