@@ -258,10 +258,25 @@ def test_gpus_missing_ends_the_rank_with_do_not_requeue(monkeypatch):
     def no_gpus(process, call_wrapper):
         raise GpusMissing("distributed.backend: nccl needs one GPU per local rank")
 
-    # train_attempt turns a ConfigError into Unrecoverable, which run() ends with exit 93.
+    class Events:
+        def __init__(self):
+            self.emitted = []
+
+        def emit(self, kind, **fields):
+            self.emitted.append((kind, fields))
+
+    class Process:
+        events = Events()
+
+    armed = []
+    # train_attempt turns a ConfigError into Unrecoverable, which run() ends with exit 93; the
+    # exit watchdog it arms would end this test process, so it is recorded instead.
     monkeypatch.setattr(train_module, "_train_attempt", no_gpus)
+    monkeypatch.setattr(train_module, "arm_exit_watchdog", armed.append)
     with pytest.raises(train_module.Unrecoverable, match="one GPU per local rank"):
-        train_module.train_attempt(object())
+        train_module.train_attempt(Process())
+    assert armed == [train_module.EXIT_DO_NOT_REQUEUE]
+    assert Process.events.emitted[0][0] == "unrecoverable"
 
 
 def test_cpu_shims_follow_the_gloo_backend_only(monkeypatch):
