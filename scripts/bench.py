@@ -18,6 +18,7 @@ On a machine with GPUs the same command runs the trainer on CUDA with NCCL (dist
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.metadata
 import json
@@ -150,6 +151,10 @@ def run_bench(*, quick: bool, out: Path | None, scenarios: str, command: str, co
     overrides = changes.pop("overrides", None)
     settings = settings_for(quick, overrides=tuple(overrides) if overrides else None, **changes)
     out = (out or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")).resolve()
+    # `auto` is decided once, here, by this machine: every run of the bench then configures the
+    # backend it really uses, and the trainer's timeout rules are checked for that backend.
+    machine = describe_machine(settings.dist_backend)
+    settings = dataclasses.replace(settings, dist_backend=machine["dist_backend"])
     _check_inputs(settings, out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -162,7 +167,7 @@ def run_bench(*, quick: bool, out: Path | None, scenarios: str, command: str, co
     result: dict[str, Any] = {
         "version": 1, "command": command,
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": describe_machine(settings.dist_backend),
+        "machine": machine,
         "settings": {**settings.__dict__, "overrides": list(settings.overrides)},
     }
     launcher = Launcher(out / "runs", settings, progress, ports)
