@@ -109,7 +109,8 @@ class DataConfig(_Strict):
     source: Literal["synthetic", "memmap"] = "synthetic"
     # memmap: a directory of pre-tokenized shards (`*.bin`, flat token arrays) or one .bin file.
     path: str | None = None
-    dtype: Literal["uint16", "uint32"] = "uint16"
+    dtype: Literal["uint16", "uint32"] | None = Field(
+        None, description="token dtype of the shards; default: the manifest's, else uint16")
     seq_len: int = Field(64, ge=2)
     batch_size: int = Field(8, ge=1, description="sequences per rank per step")
 

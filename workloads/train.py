@@ -472,9 +472,12 @@ def preflight(cfg: TrainConfig, world_size: int) -> int:
             problems.append(f"faults: {fault.label} targets rank {fault.rank}; the world has "
                             f"{world_size} ranks")
     if cfg.data.source == "memmap":
-        root = Path(cfg.data.path or "")
-        if not (root.is_file() or (root.is_dir() and any(root.glob("*.bin")))):
-            problems.append(f"data.path: no .bin token shards at {root}")
+        from workloads.shards import PREFLIGHT_HASH_BYTES, shard_files
+
+        try:
+            shard_files(cfg.data, cfg.model.shape.vocab_size, hash_bytes=PREFLIGHT_HASH_BYTES)
+        except ConfigError as err:
+            problems.append(str(err))
     if cfg.checkpoint.backend != "none":
         problems += _checkpoint_dir_problems(cfg, world_size)
     for problem in problems:
