@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.config import DeploymentConfig
+from infra.instance_facts import PEAK_BF16_DENSE_TFLOPS
 from workloads.config import MODEL_PRESETS
 from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, GIB, MemoryEstimate, parameter_count
 
@@ -40,8 +41,8 @@ INPROCESS_FIXED_S = 10.0
 #: pageable shared memory (not a pinned DMA, filesystem_async.py), with a device sync every 8
 #: tensors: a conservative 10 GB/s, half of the ~20 GB/s a pinned copy reaches in practice.
 DEFAULT_D2H_GBPS = 10.0
-#: Sustained bf16 throughput per H100 for a Llama-8B FSDP run: 40% of the 989 TFLOP/s dense peak.
-DEFAULT_EFFECTIVE_TFLOPS_PER_GPU = 0.40 * 989.0
+#: Sustained bf16 throughput per H100 for a Llama-8B FSDP run: 40% MFU of the dense peak.
+DEFAULT_EFFECTIVE_TFLOPS_PER_GPU = 0.40 * PEAK_BF16_DENSE_TFLOPS["H100"]
 
 
 def inprocess_recovery_s(state_bytes: int, fsx_bytes_per_s: float) -> float:

@@ -112,7 +112,11 @@ class DataConfig(_Strict):
     dtype: Literal["uint16", "uint32"] | None = Field(
         None, description="token dtype of the shards; default: the manifest's, else uint16")
     seq_len: int = Field(64, ge=2)
-    batch_size: int = Field(8, ge=1, description="sequences per rank per step")
+    batch_size: int = Field(8, ge=1, description="sequences per rank per micro-batch")
+    grad_accum_steps: int = Field(
+        1, ge=1,
+        description="micro-batches per optimizer step; global batch = world size x batch_size x "
+                    "grad_accum_steps sequences")
 
     @model_validator(mode="after")
     def _path_matches_source(self) -> DataConfig:
@@ -240,6 +244,10 @@ class TrainConfig(_Strict):
     distributed: DistributedConfig = DistributedConfig()
     inprocess: InProcessConfig = InProcessConfig()
     fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
+    peak_tflops_per_gpu: float | None = Field(
+        None, gt=0,
+        description="dense bf16 peak of one GPU, the denominator of MFU (workloads/metrics.py); "
+                    "the render sets it from infra/instance_facts.py; unset: MFU is n/a")
 
     @field_validator("faults")
     @classmethod
