@@ -35,8 +35,17 @@ def stdlib_text(limit_bytes: int) -> list[Path]:
 
 def test_byte_shards_hold_exactly_the_text_and_the_manifest_describes_them(tmp_path):
     inputs = stdlib_text(200_000)
-    result = run_cli("data", "prepare", *map(str, inputs), "--out", str(tmp_path / "out"), "--tokenizer", "byte",
-                     "--shard-tokens", "50000")
+    result = run_cli(
+        "data",
+        "prepare",
+        *map(str, inputs),
+        "--out",
+        str(tmp_path / "out"),
+        "--tokenizer",
+        "byte",
+        "--shard-tokens",
+        "50000",
+    )
     assert result.code == 0, result.stderr
     manifest = read_manifest(tmp_path / "out")
     assert manifest["complete"] and manifest["vocab_size"] == 256 and manifest["dtype"] == "uint16"
@@ -56,8 +65,17 @@ def test_interrupted_prepare_resumes_to_the_same_shards(tmp_path):
     partial = read_manifest(tmp_path / "cut")
     assert len(partial["shards"]) == 3 and not partial["complete"]
     first = (tmp_path / "cut" / partial["shards"][0]["file"]).stat().st_mtime_ns
-    result = run_cli("data", "prepare", *map(str, inputs), "--out", str(tmp_path / "cut"), "--tokenizer", "byte",
-                     "--shard-tokens", "40000")
+    result = run_cli(
+        "data",
+        "prepare",
+        *map(str, inputs),
+        "--out",
+        str(tmp_path / "cut"),
+        "--tokenizer",
+        "byte",
+        "--shard-tokens",
+        "40000",
+    )
     assert result.code == 0, result.stderr
     assert "resuming" in result.stdout and "after 3 completed shard(s)" in result.stdout
     resumed = read_manifest(tmp_path / "cut")
@@ -69,8 +87,17 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     inputs = stdlib_text(100_000)
     with pytest.raises(KeyboardInterrupt):
         prepare(inputs, tmp_path / "out", "byte", shard_tokens=30000, stop_after_shards=1)
-    result = run_cli("data", "prepare", *map(str, inputs), "--out", str(tmp_path / "out"), "--tokenizer", "byte",
-                     "--shard-tokens", "20000")
+    result = run_cli(
+        "data",
+        "prepare",
+        *map(str, inputs),
+        "--out",
+        str(tmp_path / "out"),
+        "--tokenizer",
+        "byte",
+        "--shard-tokens",
+        "20000",
+    )
     assert result.code == 2
     assert "--shard-tokens" in result.stderr and "Traceback" not in result.stderr
 
@@ -82,8 +109,9 @@ def _jsonl_corpus(tmp_path: Path) -> tuple[list[Path], list[str]]:
     gz = tmp_path / "b.jsonl.gz"
     gz.write_bytes(gzip.compress("".join(json.dumps({"body": d}) + "\n" for d in docs[100:250]).encode()))
     zst = tmp_path / "c.jsonl.zst"
-    zst.write_bytes(zstandard.ZstdCompressor().compress(
-        "".join(json.dumps({"body": d}) + "\n" for d in docs[250:]).encode()))
+    zst.write_bytes(
+        zstandard.ZstdCompressor().compress("".join(json.dumps({"body": d}) + "\n" for d in docs[250:]).encode())
+    )
     return [plain, gz, zst], docs
 
 
@@ -97,8 +125,19 @@ def test_jsonl_gz_zst_with_a_tokenizer_trained_here(tmp_path):
     tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<|endoftext|>"]))
     tok_path = tmp_path / "tokenizer.json"
     tok.save(str(tok_path))
-    result = run_cli("data", "prepare", *map(str, inputs), "--out", str(tmp_path / "out"), "--tokenizer",
-                     str(tok_path), "--text-field", "body", "--shard-tokens", "3000")
+    result = run_cli(
+        "data",
+        "prepare",
+        *map(str, inputs),
+        "--out",
+        str(tmp_path / "out"),
+        "--tokenizer",
+        str(tok_path),
+        "--text-field",
+        "body",
+        "--shard-tokens",
+        "3000",
+    )
     assert result.code == 0, result.stderr
     manifest = read_manifest(tmp_path / "out")
     assert manifest["vocab_size"] == tok.get_vocab_size() and manifest["tokenizer_sha256"]
@@ -171,8 +210,13 @@ def test_preflight_hashes_shards_and_exits_93_naming_a_corrupt_one(tmp_path, cap
     data = bytearray(victim.read_bytes())
     data[100] ^= 0x01  # same size: only the digest can tell
     victim.write_bytes(bytes(data))
-    cfg = TrainConfig.from_dict({"run_dir": str(tmp_path / "run"), "checkpoint": {"backend": "none"},
-                                 "data": {"source": "memmap", "path": str(root)}})
+    cfg = TrainConfig.from_dict(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "checkpoint": {"backend": "none"},
+            "data": {"source": "memmap", "path": str(root)},
+        }
+    )
     code = main(["--config", str(_write_config(tmp_path, cfg)), "--preflight", "--world-size", "2"])
     assert code == EXIT_DO_NOT_REQUEUE
     assert f"shard {victim} does not match its sha256" in capsys.readouterr().err
