@@ -243,3 +243,17 @@ def test_upload_outside_the_associated_prefix_is_refused(tmp_path):
     result = run_cli("data", "upload", str(root), "s3://nvrx-data/elsewhere/corpus")
     assert result.code == 2
     assert "fsx.data_bucket_prefix" in result.stderr and "s3://BUCKET/data/NAME" in result.stderr
+
+
+@mock_aws
+def test_prepare_with_upload_puts_the_finished_set_in_the_bucket(tmp_path):
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="nvrx-data")
+    inputs = stdlib_text(60_000)
+    result = run_cli(
+        "data", "prepare", *map(str, inputs), "--out", str(tmp_path / "out"), "--tokenizer", "byte",
+        "--upload", "s3://nvrx-data/data/small",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    listed = boto3.client("s3", region_name="us-east-1").list_objects_v2(Bucket="nvrx-data", Prefix="data/small/")
+    assert f"data/small/{MANIFEST_NAME}" in {o["Key"] for o in listed["Contents"]}
+    assert "in the pods: /fsx/s3/small" in result.stdout
