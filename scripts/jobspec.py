@@ -312,7 +312,11 @@ def build_jobspec(
     if workload == "train":
         facts = spec.facts
         problem = check_fits(
-            spec.train, spec.world_size, facts.gpu_memory_gib, f"{facts.gpu_model} ({spec.instance_type})"
+            spec.train,
+            spec.world_size,
+            facts.gpu_memory_gib,
+            f"{facts.gpu_model} ({spec.instance_type})",
+            ranks_per_node=spec.nproc_per_node,
         )
         if problem:
             raise ConfigError(f"--train-config/--set: {problem}")

@@ -188,7 +188,7 @@ def plan_for_job(config: DeploymentConfig, train, nodes: int, **assumptions) -> 
         preset=train.model.preset,
         tokens_per_step=gpus * data.batch_size * data.seq_len * data.grad_accum_steps,
         interval_steps=train.checkpoint.interval_steps,
-        memory=estimate_for(train, gpus),
+        memory=estimate_for(train, gpus, ranks_per_node=config.gpu_nodes.facts.gpus),
         **assumptions,
     )
 

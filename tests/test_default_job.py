@@ -12,7 +12,8 @@ from infra.instance_facts import INSTANCE_FACTS
 from scripts.jobspec import default_job
 from scripts.plan import optimal_interval_steps
 from tests.cli_harness import run_cli
-from workloads.config import MODEL_PRESETS
+from workloads.config import MODEL_PRESETS, TrainConfig
+from workloads.memory import estimate_for
 from workloads.metrics import flops_per_token, step_throughput, summarize_throughput
 
 
@@ -103,3 +104,14 @@ def test_throughput_summary_leaves_out_the_warm_up_step():
     summary = summarize_throughput(steps)
     assert summary["tokens_per_s"] == 100.0 and summary["step_time_s"] == 1.0 and summary["mfu"] is None
     assert (summary["first_loss"], summary["last_loss"]) == (4.0, 1.0)
+
+
+def test_hybrid_shard_divides_the_state_by_one_nodes_gpus_only():
+    full = rendered_train()
+    hybrid = rendered_train("--set", "distributed.shard=hybrid", "--nodes", "4")
+    assert full["distributed"]["shard"] == "full" and hybrid["distributed"]["shard"] == "hybrid"
+    config = resolve_config("p5")
+    job = default_job(config, 4, ["distributed.shard=hybrid"])
+    sharded_full = estimate_for(TrainConfig.from_dict({**job.model_dump(), "distributed": {}}), 32).sharded_state
+    sharded_hybrid = estimate_for(job, 32, ranks_per_node=8).sharded_state
+    assert sharded_hybrid == 4 * sharded_full  # 1/8 of the state per GPU instead of 1/32

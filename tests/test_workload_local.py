@@ -91,3 +91,12 @@ def test_gradient_accumulation_resumes_exactly(tmp_path, tmp_path_factory):
     # 2 micro-batches per step: the step's fingerprint covers both, so it differs from the first alone.
     ends = load_run(tmp_path / "clean").of("step_end", rank=0)
     assert ends[0]["tokens_per_s"] == pytest.approx(2 * 2 * 8 * 64 / ends[0]["step_s"])
+
+
+def test_hybrid_shard_on_one_node_trains_exactly_like_full_shard(tmp_path, tmp_path_factory):
+    """The 2-D mesh path (1 node x 2 ranks: replication degree 1) must reproduce full sharding
+    bit for bit; replication across nodes needs more than one node and is not exercised here."""
+    with exclusive_trainer_runs(tmp_path_factory):
+        local_run(tmp_path / "full", steps=6, interval=3)
+        local_run(tmp_path / "hybrid", steps=6, interval=3, overrides=("distributed.shard=hybrid",))
+    assert _final_state(tmp_path / "hybrid") == _final_state(tmp_path / "full")

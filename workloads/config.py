@@ -200,6 +200,12 @@ class DistributedConfig(_Strict):
         False,
         description="on NCCL, exit 93 unless NCCL uses the aws-ofi-nccl plugin with provider efa "
                     "(workloads/transport.py); the render sets it from the instance facts")
+    shard: Literal["full", "hybrid"] = Field(
+        "full",
+        description="full: FSDP2 shards over every rank. hybrid: shards inside a node and "
+                    "replicates across nodes (2-D mesh nodes x local ranks): the all-gathers and "
+                    "reduce-scatters stay on NVLink, only a gradient all-reduce crosses EFA, and "
+                    "each GPU holds 1/local-ranks of the state instead of 1/world")
 
 
 class InProcessConfig(_Strict):

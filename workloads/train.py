@@ -190,7 +190,14 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         with require_efa(cfg.distributed.require_efa, runtime.backend, cfg.run_dir, process.rank):
             _init_process_group(process, runtime, iteration)
         rank, world = dist.get_rank(), dist.get_world_size()
-        mesh = init_device_mesh(runtime.device.type, (world,))
+        if cfg.distributed.shard == "hybrid":
+            # HSDP: FSDP2 shards along "shard" (the ranks of one node) and replicates along
+            # "replicate"; fully_shard takes the 2-D mesh as is (workloads.model).
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            mesh = init_device_mesh(runtime.device.type, (world // local, local),
+                                    mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh(runtime.device.type, (world,))
         shape = cfg.model.shape
         torch.manual_seed(cfg.seed + rank)
         random.seed(cfg.seed + rank)
