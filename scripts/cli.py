@@ -122,8 +122,16 @@ def _job_options(
     from scripts.job_commands import JobOptions
 
     return JobOptions(
-        nodes, api, fabric_test, name, image, train_config, list(overrides or []) + _data_overrides(data), faults,
-        max_restarts, max_step_time_s
+        nodes,
+        api,
+        fabric_test,
+        name,
+        image,
+        train_config,
+        list(overrides or []) + _data_overrides(data),
+        faults,
+        max_restarts,
+        max_step_time_s,
     )
 
 
@@ -332,6 +340,8 @@ def local(
 
     if run_dir is not None and run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir} is a file; give a directory (new, or a run's with --resume)")
+    if data is not None and not data.is_dir():
+        raise ConfigError(f"--data {data} is not a directory; give the --out directory of `nvrx-eks data prepare`")
     if port is not None and not 1 <= port < MAX_TCP_PORT:
         raise ConfigError(f"--port {port}: give a TCP port from 1 to {MAX_TCP_PORT - 1} (the run also uses port + 1)")
 
@@ -428,12 +438,15 @@ def data_prepare(
 ) -> None:
     """Tokenize text into token shards + manifest, streaming and resumable."""
     from scripts.data_commands import prepare
+    from scripts.data_upload import parse_s3_url, pod_path, upload
 
+    deployment = None
+    if upload_to is not None:  # a wrong URL is refused before the work, not after
+        deployment = _deployment(profile, config).config
+        pod_path(deployment, parse_s3_url(upload_to)[1])
     prepare(inputs, out, tokenizer, text_field, shard_tokens, Console())
-    if upload_to is not None:
-        from scripts.data_upload import upload
-
-        upload(_deployment(profile, config).config, out, upload_to, Console())
+    if deployment is not None:
+        upload(deployment, out, upload_to, Console())
 
 
 @data_app.command("upload")

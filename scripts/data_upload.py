@@ -35,7 +35,7 @@ def pod_path(config: DeploymentConfig, prefix: str) -> str:
     parts = PurePosixPath(prefix).parts
     if data_prefix and tuple(parts[: len(PurePosixPath(data_prefix).parts)]) != PurePosixPath(data_prefix).parts:
         raise ConfigError(
-            f"--upload: s3 prefix '{prefix}' is outside '{data_prefix}/', the only prefix the FSx data "
+            f"s3 URL: prefix '{prefix}' is outside '{data_prefix}/', the only prefix the FSx data "
             f"repository association imports (fsx.data_bucket_prefix); use s3://BUCKET/{data_prefix}/NAME"
         )
     rest = PurePosixPath(*parts[len(PurePosixPath(data_prefix).parts) :]) if data_prefix else PurePosixPath(prefix)

@@ -199,6 +199,20 @@ def _resumable(out: Path, fresh: dict[str, Any]) -> dict[str, Any]:
     return old
 
 
+def check_arguments(inputs: list[Path], out: Path, tokenizer: str, shard_tokens: int) -> Tokenizer:
+    """Every argument, before any work: ConfigError naming the one at fault. Returns the tokenizer."""
+    for path in inputs:
+        if not path.is_file():
+            raise ConfigError(f"INPUT: {path} is not a file; give text, JSONL, .gz or .zst files")
+    if shard_tokens < 2:
+        raise ConfigError("--shard-tokens: must be at least 2")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} is a file; give a directory for the shards")
+    tok = load_tokenizer(tokenizer)
+    out.mkdir(parents=True, exist_ok=True)
+    return tok
+
+
 def prepare(
     inputs: list[Path],
     out: Path,
@@ -214,15 +228,7 @@ def prepare(
     progress(kind, n): kind "bytes" (input bytes read), "shard" (tokens of a shard written).
     stop_after_shards: raise KeyboardInterrupt after that many new shards, as an interruption
     by the user would (tests)."""
-    for path in inputs:
-        if not path.is_file():
-            raise ConfigError(f"INPUT: {path} is not a file; give text, JSONL, .gz or .zst files")
-    if shard_tokens < 2:
-        raise ConfigError("--shard-tokens: must be at least 2")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out: {out} is a file; give a directory for the shards")
-    out.mkdir(parents=True, exist_ok=True)
-    tok = load_tokenizer(tokenizer)
+    tok = check_arguments(inputs, out, tokenizer, shard_tokens)
     manifest = _resumable(out, _new_manifest(tok, inputs, shard_tokens, text_field))
     if manifest["complete"]:
         return manifest
