@@ -197,8 +197,9 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
                 time.sleep(0.2)
     code = launcher.returncode
     # A rank decided that no restart can fix this run and shut the workload down: the launcher
-    # exits 1 on the closed rendezvous, the run's result is 93 (workloads.do_not_requeue).
-    record = do_not_requeue.read_record(run_dir, attempt) if code != 0 else None
+    # exits 1 (or 0 on a node whose ranks did not fail), the run's result is 93
+    # (workloads.do_not_requeue).
+    record = do_not_requeue.read_record(run_dir, attempt)
     if record is not None:
         code = EXIT_DO_NOT_REQUEUE
     tracker.sample(launcher.pid)

@@ -4,9 +4,11 @@ every node of the attempt can read it. No torch.
 Why a file: ft_launcher 0.7.0 restarts ranks whatever code they exit with; its
 `--ft-no-restart-exit-code` is only its own exit code when NVRx itself decides to stop. So a rank
 that exits 93 (workloads.exit_codes) also asks its launcher to shut the workload down
-(workloads.ft_integration), which closes the rendezvous for every node, and each launcher then exits
-1 (RendezvousClosedError). The record tells every wrapper of a launcher (the container entrypoint,
-`nvrx-eks local`) that this 1 means "do not requeue": it exits 93 instead and prints the reason.
+(workloads.ft_integration), which closes the rendezvous for every node. That node's launcher then
+exits 1 (RendezvousClosedError), the launchers of the other nodes exit 0 ("rendezvous gracefully
+exited", as a standby node does). The record tells every wrapper of a launcher (the container
+entrypoint, `nvrx-eks local`) that either code means "do not requeue": it exits 93 instead and
+prints the reason.
 
     <run_dir>/do-not-requeue/<attempt id>.json   {"reason", "rank", "time"}
 
@@ -21,7 +23,7 @@ local`: a fresh id per run). A reader may also ignore records older than its own
 First writer wins (a hard link of a complete temporary file: atomic and exclusive), so the
 reason recorded is the first rank's.
 
-CLI, for the container entrypoint after ft_launcher failed:
+CLI, for the container entrypoint after ft_launcher ended:
     python -m workloads.do_not_requeue --run-dir DIR [--since EPOCH_S]
 prints the reason in one line and exits 0 when this attempt has a record, else exits 1 silently.
 """
@@ -87,7 +89,7 @@ def describe(record: dict) -> str:
 
 
 def check_argv(run_dir: str, python: str = "python") -> list[str]:
-    """The check the container entrypoint runs after ft_launcher failed (see main)."""
+    """The check the container entrypoint runs after ft_launcher ended (see main)."""
     return [python, "-m", "workloads.do_not_requeue", "--run-dir", run_dir]
 
 
