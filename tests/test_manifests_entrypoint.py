@@ -241,7 +241,9 @@ while True:
 """
 
 
-def _real_launcher_sandbox(work: Path, env: dict, api: str, *, nnodes: int = 1, node: int = 0, port: int) -> tuple[str, dict]:
+def _real_launcher_sandbox(
+    work: Path, env: dict, api: str, *, nnodes: int = 1, node: int = 0, port: int
+) -> tuple[str, dict]:
     """The rendered entrypoint of `api` with the real ft_launcher (local rendezvous, one CPU rank
     per node, no restarts beyond one) running STOPPING_RANK, the run dir under `work`."""
     from workloads.config import TrainConfig

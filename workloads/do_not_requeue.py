@@ -94,11 +94,15 @@ def check_argv(run_dir: str, python: str = "python") -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.do_not_requeue", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m workloads.do_not_requeue",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--since", type=float, default=None,
-                        help="ignore records written before this time (seconds since the epoch)")
+    parser.add_argument(
+        "--since", type=float, default=None, help="ignore records written before this time (seconds since the epoch)"
+    )
     args = parser.parse_args(argv)
     attempt = attempt_id()
     record = read_record(args.run_dir, attempt, args.since) if attempt else None

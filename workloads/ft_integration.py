@@ -85,8 +85,7 @@ class FaultToleranceReporter:
         from nvidia_resiliency_ext.fault_tolerance.data import WorkloadAction, WorkloadControlRequest
 
         with self.atomic():
-            self.client.send_workload_control_request(
-                WorkloadControlRequest(WorkloadAction.ShutdownWorkload, reason))
+            self.client.send_workload_control_request(WorkloadControlRequest(WorkloadAction.ShutdownWorkload, reason))
 
     def end_all_sections(self) -> None:
         """Called when an in-process restart begins (NVRx has stopped raising into this thread
