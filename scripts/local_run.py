@@ -196,6 +196,7 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
                 tracker.sample(launcher.pid)
                 time.sleep(0.2)
     code = launcher.returncode
+    ended_at = time.time()  # the launcher's end; reaping what it left comes after
     # A rank decided that no restart can fix this run and shut the workload down: the launcher
     # exits 1 (or 0 on a node whose ranks did not fail), the run's result is 93
     # (workloads.do_not_requeue).
@@ -208,7 +209,7 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
     (run_dir / "local_run.json").write_text(json.dumps(
         {"exit_code": code, "wall_s": wall_s, "started_at": started_at,
          "processes_seen": len(tracker.seen), "killed_after_exit": killed,
-         "launcher_exit_code": launcher.returncode,
+         "launcher_exit_code": launcher.returncode, "launcher_ended_at": ended_at,
          "stopped_by": record["reason"] if record else stop_reason(load_run(run_dir), started_at)},
         indent=1))
     if print_summary:
