@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.local_run import LOCAL_CPU_PROFILE
 from tests.trainer_fixtures import (
     REPO,
     assert_nothing_left,
@@ -34,7 +35,6 @@ from tests.trainer_fixtures import (
     port_pair,
     shared_local_run,
 )
-from scripts.local_run import LOCAL_CPU_PROFILE
 from workloads import ckpt_layout as layout
 from workloads.events import load_run
 from workloads.exit_codes import EXIT_BOUND_S, EXIT_DO_NOT_REQUEUE
