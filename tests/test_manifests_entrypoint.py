@@ -266,9 +266,7 @@ def _real_launcher_sandbox(
     (bin_dir / "ft_launcher").write_text(f"#!/bin/sh\nexec {shlex.join(argv)}\n")
     (bin_dir / "ft_launcher").chmod(0o755)
     script = _entrypoint(api)
-    rendered_run_dir = "--run-dir /fsx/runs/train"
-    assert rendered_run_dir in script
-    script = script.replace(rendered_run_dir, f"--run-dir {work / 'run'}")
+    script = script.replace("--run-dir /fsx/runs/train", f"--run-dir {work / 'run'}")
     env = {**env, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "NVRX_EKS_ATTEMPT_ID": "uid-1-0"}  # fmt: skip
     return script, env

@@ -105,9 +105,6 @@ def _assert_unrecoverable_exit(run_dir: Path, result: subprocess.CompletedProces
     assert result.returncode == EXIT_DO_NOT_REQUEUE, result.stdout[-3000:] + log[-3000:]
     # No rank went through interpreter shutdown, where NVRx's __del__ can block for good.
     assert "Python is likely shutting down" not in log
-    # The 93 is the runner's, from the deciding rank's record: the launcher itself exited 1 on
-    # the rendezvous the rank's shutdown request closed.
-    assert record["launcher_exit_code"] == 1, record
     # Named in one line: the trainer's error line, the runner's record and its table.
     assert record["stopped_by"] is not None and cause in record["stopped_by"], record
     assert "\n" not in record["stopped_by"] and f"error: {record['stopped_by']}" in log
@@ -122,6 +119,9 @@ def _assert_unrecoverable_exit(run_dir: Path, result: subprocess.CompletedProces
     assert {e["cycle"] for e in mine} == {0}, sorted({e["cycle"] for e in mine})
     assert not [e for e in mine if e["event"] == "run_start" and e["t"] > first]
     assert "launcher 0" in result.stdout, result.stdout
+    # The 93 is the runner's, from the deciding rank's record: the launcher itself exited 1 on
+    # the rendezvous the rank's shutdown request closed.
+    assert record["launcher_exit_code"] == 1, record
     # Bounded: the launcher ended within the ranks' exit bound plus one launcher shutdown.
     assert record["launcher_ended_at"] - first < EXIT_BOUND_S + LAUNCHER_SHUTDOWN_S, (first, record)
     # The table reports this run, not the state digest of the earlier run in this directory.
