@@ -156,7 +156,32 @@ def train_attempt(process: ProcessState, call_wrapper: CallWrapper | None = None
         # still do on the way out (barriers with peers, stopping the checkpoint worker).
         arm_exit_watchdog(EXIT_DO_NOT_REQUEUE)
         process.events.emit("unrecoverable", reason=str(err)[:2000])
+        _stop_the_job(process, str(err))
         raise Unrecoverable(str(err)) from None
+
+
+def _stop_the_job(process: ProcessState, reason: str) -> None:
+    """Make the 93 stick beyond this rank: record the decision for this job attempt on the shared
+    run dir, then ask ft_launcher to shut the workload down instead of restarting ranks
+    (workloads.do_not_requeue says how the launcher's wrapper turns both into exit 93). Each
+    step on its own and best effort: the exit is bounded by the watchdog already armed."""
+    from workloads import do_not_requeue
+
+    attempt = do_not_requeue.attempt_id()
+    if attempt is None:
+        log.info("no %s set: the decision is not recorded for the launcher's wrapper",
+                 do_not_requeue.ATTEMPT_ID_ENV)
+    else:
+        try:
+            do_not_requeue.write_record(process.cfg.run_dir, attempt, reason=reason,
+                                        rank=process.rank)
+        except OSError as err:
+            log.warning("could not record the do-not-requeue decision in %s: %s",
+                        process.cfg.run_dir, err)
+    try:
+        process.ft.request_shutdown(reason)
+    except Exception:  # noqa: BLE001 - a launcher connection already gone must not block the exit
+        log.exception("could not ask ft_launcher to shut the workload down")
 
 
 def _train_attempt(process: ProcessState, call_wrapper) -> dict:
