@@ -304,12 +304,19 @@ def teardown(
 
 @app.command()
 def local(
-    nproc: int = typer.Option(2, "--nproc", help="CPU ranks (gloo)."),
+    nproc: int = typer.Option(2, "--nproc", help="CPU ranks (gloo) per simulated node."),
+    nodes: int = typer.Option(1, "--nodes", help="Simulated nodes: one ft_launcher each, own local checkpoint root."),
+    local_interval: int | None = typer.Option(
+        None,
+        "--local-interval",
+        min=1,
+        help="Steps between node-local checkpoints, replicated to another node (default off).",
+    ),
     steps: int = typer.Option(60, help="Training steps."),
     faults: str = typer.Option("", help='Faults to inject, e.g. "exception@20:1,sigkill@40:0".'),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Default: runs/local-<time>."),
     preset: str = typer.Option("tiny", help="Model preset: tiny, small, 1b, 8b."),
-    checkpoint_interval: int = typer.Option(10, "--checkpoint-interval", help="Steps between saves."),
+    checkpoint_interval: int = typer.Option(10, "--checkpoint-interval", help="Steps between FSx-tier saves."),
     backend: str = typer.Option("nvrx", help="Checkpoint backend: nvrx, dcp-async, sync, none."),
     resume: bool = typer.Option(False, help="Continue the run already in --run-dir."),
     overrides: list[str] = typer.Option([], "--set", help="TrainConfig override key=value (repeatable)."),
@@ -335,6 +342,8 @@ def local(
         overrides=overrides,
         port=port,
         console=Console(),
+        nodes=nodes,
+        local_interval=local_interval,
     )
     raise typer.Exit(code)
 
