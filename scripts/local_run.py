@@ -281,6 +281,15 @@ def print_report(console: Console, run_dir: Path, code: int, wall_s: float,
         table.add_row("checkpoint pointer", escape(rebuilt["reason"]))
     for fb in run.of("checkpoint_fallback", rank=0):
         table.add_row("checkpoint fallback", escape(f"{Path(fb['path']).name}: {fb['reason']}"))
+    restores = run.of("local_restore")
+    if restores or run.of("local_save"):
+        via = [e["source"] for e in restores]
+        table.add_row("local tier", f"{len(run.of('local_save', rank=0))} saves; restores by rank: "
+                      f"{via.count('local')} own copy, {via.count('replica')} replica; "
+                      f"FSx loads {len(run.of('checkpoint_load'))}")
+    for skipped in run.of("local_copy_skipped"):
+        table.add_row("local copy skipped", escape(f"rank {skipped['origin_rank']} step "
+                                                   f"{skipped['step']}: {skipped['reason']}"))
     if report.stalls_s:
         table.add_row("checkpoint stall", f"median {report.median_stall_s * 1000:.1f} ms, max "
                       f"{max(report.stalls_s) * 1000:.1f} ms over {len(report.stalls_s)} saves")

@@ -24,17 +24,24 @@ from workloads.local_tier import (
     fill_state,
     read_copy,
     split_state,
+    write_copy,
 )
 
 
 def _state(rank: int, value: float) -> dict:
-    return {"model": {"w": torch.full((4,), value + rank)},
-            "optim": {"state": {"w": {"step": torch.tensor(float(value)),
-                                      "exp_avg": torch.full((4,), -value)}},
-                      "param_groups": [{"lr": 0.1 * value, "betas": (0.9, 0.95), "params": ["w"]}]},
-            "train": {"step": int(value), "last_loss": float("nan"),
-                      "scheduler": {"last_epoch": int(value), "lr_lambdas": [None]}},
-            "data": {"epoch": 0, "cursor": int(value) * 8, "epoch_length": 0}}
+    return {
+        "model": {"w": torch.full((4,), value + rank)},
+        "optim": {
+            "state": {"w": {"step": torch.tensor(float(value)), "exp_avg": torch.full((4,), -value)}},
+            "param_groups": [{"lr": 0.1 * value, "betas": (0.9, 0.95), "params": ["w"]}],
+        },
+        "train": {
+            "step": int(value),
+            "last_loss": float("nan"),
+            "scheduler": {"last_epoch": int(value), "lr_lambdas": [None]},
+        },
+        "data": {"epoch": 0, "cursor": int(value) * 8, "epoch_length": 0},
+    }
 
 
 def _blank(rank: int) -> dict:
@@ -62,8 +69,9 @@ def _worker(rank: int, port: int, run_dir: str, plan: str, out: str) -> None:
     from workloads.local_tier import LocalTier
 
     root = Path(run_dir) / f"node{rank}"
-    cfg = TrainConfig.from_dict({"run_dir": run_dir, "checkpoint": {
-        "local": {"interval_steps": 2, "dir": str(root), "keep": 2}}})
+    cfg = TrainConfig.from_dict(
+        {"run_dir": run_dir, "checkpoint": {"local": {"interval_steps": 2, "dir": str(root), "keep": 2}}}
+    )
     events = EventLog(Path(run_dir), rank)
     tier = LocalTier(cfg, events=events, nproc_per_node=1)
     for step in (2, 4, 6):
@@ -80,9 +88,16 @@ def _worker(rank: int, port: int, run_dir: str, plan: str, out: str) -> None:
                 (Path(run_dir) / f"node{node}" / "step_00000006" / f"rank1{suffix}").unlink()
     dist.barrier()
     restored = tier.restore(lambda: _blank(rank), fsx_step)
-    result = None if restored is None else {
-        "step": restored.step, "source": restored.source,
-        "w": restored.state["model"]["w"].tolist(), "cursor": restored.state["data"]["cursor"]}
+    result = (
+        None
+        if restored is None
+        else {
+            "step": restored.step,
+            "source": restored.source,
+            "w": restored.state["model"]["w"].tolist(),
+            "cursor": restored.state["data"]["cursor"],
+        }
+    )
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     events.close()
     dist.destroy_process_group()
@@ -91,11 +106,11 @@ def _worker(rank: int, port: int, run_dir: str, plan: str, out: str) -> None:
 def _run(tmp_path: Path, plan: str) -> tuple[dict, list[dict]]:
     out = tmp_path / "out"
     out.mkdir()
-    mp.start_processes(_worker, args=(port_pair(), str(tmp_path), plan, str(out)), nprocs=2,
-                       start_method="spawn")
+    mp.start_processes(_worker, args=(port_pair(), str(tmp_path), plan, str(out)), nprocs=2, start_method="spawn")
     results = {r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)}
-    events = [json.loads(line) for f in sorted((tmp_path / "events").glob("*.jsonl"))
-              for line in f.read_text().splitlines()]
+    events = [
+        json.loads(line) for f in sorted((tmp_path / "events").glob("*.jsonl")) for line in f.read_text().splitlines()
+    ]
     return results, events
 
 
@@ -113,7 +128,8 @@ def test_a_damaged_own_copy_is_replaced_by_the_replica_on_the_other_node(tmp_pat
     assert results[0]["source"] == "local"
     skipped = [e for e in events if e["event"] == "local_copy_skipped"]
     assert [(e["rank"], e["step"], e["origin_rank"], e["reason"]) for e in skipped] == [
-        (1, 6, 1, "does not match its recorded SHA-256")]
+        (1, 6, 1, "does not match its recorded SHA-256")
+    ]
     restore = [e for e in events if e["event"] == "local_restore" and e["rank"] == 1]
     assert restore[0]["source"] == "replica" and restore[0]["from_rank"] == 0
 
@@ -135,9 +151,11 @@ def test_corrupt_local_needs_the_local_tier():
     assert parse_fault_spec("corrupt-local@5:1")[0].kind == "corrupt-local"
     with pytest.raises(ValueError, match="checkpoint.local.interval_steps"):
         TrainConfig.from_dict({"steps": 10, "faults": "corrupt-local@5:1"})
-    TrainConfig.from_dict({"steps": 10, "faults": "corrupt-local@5:1",
-                           "checkpoint": {"local": {"interval_steps": 2}}})
+    TrainConfig.from_dict({"steps": 10, "faults": "corrupt-local@5:1", "checkpoint": {"local": {"interval_steps": 2}}})
 
 
-def test_read_copy_names_an_incomplete_copy(tmp_path):
-    assert read_copy(tmp_path, 2, 0) == (None, "incomplete (no record)")
+def test_read_copy_names_an_incomplete_copy_and_one_of_another_run(tmp_path):
+    assert read_copy(tmp_path, 2, 0, "run-a") == (None, "incomplete (no record)")
+    write_copy(tmp_path, 2, 0, b"x", "run-a")
+    assert read_copy(tmp_path, 2, 0, "run-a") == (b"x", None)
+    assert read_copy(tmp_path, 2, 0, "run-b") == (None, "written by another run (run-a), not this one (run-b)")

@@ -35,6 +35,7 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,11 @@ from workloads.config import TrainConfig
 from workloads.events import EventLog
 
 log = logging.getLogger(__name__)
+
+#: In the run directory (on FSx): the run's identity, recorded in every local copy. A node-local
+#: directory outlives the run that wrote it (a job resubmitted under the same name gets the same
+#: directory); a copy from another run is never restored.
+RUN_ID_FILE = "local-tier-run-id"
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 _COPY = re.compile(r"^rank(\d+)\.json$")
@@ -91,14 +97,14 @@ def split_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[st
     return tensors, meta
 
 
-def fill_state(template: Any, tensors: dict[str, torch.Tensor], meta: dict[str, Any],
-               path: tuple[str, ...] = ()) -> Any:
+def fill_state(
+    template: Any, tensors: dict[str, torch.Tensor], meta: dict[str, Any], path: tuple[str, ...] = ()
+) -> Any:
     """`template` with its tensors overwritten in place from `tensors` and its other leaves
     replaced from `meta` (same structure as split_state walked)."""
     if isinstance(template, dict):
         return {k: fill_state(v, tensors, meta, (*path, str(k))) for k, v in template.items()}
-    if isinstance(template, (list, tuple)) and any(isinstance(v, (dict, torch.Tensor))
-                                                    for v in template):
+    if isinstance(template, (list, tuple)) and any(isinstance(v, (dict, torch.Tensor)) for v in template):
         filled = [fill_state(v, tensors, meta, (*path, str(i))) for i, v in enumerate(template)]
         return type(template)(filled)
     key = _key(path)
@@ -106,8 +112,9 @@ def fill_state(template: Any, tensors: dict[str, torch.Tensor], meta: dict[str, 
         local = template.to_local() if isinstance(template, DTensor) else template
         stored = tensors[key]
         if stored.shape != local.shape or stored.dtype != local.dtype:
-            raise ValueError(f"{key}: stored {stored.dtype}{tuple(stored.shape)}, expected "
-                             f"{local.dtype}{tuple(local.shape)}")
+            raise ValueError(
+                f"{key}: stored {stored.dtype}{tuple(stored.shape)}, expected {local.dtype}{tuple(local.shape)}"
+            )
         with torch.no_grad():
             local.copy_(stored)
         return template
@@ -126,7 +133,20 @@ def decode_copy(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return loaded["tensors"], json.loads(loaded["meta"])
 
 
-def write_copy(root: Path, step: int, rank: int, data: bytes) -> Path:
+def run_id(run_dir: Path) -> str:
+    """This run's identity, created on first use (collective: rank 0 decides, all ranks learn)."""
+    ident: list[str | None] = [None]
+    if dist.get_rank() == 0:
+        path = run_dir / RUN_ID_FILE
+        if not path.is_file():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, uuid.uuid4().hex)
+        ident[0] = path.read_text().strip()
+    dist.broadcast_object_list(ident, src=0)
+    return ident[0]
+
+
+def write_copy(root: Path, step: int, rank: int, data: bytes, run: str) -> Path:
     """Write one rank's copy of `step` under `root`: the data, then its record (size, SHA-256),
     each atomically, so a copy interrupted half way has no record and is never read."""
     directory = step_dir(root, step)
@@ -136,13 +156,16 @@ def write_copy(root: Path, step: int, rank: int, data: bytes) -> Path:
     with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, target)
-    atomic_write(directory / f"rank{rank}.json", json.dumps(
-        {"step": step, "rank": rank, "bytes": len(data),
-         "sha256": hashlib.sha256(data).hexdigest()}))
+    atomic_write(
+        directory / f"rank{rank}.json",
+        json.dumps(
+            {"step": step, "rank": rank, "run": run, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        ),
+    )
     return target
 
 
-def read_copy(root: Path, step: int, rank: int) -> tuple[bytes | None, str | None]:
+def read_copy(root: Path, step: int, rank: int, run: str) -> tuple[bytes | None, str | None]:
     """(data, None) when the copy is complete and verifies, else (None, reason)."""
     directory = step_dir(root, step)
     try:
@@ -151,6 +174,8 @@ def read_copy(root: Path, step: int, rank: int) -> tuple[bytes | None, str | Non
         return None, "incomplete (no record)"
     except (OSError, ValueError) as err:
         return None, f"unreadable record: {err}"
+    if record.get("run") != run:
+        return None, f"written by another run ({record.get('run')}), not this one ({run})"
     try:
         data = (directory / f"rank{rank}.pt").read_bytes()
     except OSError as err:
@@ -201,8 +226,7 @@ class LocalRestore:
     source: str  # "local" (own copy) or "replica" (received from the rank that held it)
 
 
-def _exchange(group: Any, send_to: int | None, payload: bytes | None,
-              recv_from: int | None) -> bytes | None:
+def _exchange(group: Any, send_to: int | None, payload: bytes | None, recv_from: int | None) -> bytes | None:
     """Send `payload` to one rank and receive one from another, without ordering deadlocks:
     sizes first, then the bytes, all as non-blocking pairs."""
     works = []
@@ -216,8 +240,7 @@ def _exchange(group: Any, send_to: int | None, payload: bytes | None,
     works = []
     data_in = None
     if send_to is not None:
-        works.append(dist.isend(torch.frombuffer(bytearray(payload), dtype=torch.uint8), send_to,
-                                group=group))
+        works.append(dist.isend(torch.frombuffer(bytearray(payload), dtype=torch.uint8), send_to, group=group))
     if recv_from is not None:
         data_in = torch.empty(int(size_in.item()), dtype=torch.uint8)
         works.append(dist.irecv(data_in, recv_from, group=group))
@@ -245,6 +268,7 @@ class LocalTier:
         # Its own gloo group: replicas move in the writer thread while the training thread runs
         # the step's collectives on the default group.
         self._group = dist.new_group(backend="gloo")
+        self.run = run_id(Path(cfg.run_dir))
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_saved_step = -1
@@ -265,27 +289,31 @@ class LocalTier:
         nbytes = sum(t.nbytes for t in tensors.values())
         self.events.emit("local_save", step=step, stall_s=stall, bytes=nbytes)
         self._writer = _previous_writer = threading.Thread(
-            target=self._write_and_replicate, args=(step, tensors, meta),
-            name=f"local-tier-{step}", daemon=True)
+            target=self._write_and_replicate, args=(step, tensors, meta), name=f"local-tier-{step}", daemon=True
+        )
         self._writer.start()
         self.last_saved_step = step
         return stall
 
-    def _write_and_replicate(self, step: int, tensors: dict[str, torch.Tensor],
-                             meta: dict[str, Any]) -> None:
+    def _write_and_replicate(self, step: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         try:
             started = time.monotonic()
             data = encode_copy(tensors, meta)
-            write_copy(self.root, step, self.rank, data)
+            write_copy(self.root, step, self.rank, data, self.run)
             written = time.monotonic()
             replica = None
             if self.peer is not None:
                 replica = _exchange(self._group, self.peer, data, self.source)
-                write_copy(self.root, step, self.source, replica)
+                write_copy(self.root, step, self.source, replica, self.run)
             self._retain()
-            self.events.emit("local_saved", step=step, write_s=written - started,
-                             replicate_s=time.monotonic() - written, bytes=len(data),
-                             replica_of=self.source)
+            self.events.emit(
+                "local_saved",
+                step=step,
+                write_s=written - started,
+                replicate_s=time.monotonic() - written,
+                bytes=len(data),
+                replica_of=self.source,
+            )
         except BaseException as err:  # noqa: BLE001 - reported by wait(); the thread must end
             self._error = err
 
@@ -296,10 +324,8 @@ class LocalTier:
             self._writer.join()
             self._writer = None
         if self._error is not None:
-            log.warning("local checkpoint save failed: %s: %s", type(self._error).__name__,
-                        self._error)
-            self.events.emit("local_save_failed", reason=f"{type(self._error).__name__}: "
-                                                         f"{self._error}"[:500])
+            log.warning("local checkpoint save failed: %s: %s", type(self._error).__name__, self._error)
+            self.events.emit("local_save_failed", reason=f"{type(self._error).__name__}: {self._error}"[:500])
             self._error = None
 
     def _mine(self) -> set[int]:
@@ -308,7 +334,7 @@ class LocalTier:
     def _retain(self) -> None:
         """Keep the newest `keep` steps of the copies this rank writes (its own and its replica)."""
         steps = sorted({s for s, r in copies_in(self.root) if r in self._mine()}, reverse=True)
-        for step in steps[self.keep:]:
+        for step in steps[self.keep :]:
             self._drop(step)
 
     def _drop(self, step: int) -> None:
@@ -327,20 +353,21 @@ class LocalTier:
 
     # -- restoring -------------------------------------------------------------------------------
 
-    def restore(self, build_state: Callable[[], dict[str, Any]],
-                fsx_step: int) -> LocalRestore | None:
+    def restore(self, build_state: Callable[[], dict[str, Any]], fsx_step: int) -> LocalRestore | None:
         """Collective. The newest step every rank's copy is available for, if not older than
         `fsx_step` (rank 0's view of the newest committed FSx checkpoint); None otherwise."""
         verified: dict[tuple[int, int], bytes] = {}
         for step, origin in copies_in(self.root):
             if origin not in self._mine():
                 continue
-            data, reason = read_copy(self.root, step, origin)
+            data, reason = read_copy(self.root, step, origin, self.run)
             if data is None:
-                log.warning("local checkpoint: skipping rank %d's copy of step %d in %s: %s",
-                            origin, step, self.root, reason)
-                self.events.emit("local_copy_skipped", step=step, origin_rank=origin,
-                                 own=origin == self.rank, reason=reason)
+                log.warning(
+                    "local checkpoint: skipping rank %d's copy of step %d in %s: %s", origin, step, self.root, reason
+                )
+                self.events.emit(
+                    "local_copy_skipped", step=step, origin_rank=origin, own=origin == self.rank, reason=reason
+                )
                 continue
             verified[(step, origin)] = data
         reports: list[Any] = [None] * self.world
@@ -350,15 +377,17 @@ class LocalTier:
         for holder, report in enumerate(reports):
             for step, origin in report["copies"]:
                 holders.setdefault((step, origin), []).append(holder)
-        complete = sorted({s for s, _ in holders
-                           if all((s, r) in holders for r in range(self.world))}, reverse=True)
+        complete = sorted({s for s, _ in holders if all((s, r) in holders for r in range(self.world))}, reverse=True)
         chosen = complete[0] if complete and complete[0] >= fsx_step else None
         if chosen is None:
             newest = max((s for s, _ in holders), default=None)
-            reason = ("no local copies" if newest is None else
-                      f"no step has every rank's copy newer than FSx step {fsx_step}" if complete
-                      else f"newest local step {newest} lacks some rank's copy and no older step "
-                           "is complete")
+            reason = (
+                "no local copies"
+                if newest is None
+                else f"no step has every rank's copy newer than FSx step {fsx_step}"
+                if complete
+                else f"newest local step {newest} lacks some rank's copy and no older step is complete"
+            )
             if complete and complete[0] < fsx_step:
                 reason = f"newest complete local step {complete[0]} is older than FSx step {fsx_step}"
             if self.rank == 0:
@@ -368,8 +397,7 @@ class LocalTier:
         started = time.monotonic()
         # Each rank's copy comes from the rank itself when it verified, else from the lowest
         # rank holding a verified replica.
-        source_of = {r: (r if r in holders[(chosen, r)] else min(holders[(chosen, r)]))
-                     for r in range(self.world)}
+        source_of = {r: (r if r in holders[(chosen, r)] else min(holders[(chosen, r)])) for r in range(self.world)}
         data = verified.get((chosen, self.rank)) if source_of[self.rank] == self.rank else None
         for origin, holder in source_of.items():
             if holder == origin:
@@ -381,8 +409,14 @@ class LocalTier:
         tensors, meta = decode_copy(data)
         state = fill_state(build_state(), tensors, meta)
         via = "local" if source_of[self.rank] == self.rank else "replica"
-        self.events.emit("local_restore", step=chosen, source=via, from_rank=source_of[self.rank],
-                         fsx_step=fsx_step, load_s=time.monotonic() - started)
+        self.events.emit(
+            "local_restore",
+            step=chosen,
+            source=via,
+            from_rank=source_of[self.rank],
+            fsx_step=fsx_step,
+            load_s=time.monotonic() - started,
+        )
         # Copies newer than the chosen step belong to a timeline this restore abandons.
         for step in sorted({s for s, r in copies_in(self.root) if s > chosen and r in self._mine()}):
             self._drop(step)
