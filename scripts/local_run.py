@@ -287,7 +287,8 @@ def print_report(console: Console, run_dir: Path, code: int, wall_s: float,
         table.add_row("local tier", f"{len(run.of('local_save', rank=0))} saves; restores by rank: "
                       f"{via.count('local')} own copy, {via.count('replica')} replica; "
                       f"FSx loads {len(run.of('checkpoint_load'))}")
-    for skipped in run.of("local_copy_skipped"):
+    skips = {(e["origin_rank"], e["step"]): e for e in run.of("local_copy_skipped")}
+    for skipped in skips.values():
         table.add_row("local copy skipped", escape(f"rank {skipped['origin_rank']} step "
                                                    f"{skipped['step']}: {skipped['reason']}"))
     if report.stalls_s:
