@@ -52,14 +52,30 @@ def plan(
     sync_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of a synchronous save."),
     async_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of an NVRx async save."),
     step_time_s: float | None = typer.Option(None, min=0, help="Measured time of one training step."),
+    node_loss_share: float | None = typer.Option(
+        None, help="Share of faults that lose a node and its local checkpoints (default 0.78)."
+    ),
 ) -> None:
     """Optimal checkpoint interval (Young/Daly), expected goodput and the cost of lost time."""
-    from scripts.plan import run
+    from scripts.plan import DEFAULT_NODE_LOSS_SHARE, run
 
     if step_time_s == 0:
         raise ConfigError("--step-time-s must be above 0; give the measured seconds of one training step")
+    if node_loss_share is not None and not 0 < node_loss_share < 1:
+        raise ConfigError(f"--node-loss-share {node_loss_share:g}: give a fraction above 0 and below 1, e.g. 0.5")
 
-    run(profile, config, train_config, nodes, node_mtbf_hours, sync_stall_s, async_stall_s, step_time_s, Console())
+    run(
+        profile,
+        config,
+        train_config,
+        nodes,
+        node_mtbf_hours,
+        sync_stall_s,
+        async_stall_s,
+        step_time_s,
+        Console(),
+        node_loss_share=DEFAULT_NODE_LOSS_SHARE if node_loss_share is None else node_loss_share,
+    )
 
 
 @app.command()
