@@ -3,8 +3,9 @@ to node-local storage and replicated to a rank on another node; the FSx tier
 (workloads.checkpoint) stays the durable one at its longer interval.
 
 Save: the rank's local shards (FSDP2 DTensors' `to_local()`, never the DTensors) and every other
-tensor of the state are copied to CPU on the training thread (the copy floor: the optimizer may
-change them as soon as the save returns); a writer thread then serializes them, writes the copy
+tensor of the state are copied to CPU on the training thread, into the buffers of the previous
+save once its writer is done (the copy floor: the optimizer may change them as soon as the save
+returns); a writer thread then serializes them, writes the copy
 under `<root>/step_<N>/rank<R>.pt` (+ `rank<R>.json`, written last, carrying size and SHA-256:
 a copy without it is incomplete) and exchanges copies with the peers over its own gloo group: rank
 R sends to R + nproc_per_node and receives from R - nproc_per_node, i.e. always to another node.
@@ -84,14 +85,25 @@ def _key(path: tuple[str, ...]) -> str:
     return "\x1f".join(path)
 
 
-def split_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """This rank's share of `state` as (CPU tensor copies, JSON-able leaves), keyed by path."""
+def split_state(
+    state: dict[str, Any], staging: dict[str, torch.Tensor] | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """This rank's share of `state` as (CPU tensor copies, JSON-able leaves), keyed by path.
+    Copies go into the tensors of `staging` where shape and dtype match (no allocation, no page
+    faults: the copy floor), else into new ones."""
     tensors: dict[str, torch.Tensor] = {}
     meta: dict[str, Any] = {}
+    staging = staging if staging is not None else {}
     for path, leaf in _leaves(state):
         if isinstance(leaf, torch.Tensor):
-            local = leaf.to_local() if isinstance(leaf, DTensor) else leaf
-            tensors[_key(path)] = local.detach().to("cpu", copy=True).contiguous()
+            local = leaf.detach()
+            local = local.to_local() if isinstance(local, DTensor) else local
+            key = _key(path)
+            buffer = staging.get(key)
+            if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
+                buffer = torch.empty(local.shape, dtype=local.dtype, device="cpu")
+            buffer.copy_(local)
+            tensors[key] = buffer
         else:
             meta[_key(path)] = list(leaf) if isinstance(leaf, tuple) else leaf
     return tensors, meta
@@ -270,6 +282,7 @@ class LocalTier:
         self._group = dist.new_group(backend="gloo")
         self.run = run_id(Path(cfg.run_dir))
         self._writer: threading.Thread | None = None
+        self._staging: dict[str, torch.Tensor] = {}
         self._error: BaseException | None = None
         self.last_saved_step = -1
         global _previous_writer
@@ -284,7 +297,9 @@ class LocalTier:
         global _previous_writer
         started = time.monotonic()
         self.wait()  # one save in flight: a writer still busy shows up as stall
-        tensors, meta = split_state(state)
+        # The previous copy's buffers are free again (its writer finished): copy into them.
+        tensors, meta = split_state(state, self._staging)
+        self._staging = tensors
         stall = time.monotonic() - started
         nbytes = sum(t.nbytes for t in tensors.values())
         self.events.emit("local_save", step=step, stall_s=stall, bytes=nbytes)
