@@ -38,9 +38,20 @@ TRAINER_CAPABILITIES = ("IPC_LOCK",)
 SSHD_CAPABILITIES = ("AUDIT_WRITE", "KILL", "SETGID", "SETUID", "SYS_CHROOT")
 FABRIC_TEST_CAPABILITIES = TRAINER_CAPABILITIES + SSHD_CAPABILITIES
 
-#: hostPath volumes a pod may mount, each reviewed (a node-local checkpoint tier will add its
-#: directory here). Anything else on the node is out of reach.
-HOST_PATH_ALLOW_LIST: tuple[str, ...] = ()
+#: Where nodeadm mounts the instance-store RAID0 (`localStorage: {strategy: RAID0}` in
+#: infra/node_user_data.py): amazon-eks-ami's setup-local-disks mounts the array at
+#: `${MNT_DIR}/0`, MNT_DIR defaulting to /mnt/k8s-disks.
+NODE_LOCAL_STORAGE_MOUNT = "/mnt/k8s-disks/0"
+#: The node-local checkpoint tier's root on the node (workloads.local_tier); each job's pods mount
+#: their own subdirectory of it (subPath = the job's name), never the root itself.
+LOCAL_CHECKPOINT_HOST_PATH = f"{NODE_LOCAL_STORAGE_MOUNT}/nvrx-eks-checkpoints"
+
+#: hostPath volumes a pod may mount, each reviewed. Anything else on the node is out of reach.
+#: - LOCAL_CHECKPOINT_HOST_PATH: the local checkpoint tier needs storage that survives the
+#:   pod (a launcher restart recreates ranks, a JobSet restart recreates pods on the same nodes)
+#:   and is the node's NVMe, not its root volume; the trainer reads it back without unpickling
+#:   (torch.load weights_only, SHA-256 checked), and only copies of its own run.
+HOST_PATH_ALLOW_LIST: tuple[str, ...] = (LOCAL_CHECKPOINT_HOST_PATH,)
 
 SECCOMP_PROFILE = "RuntimeDefault"
 
@@ -84,10 +95,16 @@ def _containers(pod_spec: dict):
                 yield f"spec.{section}[{i}]", container
 
 
-def pss_baseline_violations(pod_spec: dict, *, allowed_extra_capabilities: frozenset[str] = frozenset()) -> list[str]:
+def pss_baseline_violations(
+    pod_spec: dict,
+    *,
+    allowed_extra_capabilities: frozenset[str] = frozenset(),
+    allowed_host_paths: tuple[str, ...] = (),
+) -> list[str]:
     """The Pod Security Standards "baseline" checks (kubernetes.io/docs/concepts/security/
     pod-security-standards), one message per violation; `allowed_extra_capabilities` are added
-    capabilities accepted on top of the baseline set (our IPC_LOCK)."""
+    capabilities accepted on top of the baseline set (our IPC_LOCK), `allowed_host_paths` the
+    hostPath volumes accepted (baseline allows none; ours: HOST_PATH_ALLOW_LIST)."""
     problems = []
     for flag in ("hostNetwork", "hostPID", "hostIPC"):
         if pod_spec.get(flag):
@@ -96,7 +113,11 @@ def pss_baseline_violations(pod_spec: dict, *, allowed_extra_capabilities: froze
     if sc.get("windowsOptions", {}).get("hostProcess"):
         problems.append("spec.securityContext.windowsOptions.hostProcess: not allowed")
     for i, volume in enumerate(pod_spec.get("volumes") or []):
-        if isinstance(volume, dict) and "hostPath" in volume:
+        if (
+            isinstance(volume, dict)
+            and "hostPath" in volume
+            and volume["hostPath"].get("path") not in allowed_host_paths
+        ):
             problems.append(f"spec.volumes[{i}].hostPath: hostPath volumes are not allowed")
     for sysctl in sc.get("sysctls") or []:
         if sysctl.get("name") not in _PSS_SYSCTLS:

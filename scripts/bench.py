@@ -43,6 +43,7 @@ from scripts.bench_scenarios import (
     run_p2,
     run_p3,
     run_p4,
+    run_p5,
     settings_for,
 )
 from workloads.config import MODEL_PRESETS
@@ -121,6 +122,19 @@ def acceptance_checks(result: dict[str, Any]) -> list[dict[str, Any]]:
         layered, baseline = result["p4"]["layered"]["goodput"], result["p4"]["baseline"]["goodput"]
         checks.append(_check("P4: layered goodput beats the baseline", layered > baseline,
                              f"{layered:.1%} vs {baseline:.1%}"))
+    if "p5" in result:
+        p5 = result["p5"]
+        tiers, fsx = p5["tiers"], p5["fsx_only"]
+        checks.append(_check("P5: fewer steps replayed with the local tier", tiers["lost_steps"] < fsx["lost_steps"],
+                             f"{tiers['lost_steps']} vs {fsx['lost_steps']} at FSx every {p5['fsx_interval']} steps"))
+        checks.append(_check("P5: goodput with the local tier beats FSx alone", tiers["goodput"] > fsx["goodput"],
+                             f"{tiers['goodput']:.1%} vs {fsx['goodput']:.1%}"))
+        ratio = p5["local_stall_floor_ratio"]
+        checks.append(_check("P5: local-tier stall per save within 2x the copy floor", ratio is not None and ratio <= 2,
+                             f"{_ms(tiers['local_stall_s'])} vs floor {_ms(p5['floor']['copy_s'])}"
+                             + (f" = {ratio:.2f}x" if ratio else "")))
+        checks.append(_check("P5: both sides end bit-identical", p5["bit_identical"],
+                             f"state_sha256 {tiers['state_sha256'][:12]}… vs {fsx['state_sha256'][:12]}…"))
     left = result["processes"]
     checks.append(_check("no process left behind", not left["alive_after"] and not left["killed_after_exit"],
                          "none" if not left["alive_after"] and not left["killed_after_exit"] else
@@ -174,7 +188,8 @@ def run_bench(*, quick: bool, out: Path | None, scenarios: str, command: str, co
     runners = {"p1": lambda: run_p1(launcher, settings, lambda: measure_floor(settings, out)),
                "p2": lambda: run_p2(launcher, settings),
                "p3": lambda: run_p3(launcher, settings),
-               "p4": lambda: run_p4(launcher, settings)}
+               "p4": lambda: run_p4(launcher, settings),
+               "p5": lambda: run_p5(launcher, settings, lambda: measure_floor(settings, out))}
     errors = {}
     for name in chosen:
         try:
@@ -287,6 +302,21 @@ def print_result(result: dict[str, Any], console: Console) -> None:
         console.print(table)
         console.print(f"  layered recovered {_paths(p4['layered']['recoveries'], 'ft_launcher')}; "
                       f"baseline: {p4['baseline']['relaunches']} relaunches", highlight=False)
+    if "p5" in result:
+        p5 = result["p5"]
+        table = _table(f"P5 checkpoint tiers: {p5['steps']} steps of the {p5['preset']} preset on {p5['nodes']} "
+                       f"simulated nodes, FSx every {p5['fsx_interval']} steps, faults {p5['schedule']}",
+                       ["config", "goodput", "wall", "replayed steps", "first step after fault",
+                        "local stall/save", "restores: own / replica / FSx"],
+                       caption=f"local tier every {p5['local_interval']} steps, replicated to the other node; "
+                               f"copy floor {_ms(p5['floor']['copy_s'])} per save")
+        for name, label in (("tiers", "local + FSx"), ("fsx_only", "FSx only")):
+            g = p5[name]
+            restores = g["local_restores"]
+            table.add_row(label, f"{g['goodput']:.1%}", _s(g["wall_s"]), str(g["lost_steps"]),
+                          _s(g["medians"]["first_step_s"]), _ms(g["local_stall_s"]),
+                          f"{restores['local']} / {restores['replica']} / {g['fsx_loads']}")
+        console.print(table)
     checks = Table(title="Acceptance", title_justify="left", show_header=False, pad_edge=False)
     checks.add_column(no_wrap=True)
     checks.add_column()

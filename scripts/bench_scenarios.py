@@ -17,6 +17,9 @@ P3  the same `sigkill` schedule twice, in-process restart off on both sides: onc
 P4  a seeded schedule of exception/hang/sigkill over the same steps: the layered configuration
     (NVRx async checkpoints + in-process restart + ft_launcher restarts) against the baseline
     (sync checkpoints, in-process restart off, every fault ends the job and it is relaunched).
+P5  checkpoint tiers: two simulated nodes, the same FSx interval and the same exception / hang /
+    sigkill schedule, with the node-local tier (replicated to the other node) and without it;
+    plus the copy floor, against which the local tier's stall per save is measured.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from scripts.bench_analysis import (
     checkpoint_cost,
     fault_recoveries,
     goodput,
+    median,
     recovery_medians,
     summarize_backends,
 )
@@ -46,7 +50,7 @@ from workloads.errors import ConfigError
 from workloads.events import load_run, summarize
 
 BACKENDS = ("none", "sync", "dcp-async", "nvrx")
-SCENARIOS = ("p1", "p2", "p3", "p4")
+SCENARIOS = ("p1", "p2", "p3", "p4", "p5")
 
 
 class BenchRunFailed(RuntimeError):
@@ -70,6 +74,10 @@ class BenchSettings:
     p4_steps: int = 40
     p4_faults: int = 4
     seed: int = 7
+    # P5: FSx every p5_fsx_interval steps on both sides, the local tier every `interval` steps on
+    # one; faults spaced so that each lands a few steps after an FSx save or well past it.
+    p5_fsx_interval: int = 10
+    p5_spacing: int = 7
     dist_backend: str = "auto"
     overrides: tuple[str, ...] = ()
 
@@ -125,18 +133,21 @@ class Launcher:
                 *self.settings.overrides)
 
     def once(self, name: str, *, preset: str, steps: int, backend: str, faults: str = "",
-             extra: tuple[str, ...] = (), resume: bool = False) -> Launch:
+             extra: tuple[str, ...] = (), resume: bool = False, nodes: int = 1,
+             nproc: int | None = None, checkpoint_interval: int | None = None,
+             local_interval: int | None = None) -> Launch:
         from scripts.local_run import run_local
 
         run_dir = self.root / name
         started = time.monotonic()
         with open(os.devnull, "w") as sink:
-            code = run_local(nproc=self.settings.nproc, steps=steps, faults=faults,
+            code = run_local(nproc=nproc or self.settings.nproc, steps=steps, faults=faults,
                              run_dir=run_dir, preset=preset,
-                             checkpoint_interval=self.settings.interval, backend=backend,
-                             resume=resume, overrides=self._overrides(extra),
+                             checkpoint_interval=checkpoint_interval or self.settings.interval,
+                             backend=backend, resume=resume, overrides=self._overrides(extra),
                              port=self.ports() if self.ports else None,
-                             console=Console(file=sink))
+                             console=Console(file=sink), nodes=nodes,
+                             local_interval=local_interval)
         record = json.loads((run_dir / "local_run.json").read_text())
         launch = Launch(run_dir, code, time.monotonic() - started, record["killed_after_exit"])
         self.launches.append(launch)
@@ -311,6 +322,51 @@ def run_p4(launcher: Launcher, settings: BenchSettings) -> dict:
         launcher.drop_checkpoints(run_dir)
     result["goodput_ratio"] = result["layered"]["goodput"] / result["baseline"]["goodput"]
     return result
+
+
+def run_p5(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict]) -> dict:
+    """The same faults with and without the node-local tier: `nproc` ranks as that many simulated
+    nodes of one rank each, so every replica crosses a node."""
+    nodes = settings.nproc
+    fsx = settings.p5_fsx_interval
+    spec, steps = spaced_schedule(["exception", "hang", "sigkill"], first_step=fsx + fsx // 2,
+                                  spacing=settings.p5_spacing, nproc=nodes)
+    common = {"preset": settings.preset, "steps": steps, "backend": "nvrx", "faults": spec,
+              "nodes": nodes, "nproc": 1, "checkpoint_interval": fsx, "extra": _batch(settings)}
+    sides = {}
+    for name, local in (("tiers", settings.interval), ("fsx_only", None)):
+        launcher.progress(f"P5 checkpoint tiers, {name} (FSx every {fsx} steps, local "
+                          f"{'every ' + str(local) if local else 'off'}): {spec}")
+        run_dir = launcher.completed(f"p5-{name}", local_interval=local, **common)
+        run = load_run(run_dir)
+        recoveries = fault_recoveries(run)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        local_stalls = [e["stall_s"] for e in run.of("local_save", rank=0)]
+        sides[name] = {
+            **goodput(run).as_dict(),
+            "medians": recovery_medians(recoveries),
+            "recoveries": [r.as_dict() for r in recoveries],
+            "state_sha256": summary["state_sha256"],
+            "local_saves": len(local_stalls),
+            # The first save allocates the staging buffers; later ones copy into them.
+            "local_stall_s": median(local_stalls[1:]) if len(local_stalls) > 1 else None,
+            "local_restores": {src: len([e for e in run.of("local_restore") if e["source"] == src])
+                               for src in ("local", "replica")},
+            "fsx_loads": len(run.of("checkpoint_load")),
+        }
+        launcher.drop_checkpoints(run_dir)
+        shutil.rmtree(run_dir / "local-node0", ignore_errors=True)
+        shutil.rmtree(run_dir / "local-node1", ignore_errors=True)
+    launcher.progress("P5 checkpoint tiers: one in-memory copy of a rank's shard")
+    copy = floor()
+    stall = sides["tiers"]["local_stall_s"]
+    return {
+        "preset": settings.preset, "batch_size": settings.batch_size, "schedule": spec,
+        "steps": steps, "nodes": nodes, "fsx_interval": fsx, "local_interval": settings.interval,
+        **sides, "floor": copy,
+        "local_stall_floor_ratio": stall / copy["copy_s"] if stall and copy["copy_s"] else None,
+        "bit_identical": sides["tiers"]["state_sha256"] == sides["fsx_only"]["state_sha256"],
+    }
 
 
 def measure_floor(settings: BenchSettings, out: Path, repeats: int = 7) -> dict:

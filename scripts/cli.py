@@ -52,14 +52,30 @@ def plan(
     sync_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of a synchronous save."),
     async_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of an NVRx async save."),
     step_time_s: float | None = typer.Option(None, min=0, help="Measured time of one training step."),
+    node_loss_share: float | None = typer.Option(
+        None, help="Share of faults that lose a node and its local checkpoints (default 0.78)."
+    ),
 ) -> None:
     """Optimal checkpoint interval (Young/Daly), expected goodput and the cost of lost time."""
-    from scripts.plan import run
+    from scripts.plan import DEFAULT_NODE_LOSS_SHARE, run
 
     if step_time_s == 0:
         raise ConfigError("--step-time-s must be above 0; give the measured seconds of one training step")
+    if node_loss_share is not None and not 0 < node_loss_share < 1:
+        raise ConfigError(f"--node-loss-share {node_loss_share:g}: give a fraction above 0 and below 1, e.g. 0.5")
 
-    run(profile, config, train_config, nodes, node_mtbf_hours, sync_stall_s, async_stall_s, step_time_s, Console())
+    run(
+        profile,
+        config,
+        train_config,
+        nodes,
+        node_mtbf_hours,
+        sync_stall_s,
+        async_stall_s,
+        step_time_s,
+        Console(),
+        node_loss_share=DEFAULT_NODE_LOSS_SHARE if node_loss_share is None else node_loss_share,
+    )
 
 
 @app.command()
@@ -323,12 +339,19 @@ def teardown(
 
 @app.command()
 def local(
-    nproc: int = typer.Option(2, "--nproc", help="CPU ranks (gloo)."),
+    nproc: int = typer.Option(2, "--nproc", help="CPU ranks (gloo) per simulated node."),
+    nodes: int = typer.Option(1, "--nodes", help="Simulated nodes: one ft_launcher each, own local checkpoint root."),
+    local_interval: int | None = typer.Option(
+        None,
+        "--local-interval",
+        min=1,
+        help="Steps between node-local checkpoints, replicated to another node (default off).",
+    ),
     steps: int = typer.Option(60, help="Training steps."),
     faults: str = typer.Option("", help='Faults to inject, e.g. "exception@20:1,sigkill@40:0".'),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Default: runs/local-<time>."),
     preset: str = typer.Option("tiny", help="Model preset: tiny, small, 1b, 8b."),
-    checkpoint_interval: int = typer.Option(10, "--checkpoint-interval", help="Steps between saves."),
+    checkpoint_interval: int = typer.Option(10, "--checkpoint-interval", help="Steps between FSx-tier saves."),
     backend: str = typer.Option("nvrx", help="Checkpoint backend: nvrx, dcp-async, sync, none."),
     resume: bool = typer.Option(False, help="Continue the run already in --run-dir."),
     overrides: list[str] = typer.Option([], "--set", help="TrainConfig override key=value (repeatable)."),
@@ -357,6 +380,8 @@ def local(
         overrides=list(overrides) + _data_overrides(str(data.resolve()) if data else None),
         port=port,
         console=Console(),
+        nodes=nodes,
+        local_interval=local_interval,
     )
     raise typer.Exit(code)
 
@@ -365,7 +390,9 @@ def local(
 def bench(
     quick: bool = typer.Option(False, "--quick", help="Fewer repetitions and steps: ~9 min on 2 CPU cores (full: ~21)"),
     out: Path | None = typer.Option(None, "--out", help="Results directory (default: runs/bench-<time>)."),
-    scenarios: str = typer.Option("p1,p2,p3,p4", "--scenarios", help="Comma-separated subset of p1,p2,p3,p4."),
+    scenarios: str = typer.Option(
+        "p1,p2,p3,p4", "--scenarios", help="Comma-separated subset of p1,p2,p3,p4,p5 (p5: checkpoint tiers)."
+    ),
     repeats: int | None = typer.Option(
         None, "--repeats", min=1, help="P1 runs per backend, P2 faults per kind, P3 faults per recovery path."
     ),

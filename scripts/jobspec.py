@@ -35,6 +35,9 @@ from workloads.memory import check_fits
 
 #: Where the FSx claim is mounted in every pod: data, checkpoints and run directories live there.
 FSX_MOUNT_PATH = "/fsx"
+#: Where the node-local checkpoint tier's directory (infra.pod_security.LOCAL_CHECKPOINT_HOST_PATH,
+#: the job's subdirectory) is mounted in trainer pods: checkpoint.local.dir on EKS.
+LOCAL_CHECKPOINT_MOUNT_PATH = "/local-checkpoints"
 #: Where the trainer ConfigMap is mounted, and the key holding the TrainConfig YAML.
 TRAIN_CONFIG_DIR = "/etc/nvrx-eks"
 TRAIN_CONFIG_KEY = "train.yaml"
@@ -193,7 +196,26 @@ def resolve_train_paths(train: TrainConfig, job_name: str) -> TrainConfig:
         data["checkpoint"]["dir"] = _on_fsx(train.checkpoint.dir)
     if train.data.path:
         data["data"]["path"] = _on_fsx(train.data.path)
+    if train.checkpoint.local.enabled:
+        # The node's instance store, not FSx: that is the point of the tier.
+        data["checkpoint"]["local"]["dir"] = LOCAL_CHECKPOINT_MOUNT_PATH
     return TrainConfig.from_dict(data, source="the trainer config placed on FSx")
+
+
+#: On GPU nodes the local tier saves this many times per FSx interval unless the trainer config
+#: sets checkpoint.local.interval_steps (null turns it off). A starting point, not a measured
+#: optimum: `nvrx-eks plan` prints the optimal pair of intervals for the profile.
+LOCAL_SAVES_PER_FSX_INTERVAL = 10
+
+
+def with_local_tier(train: TrainConfig) -> TrainConfig:
+    """The node-local tier on by default on GPU nodes (each node has TBs of instance store)."""
+    local = train.checkpoint.local
+    if "interval_steps" in local.model_fields_set or train.checkpoint.backend == "none":
+        return train
+    interval = max(1, train.checkpoint.interval_steps // LOCAL_SAVES_PER_FSX_INTERVAL)
+    checkpoint = train.checkpoint.model_copy(update={"local": local.model_copy(update={"interval_steps": interval})})
+    return train.model_copy(update={"checkpoint": checkpoint})
 
 
 def require_efa_where_expected(train: TrainConfig, instance_type: str) -> TrainConfig:
@@ -290,7 +312,7 @@ def build_jobspec(
         default_image = config.image.uri or OFFLINE_PLACEHOLDER_IMAGE
     if workload == "nccl-test":
         default_image = NCCL_TESTS_IMAGE
-    train = require_efa_where_expected(train or TrainConfig(), instance_type)
+    train = with_local_tier(require_efa_where_expected(train or TrainConfig(), instance_type))
     train = for_gpu_nodes(resolve_train_paths(peak_tflops_from_facts(train, instance_type), name))
     try:
         spec = JobSpec(

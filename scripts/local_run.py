@@ -55,12 +55,21 @@ LOCAL_CPU_PROFILE: dict[str, Any] = {
 
 
 def local_config(*, run_dir: Path, steps: int, faults: str, preset: str, checkpoint_interval: int,
-                 backend: str, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+                 backend: str, overrides: list[str] | tuple[str, ...] = (),
+                 local_interval: int | None = None, local_dir: Path | None = None) -> TrainConfig:
     data = {**LOCAL_CPU_PROFILE, "run_dir": str(run_dir), "steps": steps, "faults": faults,
             "model": {"preset": preset}}
     data["checkpoint"] = {**LOCAL_CPU_PROFILE["checkpoint"], "backend": backend,
                           "interval_steps": checkpoint_interval}
+    if local_interval is not None:
+        data["checkpoint"]["local"] = {"interval_steps": local_interval,
+                                       "dir": str(local_dir) if local_dir else None}
     return TrainConfig.from_dict(data, source="nvrx-eks local", overrides=overrides)
+
+
+def node_local_dir(run_dir: Path, node: int) -> Path:
+    """A simulated node's own local checkpoint root: no other node can read it, as on EKS."""
+    return run_dir / f"local-node{node}"
 
 
 def _port_pair_free(port: int) -> bool:
@@ -144,72 +153,96 @@ class ProcessTracker:
 def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, preset: str,
               checkpoint_interval: int, backend: str, resume: bool = False,
               overrides: list[str] | tuple[str, ...] = (), port: int | None = None,
-              console: Console | None = None, print_summary: bool = True) -> int:
+              console: Console | None = None, print_summary: bool = True, nodes: int = 1,
+              local_interval: int | None = None) -> int:
+    """`nodes` launchers (simulated nodes, one rendezvous, each with its own local checkpoint
+    root) of `nproc` ranks each."""
     console = console or Console()
     if nproc < 1:
         raise ConfigError("--nproc: must be at least 1")
+    if nodes < 1:
+        raise ConfigError("--nodes: must be at least 1")
     run_dir = (run_dir or Path("runs") / time.strftime("local-%Y%m%d-%H%M%S")).resolve()
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
         raise ConfigError(f"--run-dir: {run_dir} already holds a run; pass --resume to continue "
                           "it or choose another directory")
-    cfg = local_config(run_dir=run_dir, steps=steps, faults=faults, preset=preset,
-                       checkpoint_interval=checkpoint_interval, backend=backend,
-                       overrides=overrides)
+    configs = [local_config(run_dir=run_dir, steps=steps, faults=faults, preset=preset,
+                            checkpoint_interval=checkpoint_interval, backend=backend,
+                            overrides=overrides, local_interval=local_interval,
+                            local_dir=node_local_dir(run_dir, n) if nodes > 1 else None)
+               for n in range(nodes)]
+    cfg = configs[0]
+    world = nodes * nproc
     for fault in parse_fault_spec(cfg.faults):
-        if fault.rank >= nproc:
+        if fault.rank >= world:
             raise ConfigError(f"--faults: {fault.label} targets rank {fault.rank}; with "
-                              f"--nproc {nproc} use a rank below {nproc}")
+                              f"--nodes {nodes} --nproc {nproc} use a rank below {world}")
     run_dir.mkdir(parents=True, exist_ok=True)
-    config_path = run_dir / "config.yaml"
-    config_path.write_text(cfg.to_yaml())
     port = port or free_port_pair()
-    argv = build_ft_launcher_argv(
-        cfg, config_path=str(config_path), nnodes=1, nproc_per_node=nproc,
-        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=f"local-{port}",
-        launcher=str(Path(sys.executable).parent / "ft_launcher"))
+    argvs = []
+    for n, node_cfg in enumerate(configs):
+        config_path = run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")
+        config_path.write_text(node_cfg.to_yaml())
+        argvs.append(build_ft_launcher_argv(
+            node_cfg, config_path=str(config_path), nnodes=nodes, nproc_per_node=nproc,
+            rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=f"local-{port}",
+            launcher=str(Path(sys.executable).parent / "ft_launcher")))
     # A fresh attempt id per run: a do-not-requeue record left by an earlier run in a resumed
     # directory is not this run's.
     attempt = f"local-{uuid.uuid4().hex}"
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1", do_not_requeue.ATTEMPT_ID_ENV: attempt}
+    if nodes > 1:
+        # ft_launcher's barrier rendezvous closes itself when two launchers share a host, unless
+        # told the nodes are simulated.
+        env["NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE"] = "1"
     log_path = run_dir / "launcher.log"
     console.print(f"run dir {run_dir}\nlauncher log {log_path}")
     started = time.monotonic()
     started_at = time.time()  # events and summary.json newer than this belong to this run
     tracker = ProcessTracker(run_dir)
-    with open(log_path, "ab") as log_file:
-        launcher = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
-        try:
-            with console.status("starting") as status:
-                while launcher.poll() is None:
-                    tracker.sample(launcher.pid)
-                    ends = load_run(run_dir).of("step_end", rank=0)
-                    if ends:
-                        status.update(f"step {ends[-1]['step']}/{steps}  "
-                                      f"loss {ends[-1]['loss']:.3f}")
-                    time.sleep(0.5)
-        except KeyboardInterrupt:
-            # Like an eviction: SIGTERM lets the ranks finish their in-flight checkpoint.
-            launcher.send_signal(signal.SIGTERM)
-            while launcher.poll() is None:
-                tracker.sample(launcher.pid)
-                time.sleep(0.2)
-    code = launcher.returncode
-    ended_at = time.time()  # the launcher's end; reaping what it left comes after
-    # A rank decided that no restart can fix this run and shut the workload down: the launcher
-    # exits 1 (or 0 on a node whose ranks did not fail), the run's result is 93
+    launchers = []
+    for n, argv in enumerate(argvs):
+        with open(log_path if n == 0 else run_dir / f"launcher-node{n}.log", "ab") as log_file:
+            launchers.append(subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
+                                              env=env, start_new_session=True))
+    try:
+        with console.status("starting") as status:
+            while any(p.poll() is None for p in launchers):
+                for p in launchers:
+                    tracker.sample(p.pid)
+                ends = load_run(run_dir).of("step_end", rank=0)
+                if ends:
+                    status.update(f"step {ends[-1]['step']}/{steps}  "
+                                  f"loss {ends[-1]['loss']:.3f}")
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        # Like an eviction: SIGTERM lets the ranks finish their in-flight checkpoint.
+        for p in launchers:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        while any(p.poll() is None for p in launchers):
+            for p in launchers:
+                tracker.sample(p.pid)
+            time.sleep(0.2)
+    # The launchers' code: the first node's that is not 0 (every launcher ends the same rendezvous).
+    launcher_code = next((p.returncode for p in launchers if p.returncode != 0), 0)
+    code = launcher_code
+    ended_at = time.time()  # the launchers' end; reaping what they left comes after
+    # A rank decided that no restart can fix this run and shut the workload down: the launchers
+    # exit 1 (or 0 on a node whose ranks did not fail), the run's result is 93
     # (workloads.do_not_requeue).
     record = do_not_requeue.read_record(run_dir, attempt)
     if record is not None:
         code = EXIT_DO_NOT_REQUEUE
-    tracker.sample(launcher.pid)
+    for p in launchers:
+        tracker.sample(p.pid)
     killed = tracker.reap(grace_s=cfg.inprocess.barrier_timeout_s + 10)
     wall_s = time.monotonic() - started
     (run_dir / "local_run.json").write_text(json.dumps(
         {"exit_code": code, "wall_s": wall_s, "started_at": started_at,
          "processes_seen": len(tracker.seen), "killed_after_exit": killed,
-         "launcher_exit_code": launcher.returncode, "launcher_ended_at": ended_at,
+         "launcher_exit_code": launcher_code, "launcher_ended_at": ended_at,
          "stopped_by": record["reason"] if record else stop_reason(load_run(run_dir), started_at)},
         indent=1))
     if print_summary:
@@ -267,6 +300,16 @@ def print_report(console: Console, run_dir: Path, code: int, wall_s: float,
         table.add_row("checkpoint pointer", escape(rebuilt["reason"]))
     for fb in run.of("checkpoint_fallback", rank=0):
         table.add_row("checkpoint fallback", escape(f"{Path(fb['path']).name}: {fb['reason']}"))
+    restores = run.of("local_restore")
+    if restores or run.of("local_save"):
+        via = [e["source"] for e in restores]
+        table.add_row("local tier", f"{len(run.of('local_save', rank=0))} saves; restores by rank: "
+                      f"{via.count('local')} own copy, {via.count('replica')} replica; "
+                      f"FSx loads {len(run.of('checkpoint_load'))}")
+    skips = {(e["origin_rank"], e["step"]): e for e in run.of("local_copy_skipped")}
+    for skipped in skips.values():
+        table.add_row("local copy skipped", escape(f"rank {skipped['origin_rank']} step "
+                                                   f"{skipped['step']}: {skipped['reason']}"))
     if report.stalls_s:
         table.add_row("checkpoint stall", f"median {report.median_stall_s * 1000:.1f} ms, max "
                       f"{max(report.stalls_s) * 1000:.1f} ms over {len(report.stalls_s)} saves")

@@ -99,6 +99,8 @@ class Plan:
     strategies: list[StrategyPlan]
     #: Per-GPU training memory of the job (workloads.memory), when the job is known.
     memory: MemoryEstimate | None = None
+    #: The FSx file system's throughput: how fast a checkpoint can be written at best.
+    fsx_bytes_per_s: float = 0.0
 
     def lost_cost_per_day(self, plan: StrategyPlan, at_optimal: bool = True) -> float | None:
         if self.usd_per_hour is None:
@@ -167,6 +169,7 @@ def make_plan(
         usd_per_hour=None if price is None else price * nodes,
         strategies=plans,
         memory=memory,
+        fsx_bytes_per_s=config.fsx.throughput_mbps * 1e6,
     )
 
 
@@ -289,6 +292,105 @@ def print_scaling(config: DeploymentConfig, plan_for_nodes, node_counts: list[in
     console.print(table)
 
 
+#: Share of faults that take a node with them (hardware: GPU, HBM, NIC, host), so that the node's
+#: local checkpoint tier is gone and the restore falls back to FSx. Llama 3 (sec. 3.3.4): ~78% of
+#: the unexpected interruptions were confirmed or suspected hardware issues. Conservative for this
+#: project's tier: a lost node's shards survive as replicas on a peer node, so only a fault that
+#: takes both copies forces FSx; the planner charges every hardware fault to FSx.
+DEFAULT_NODE_LOSS_SHARE = 0.78
+#: Read bandwidth of one node's instance-store RAID0 when every rank reloads its local shard. An
+#: assumption (p5: 8 NVMe drives; not measured here), stated so it can be replaced.
+DEFAULT_LOCAL_READ_GBPS_PER_NODE = 10.0
+
+
+@dataclass(frozen=True)
+class TwoTierPlan:
+    """Local tier every local_interval_s, FSx every fsx_interval_s. A fault keeps the local tier
+    with probability 1 - node_loss_share (recovery local_recovery_s, half a local interval lost)
+    and otherwise falls back to FSx (fsx_recovery_s, half an FSx interval lost). Waste per second,
+    first order in 1/M:
+
+        W = dL/tL + dF/tF + ((1-q)(RL + tL/2) + q(RF + tF/2)) / M
+
+    minimized per tier: tL = sqrt(2 dL M / (1-q)), tF = sqrt(2 dF M / q)."""
+
+    node_loss_share: float
+    local_stall_s: float
+    fsx_stall_s: float
+    local_recovery_s: float
+    fsx_recovery_s: float
+    local_interval_s: float
+    fsx_interval_s: float
+    goodput: float
+    #: The single-tier NVRx strategy at its own optimum, for comparison.
+    single_tier_goodput: float
+
+    @property
+    def pays_off(self) -> bool:
+        """A local tier saved less often than FSx, or one that gains nothing, is not worth its stalls."""
+        return self.local_interval_s < self.fsx_interval_s and self.goodput > self.single_tier_goodput
+
+
+def two_tier_goodput(
+    local_interval: float, fsx_interval: float, *, dl: float, df: float, rl: float, rf: float, q: float, mtbf: float
+) -> float:
+    overhead = dl / local_interval + df / fsx_interval
+    lost = (1 - q) * (rl + local_interval / 2) + q * (rf + fsx_interval / 2)
+    return max(0.0, (1 - overhead) * (1 - lost / mtbf))
+
+
+def two_tier_plan(plan: Plan, node_loss_share: float = DEFAULT_NODE_LOSS_SHARE) -> TwoTierPlan:
+    """The optimal pair of intervals for the layered strategy of `plan` (its async stall and
+    FSx-reading in-process recovery) with a local tier added. The local save stalls for the same
+    host copy as the FSx one (the copy floor); its recovery reads the shard from local NVMe."""
+    if not 0 < node_loss_share < 1:
+        raise ValueError("node loss share must be between 0 and 1 (exclusive)")
+    layered = plan.strategies[1]
+    q, mtbf = node_loss_share, plan.job_mtbf_s
+    dl = df = layered.strategy.stall_s
+    rf = layered.strategy.recovery_s
+    rl = INPROCESS_FIXED_S + plan.state_bytes / plan.nodes / (DEFAULT_LOCAL_READ_GBPS_PER_NODE * 1e9)
+    tl = math.sqrt(2 * dl * mtbf / (1 - q))
+    # One FSx save in flight at a time: the next cannot start before the previous one is written.
+    tf = max(math.sqrt(2 * df * mtbf / q), plan.state_bytes / plan.fsx_bytes_per_s)
+    return TwoTierPlan(
+        node_loss_share=q,
+        local_stall_s=dl,
+        fsx_stall_s=df,
+        local_recovery_s=rl,
+        fsx_recovery_s=rf,
+        local_interval_s=tl,
+        fsx_interval_s=tf,
+        goodput=two_tier_goodput(tl, tf, dl=dl, df=df, rl=rl, rf=rf, q=q, mtbf=mtbf),
+        single_tier_goodput=layered.goodput_at_optimal,
+    )
+
+
+def print_two_tier(plan: Plan, tiers: TwoTierPlan, console: Console) -> None:
+    def steps(seconds: float) -> int:
+        return max(1, round(seconds / plan.step_time_s))
+
+    console.print(
+        f"Two tiers (NVRx async + in-process, local tier replicated to a peer node), optimal pair: local every "
+        f"{_duration(tiers.local_interval_s)} (~{steps(tiers.local_interval_s)} steps, "
+        f"checkpoint.local.interval_steps), FSx every {_duration(tiers.fsx_interval_s)} "
+        f"(~{steps(tiers.fsx_interval_s)} steps, checkpoint.interval_steps): goodput {tiers.goodput:.2%} "
+        f"vs {tiers.single_tier_goodput:.2%} with FSx alone"
+    )
+    if not tiers.pays_off:
+        console.print(
+            "  The local tier does not pay off at this node loss share: a local save stalls as long as an "
+            "FSx one (the host copy), and too few faults leave it usable. It pays off when most faults "
+            "are soft (exceptions, hangs, killed ranks) or when FSx saves stall longer than the copy."
+        )
+    console.print(
+        f"[dim]  {tiers.node_loss_share:.0%} of faults assumed to destroy the local tier (node loss share, "
+        f"--node-loss-share); local recovery ~{_duration(tiers.local_recovery_s)} "
+        f"({DEFAULT_LOCAL_READ_GBPS_PER_NODE:g} GB/s per node local read, assumed), FSx recovery "
+        f"~{_duration(tiers.fsx_recovery_s)}.[/]"
+    )
+
+
 def run(
     profile: str | None,
     config_path: str | None,
@@ -299,6 +401,7 @@ def run(
     async_stall_s: float | None,
     step_time_s: float | None,
     console: Console,
+    node_loss_share: float = DEFAULT_NODE_LOSS_SHARE,
 ) -> Plan:
     """Without a trainer config: the profile's default job (what `render` trains), sized for
     the same number of nodes."""
@@ -326,6 +429,7 @@ def run(
 
     result = plan_for(job_nodes)
     print_plan(result, config, train.model.preset, console)
+    print_two_tier(result, two_tier_plan(result, node_loss_share), console)
     print_memory(result.memory, config, train, result.gpus, console)
     print_scaling(config, plan_for, [result.nodes, 16, 128, 1024, 2048], console)
     return result

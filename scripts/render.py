@@ -274,6 +274,7 @@ def render_job(spec: JobSpec) -> RenderedJob:
             "config_dir": TRAIN_CONFIG_DIR,
             "attempt_fields": attempt_fields,
             "attempt_env": {do_not_requeue.ATTEMPT_ID_ENV: attempt_value},
+            "local_checkpoints": local_checkpoint_volume(spec),
         }
         config_map = _ENV.get_template("trainer-configmap.yaml.j2").render(
             **context, config_key=TRAIN_CONFIG_KEY, config_path=TRAIN_CONFIG_PATH, train_yaml=spec.train.to_yaml()
@@ -286,6 +287,18 @@ def render_job(spec: JobSpec) -> RenderedJob:
         ]
     documents = [yaml.safe_load(t) for t in texts]
     return RenderedJob(spec, texts, documents)
+
+
+def local_checkpoint_volume(spec: JobSpec) -> dict | None:
+    """The node-local checkpoint tier's volume when the trainer config turns the tier on: a
+    hostPath of the reviewed root (infra.pod_security) with the job's own subdirectory mounted at
+    checkpoint.local.dir. hostPath rather than a local PersistentVolume: a local PV pins each pod
+    to one node through its claim, and a JobSet has no per-pod claims (no volumeClaimTemplates);
+    the tier is a cache that may vanish with its node, which is what the replicas and FSx cover."""
+    local = spec.train.checkpoint.local
+    if not local.enabled:
+        return None
+    return {"host_path": pod_security.LOCAL_CHECKPOINT_HOST_PATH, "mount_path": local.dir, "sub_path": spec.name}
 
 
 def nccl_max_bytes(facts: InstanceFacts) -> str:

@@ -753,6 +753,8 @@ class _Rules:
             self._check_pytorchjob_ports(sites)
         for site in sites:
             self._check_entrypoint(site, train, train_path, nodes, facts, world_size, expected_host, str(name))
+            if train is not None and train.checkpoint.local.enabled:
+                self._check_local_tier_mount(site, train, train_path)
         if train is not None and world_size is not None:
             from workloads.faults import parse_fault_spec
 
@@ -776,6 +778,38 @@ class _Rules:
                             f"{value!r} is not on the FSx volume ({FSX_MOUNT_PATH}); it would vanish with the pod",
                         )
                     )
+
+    def _check_local_tier_mount(self, site: _PodSite, train: TrainConfig, train_path: tuple[str, list]) -> None:
+        """Tier on -> checkpoint.local.dir is a mount of the reviewed node-local root. Anything
+        else puts the "node-local" copies in the container's writable layer (gone with the pod,
+        on the root volume) or on FSx (no faster than the tier it should spare)."""
+        local_dir = train.local_checkpoint_dir
+        if local_dir == FSX_MOUNT_PATH or local_dir.startswith(FSX_MOUNT_PATH + "/"):
+            self.findings.append(
+                Finding(
+                    "project",
+                    train_path[0],
+                    format_path(train_path[1] + ["checkpoint", "local", "dir"]),
+                    f"{local_dir!r} is on FSx; the local tier belongs on the node's instance store "
+                    f"(mounted from {pod_security.LOCAL_CHECKPOINT_HOST_PATH})",
+                )
+            )
+            return
+        if site.container is None:
+            return
+        cpath = site.path + ["spec", "containers", site.container_index, "volumeMounts"]
+        volumes = {v.get("name"): v for v in _get(site.pod, ["spec", "volumes"]) or [] if isinstance(v, dict)}
+        for mount in site.container.get("volumeMounts") or []:
+            if isinstance(mount, dict) and mount.get("mountPath") == local_dir:
+                host_path = _get(volumes.get(mount.get("name")) or {}, ["hostPath", "path"])
+                if host_path == pod_security.LOCAL_CHECKPOINT_HOST_PATH:
+                    return
+        self.error(
+            cpath,
+            f"checkpoint.local.interval_steps turns the node-local tier on, but nothing from the node's "
+            f"instance store ({pod_security.LOCAL_CHECKPOINT_HOST_PATH}) is mounted at checkpoint.local.dir "
+            f"{local_dir}; render the job with nvrx-eks render, or set checkpoint.local.interval_steps=null",
+        )
 
     def _train_config(self, sites: list[_PodSite]) -> tuple[TrainConfig | None, tuple[str, list]]:
         """The TrainConfig in the ConfigMap the pods mount, parsed and validated."""

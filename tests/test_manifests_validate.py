@@ -91,7 +91,7 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
         "hostPath volume outside the allow-list",
         lambda d: _pod(d)["volumes"].append({"name": "root", "hostPath": {"path": "/"}}),
         "project",
-        f"{POD}.volumes[3].hostPath",
+        f"{POD}.volumes[4].hostPath",
     ),
     (
         "host port",
@@ -305,9 +305,9 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
     ),
     (
         "/dev/shm on disk instead of memory",
-        lambda d: _pod(d)["volumes"][2]["emptyDir"].pop("medium"),
+        lambda d: _pod(d)["volumes"][3]["emptyDir"].pop("medium"),
         "project",
-        f"{POD}.volumes[2].emptyDir.medium",
+        f"{POD}.volumes[3].emptyDir.medium",
     ),
     (
         "wrong namespace",
@@ -492,7 +492,7 @@ def test_the_same_pod_inside_the_jobset_is_rejected_too():
     assert {
         f"{POD}.hostPID",
         f"{POD}.hostNetwork",
-        f"{POD}.volumes[3].hostPath",
+        f"{POD}.volumes[4].hostPath",
         f"{CONTAINER}.securityContext.privileged",
         f"{CONTAINER}.securityContext.capabilities.add",
     } <= paths
@@ -506,14 +506,27 @@ def _pod_specs_of(documents):
 
 @pytest.mark.parametrize("case", GOLDEN_CASES, ids=lambda c: c.id)
 def test_rendered_pods_pass_pod_security_baseline_with_only_ipc_lock_added(case: Case):
-    from infra.pod_security import FABRIC_TEST_CAPABILITIES, pss_baseline_violations
+    from infra.pod_security import FABRIC_TEST_CAPABILITIES, HOST_PATH_ALLOW_LIST, pss_baseline_violations
 
     specs = _pod_specs_of(case.render().documents)
     assert specs
     for spec in specs:
-        assert pss_baseline_violations(spec, allowed_extra_capabilities=frozenset({"IPC_LOCK"})) == []
-        # IPC_LOCK is the one exception: without it, baseline fails on that alone.
-        assert pss_baseline_violations(spec) == [
+        allowed = frozenset({"IPC_LOCK"})
+        assert (
+            pss_baseline_violations(spec, allowed_extra_capabilities=allowed, allowed_host_paths=HOST_PATH_ALLOW_LIST)
+            == []
+        )
+        # IPC_LOCK and the reviewed node-local checkpoint directory (training pods) are the
+        # exceptions: without them, baseline fails on those alone.
+        host_paths = [
+            f"spec.volumes[{i}].hostPath: hostPath volumes are not allowed"
+            for i, v in enumerate(spec["volumes"])
+            if "hostPath" in v
+        ]
+        assert host_paths == (
+            [] if case.api == "fabric" else ["spec.volumes[2].hostPath: hostPath volumes are not allowed"]
+        )
+        assert pss_baseline_violations(spec) == host_paths + [
             "spec.containers[0].securityContext.capabilities.add: IPC_LOCK is beyond baseline"
         ]
         container = spec["containers"][0]["securityContext"]
@@ -540,12 +553,12 @@ def test_pod_security_baseline_check_rejects_the_node_owning_pod():
 def test_host_path_allow_list_admits_a_reviewed_path(monkeypatch):
     from infra import pod_security
 
-    monkeypatch.setattr(pod_security, "HOST_PATH_ALLOW_LIST", ("/opt/dlami/nvme",))
+    monkeypatch.setattr(pod_security, "HOST_PATH_ALLOW_LIST", (*pod_security.HOST_PATH_ALLOW_LIST, "/opt/dlami/nvme"))
     documents = _jobset_documents()
     _pod(documents)["volumes"].append({"name": "nvme", "hostPath": {"path": "/opt/dlami/nvme"}})
     assert validate_documents(documents, P5).errors == []
     _pod(documents)["volumes"][-1]["hostPath"]["path"] = "/opt"
-    assert [f.path for f in validate_documents(documents, P5).errors] == [f"{POD}.volumes[3].hostPath"]
+    assert [f.path for f in validate_documents(documents, P5).errors] == [f"{POD}.volumes[4].hostPath"]
 
 
 def test_fabric_test_may_add_sshds_capabilities_but_not_more():

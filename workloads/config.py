@@ -177,6 +177,21 @@ class OptimizerConfig(_Strict):
     grad_clip: float | None = Field(1.0, gt=0)
 
 
+class LocalTierConfig(_Strict):
+    """The node-local checkpoint tier (workloads.local_tier): each rank's own shards, replicated
+    to a rank on another node. Off unless interval_steps is set."""
+
+    interval_steps: int | None = Field(None, ge=1, description="local saves every N steps; None: off")
+    dir: str | None = Field(
+        None, description="node-local root; default: <run_dir>/local-checkpoints (on EKS the pod's "
+                          "instance-store mount)")
+    keep: int = Field(2, ge=2, description="steps kept per tier copy; the newest can be damaged")
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval_steps is not None
+
+
 class CheckpointConfig(_Strict):
     backend: Literal["nvrx", "dcp-async", "sync", "none"] = "nvrx"
     dir: str | None = Field(None, description="default: <run_dir>/checkpoints")
@@ -189,6 +204,7 @@ class CheckpointConfig(_Strict):
     finalize_timeout_s: float = Field(
         300.0, gt=0,
         description="the longest one save may take from hand-off to commit before it is a fault")
+    local: LocalTierConfig = LocalTierConfig()
 
 
 class DistributedConfig(_Strict):
@@ -310,6 +326,9 @@ class TrainConfig(_Strict):
                                 f"it would never fire")
             if fault.kind in KINDS_NEEDING_CHECKPOINTS and self.checkpoint.backend == "none":
                 problems.append(f"faults: {fault.label} needs checkpoints; set checkpoint.backend")
+            if fault.kind == "corrupt-local" and not self.checkpoint.local.enabled:
+                problems.append(f"faults: {fault.label} needs the local tier; set "
+                                "checkpoint.local.interval_steps")
         problems += self._timeout_problems()
         if problems:
             raise ValueError("\n".join(problems))
@@ -376,6 +395,10 @@ class TrainConfig(_Strict):
     @property
     def checkpoint_dir(self) -> str:
         return self.checkpoint.dir or str(Path(self.run_dir) / "checkpoints")
+
+    @property
+    def local_checkpoint_dir(self) -> str:
+        return self.checkpoint.local.dir or str(Path(self.run_dir) / "local-checkpoints")
 
     def resolved_pg_timeout_s(self, backend: str) -> float:
         """Process-group timeout for the resolved backend ("gloo" or "nccl").

@@ -30,6 +30,12 @@ Events and their own fields:
     checkpoint_commit     step, path, commit_s (rank 0 only: commit marker + pointer written)
     checkpoint_load       step, path, load_s
     checkpoint_fallback   path, reason (a committed checkpoint failed verification or loading)
+    local_save            step, stall_s (the copy into host buffers), bytes (node-local tier)
+    local_saved           step, write_s, replicate_s, bytes, replica_of (the writer thread, done)
+    local_save_failed     reason (the local tier only; FSx still holds the run)
+    local_copy_skipped    step, origin_rank, own, reason (a local copy failed its check on restore)
+    local_tier_skipped    reason, fsx_step (no local step complete for every rank, or FSx newer)
+    local_restore         step, source ("local"|"replica"), from_rank, fsx_step, load_s
     fault_injected        kind, step, target_rank[, damaged]
     restart_begin         layer="inprocess", reason (emitted when NVRx finalizes the failed
                           iteration; the fault itself is usually a fault_injected line earlier)

@@ -23,6 +23,11 @@ Kinds and which resilience layer should recover them:
                                                                   -> detected on the next load,
                                                                      which falls back to the
                                                                      previous committed one
+  corrupt-local  overwrite bytes in the rank's newest node-local copy (workloads.local_tier) at
+                 the start of STEP, then fail the step like `exception`, so the restore meets the
+                 damage                                           -> in-process restart; the rank's
+                                                                     copy comes from the replica
+                                                                     its peer on another node holds
   slow           the rank sleeps SLOW_SECONDS_PER_STEP in each of SLOW_STEPS steps from STEP
                  (a straggler, not a failure: nothing should restart)
   slow-digest    the end-of-run state digest of a run that reached STEP takes SLOW_DIGEST_SECONDS
@@ -41,8 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-FAULT_KINDS = ("exception", "hang", "block", "sigkill", "kill-in-save", "corrupt-latest", "slow",
-               "slow-digest")
+FAULT_KINDS = ("exception", "hang", "block", "sigkill", "kill-in-save", "corrupt-latest",
+               "corrupt-local", "slow", "slow-digest")
 KINDS_NEEDING_CHECKPOINTS = ("kill-in-save", "corrupt-latest")
 SLOW_SECONDS_PER_STEP = 0.5
 SLOW_STEPS = 5
@@ -135,7 +140,8 @@ class FaultInjector:
             os.close(fd)
         return True
 
-    def at_step_start(self, step: int, corrupt_latest: Callable[[], str | None]) -> None:
+    def at_step_start(self, step: int, corrupt_latest: Callable[[], str | None],
+                      corrupt_local: Callable[[], str | None] | None = None) -> None:
         if step < self._slow_until_step:
             time.sleep(SLOW_SECONDS_PER_STEP)
         for fault in self.mine:
@@ -148,6 +154,12 @@ class FaultInjector:
                 self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank,
                           damaged=damaged)
                 continue
+            if fault.kind == "corrupt-local":
+                damaged = corrupt_local() if corrupt_local is not None else None
+                self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank,
+                          damaged=damaged)
+                raise InjectedFault(f"corrupt-local at step {step} on rank {self.rank}: damaged "
+                                    f"{damaged}")
             self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank)
             if fault.kind == "exception":
                 raise InjectedFault(f"injected exception at step {step} on rank {self.rank}")

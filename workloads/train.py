@@ -147,6 +147,19 @@ def _init_process_group(process: ProcessState, runtime, iteration: int) -> None:
                             timeout=timeout, device_id=device_id)
 
 
+def _restore(checkpointer, local_tier, build_state, rank: int):
+    """The newest state complete for every rank: the node-local tier when it holds a step not
+    older than the newest committed FSx checkpoint (no FSx data is read then), else FSx."""
+    if local_tier is not None and checkpointer.backend != "none":
+        from workloads.ckpt_layout import commit_state, step_of
+
+        committed = commit_state(checkpointer.dir).committed if rank == 0 else []
+        restored = local_tier.restore(build_state, step_of(committed[0]) if committed else -1)
+        if restored is not None:
+            return restored
+    return checkpointer.load_latest(build_state)
+
+
 def train_attempt(process: ProcessState, call_wrapper: CallWrapper | None = None) -> dict:
     """One in-process iteration: build, load, train, finish. Returns {"status": ...}."""
     try:
@@ -250,7 +263,14 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
                     "data": batches.state_dict(),
                     f"rng_rank{rank}": _rng_state(runtime.is_cuda)}
 
-        loaded = checkpointer.load_latest(checkpoint_state)
+        local_tier = None
+        if cfg.checkpoint.local.enabled:
+            from workloads.local_tier import LocalTier
+
+            local_tier = objects["local_tier"] = LocalTier(
+                cfg, events=events,
+                nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        loaded = _restore(checkpointer, local_tier, checkpoint_state, rank)
         if loaded is not None:
             state = loaded.state
             set_state_dict(model, optimizer, model_state_dict=state["model"],
@@ -289,7 +309,8 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         if checkpointer.pending is not None:
             with ft.section("checkpointing"):
                 checkpointer.poll()
-        faults.at_step_start(step, checkpointer.corrupt_latest)
+        faults.at_step_start(step, checkpointer.corrupt_latest,
+                             local_tier.corrupt_newest if local_tier is not None else None)
         events.emit("step_start", step=step)
         started = time.monotonic()
         with ft.section("step"):
@@ -340,6 +361,10 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
             with ft.section("checkpointing"):
                 checkpointer.save(step, checkpoint_state())
             last_save_t = time.monotonic()
+        # Also at FSx saves: a restore right after one then still finds the local tier current.
+        if local_tier is not None and step % cfg.checkpoint.local.interval_steps == 0:
+            with ft.section("checkpointing"):
+                local_tier.save(step, checkpoint_state())
         if stop_requested:
             events.emit("sigterm", signal=int(signal.SIGTERM), step=step)
             break
@@ -348,6 +373,8 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         if checkpointer.last_saved_step < progress["step"]:
             checkpointer.save(progress["step"], checkpoint_state())
         checkpointer.close()
+        if local_tier is not None:
+            local_tier.wait()
     if stop_requested:
         events.emit("run_end", status="terminated", final_step=progress["step"],
                     final_loss=progress["last_loss"])
