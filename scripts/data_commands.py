@@ -1,4 +1,4 @@
-"""`nvrx-eks data prepare`: workloads.data_prep with a progress display and a closing summary."""
+"""`nvrx-eks data prepare`: scripts.data_prep with a progress display and a closing summary."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from workloads.data_prep import DEFAULT_SHARD_TOKENS, check_arguments
-from workloads.data_prep import prepare as prepare_shards
+from scripts.data_prep import DEFAULT_SHARD_TOKENS, check_arguments
+from scripts.data_prep import prepare as prepare_shards
 from workloads.shards import read_manifest
 
 

@@ -14,9 +14,9 @@ import pytest
 import zstandard
 from moto import mock_aws
 
+from scripts.data_prep import prepare
 from tests.cli_harness import run_cli
 from workloads.config import TrainConfig
-from workloads.data_prep import prepare
 from workloads.errors import ConfigError
 from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
 from workloads.shards import MANIFEST_NAME, read_manifest, shard_files

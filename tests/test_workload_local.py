@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from scripts.data_prep import prepare
 from tests.cli_harness import run_cli
 from tests.test_data_prep import stdlib_text
 from tests.trainer_fixtures import exclusive_trainer_runs, local_run, port_pair
-from workloads.data_prep import prepare
 from workloads.events import load_run
 from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
 from workloads.shards import MANIFEST_NAME, read_manifest
