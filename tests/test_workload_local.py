@@ -67,13 +67,14 @@ def test_vocab_mismatch_ends_the_ranks_with_93_naming_the_field(tmp_path, tmp_pa
     manifest["vocab_size"] = 300  # e.g. prepared with a tokenizer whose vocabulary the model lacks
     (shards / MANIFEST_NAME).write_text(json.dumps(manifest))
     with exclusive_trainer_runs(tmp_path_factory):
-        local_run(tmp_path / "run", steps=5, overrides=("data.source=memmap", f"data.path={shards}"))
+        record = local_run(tmp_path / "run", steps=5, overrides=("data.source=memmap", f"data.path={shards}"))
     reasons = [e["reason"] for e in load_run(tmp_path / "run").of("unrecoverable")]
     assert reasons and all("manifest.json has vocab_size 300" in r and "vocabulary is 256" in r for r in reasons)
-    # The ranks exit with the do-not-requeue code (what ft_launcher then does with it is the
-    # launcher's layer, not the data check's).
+    # The ranks exit with the do-not-requeue code and the run ends with it, after one launcher cycle.
     log = (tmp_path / "run" / "launcher.log").read_text()
     assert f"failed (exitcode: {EXIT_DO_NOT_REQUEUE}) local_rank: 0" in log
+    assert record["exit_code"] == EXIT_DO_NOT_REQUEUE
+    assert "manifest.json has vocab_size 300" in record["stopped_by"]
 
 
 def _final_state(run_dir: Path) -> str:
