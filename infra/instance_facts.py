@@ -12,11 +12,20 @@ Sources (checked 2026-11):
 - FSx EFA clients: https://docs.aws.amazon.com/fsx/latest/LustreGuide/efa-file-systems.html
 - On-demand prices: https://aws.amazon.com/ec2/pricing/on-demand/ (us-east-1, Linux), read
   2026-11; p5e.48xlarge is sold through Capacity Blocks only and has no on-demand price.
+- Peak dense bf16 tensor throughput per GPU (PEAK_BF16_DENSE_TFLOPS): NVIDIA's datasheets give
+  the figures with 2:4 sparsity; dense is half. H100 SXM5 and H200 SXM: 1,979 TFLOPS sparse ->
+  989 dense (https://www.nvidia.com/en-us/data-center/h100/, .../h200/); A100 SXM: 312 dense
+  (https://www.nvidia.com/en-us/data-center/a100/). The A10G is an AWS-specific part with no
+  published figure: none is stated, and its MFU is reported as n/a rather than guessed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+#: Peak dense bf16 tensor-core TFLOP/s of one GPU, by GPU model (sources in the module docstring).
+#: The denominator of MFU (workloads/metrics.py).
+PEAK_BF16_DENSE_TFLOPS: dict[str, float] = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,11 @@ class InstanceFacts:
     @property
     def family(self) -> str:
         return self.instance_type.split(".", 1)[0]
+
+    @property
+    def peak_bf16_tflops(self) -> float | None:
+        """Per GPU, dense; None where no figure is published (see the module docstring)."""
+        return PEAK_BF16_DENSE_TFLOPS.get(self.gpu_model)
 
     @property
     def gpus_per_efa(self) -> float:

@@ -118,6 +118,9 @@ ImageOption = typer.Option(
 )
 TrainConfigOption = typer.Option(None, "--train-config", help="Trainer config YAML (default: the trainer's defaults).")
 SetOption = typer.Option(None, "--set", help="Trainer config override KEY=VALUE (repeatable), e.g. steps=500.")
+DataOption = typer.Option(
+    None, "--data", help="Token shards for the job (a `data prepare` directory, relative paths under /fsx)."
+)
 FaultsOption = typer.Option(None, "--faults", help="Fault-injection spec passed to the trainer, e.g. sigkill@50:3.")
 MaxRestartsOption = typer.Option(3, "--max-restarts", min=0, help="Whole-job restarts by Kubernetes (layer 3).")
 MaxStepTimeOption = typer.Option(
@@ -130,13 +133,27 @@ OutputOption = typer.Option(None, "--output", "-o", help="Write one file per obj
 
 
 def _job_options(
-    nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s=None
+    nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s=None, data=None
 ):
     from scripts.job_commands import JobOptions
 
     return JobOptions(
-        nodes, api, fabric_test, name, image, train_config, list(overrides or []), faults, max_restarts, max_step_time_s
+        nodes,
+        api,
+        fabric_test,
+        name,
+        image,
+        train_config,
+        list(overrides or []) + _data_overrides(data),
+        faults,
+        max_restarts,
+        max_step_time_s,
     )
+
+
+def _data_overrides(data: str | None) -> list[str]:
+    """--data PATH: train on the token shards there (the trainer checks them against its manifest)."""
+    return [] if data is None else ["data.source=memmap", f"data.path={data}"]
 
 
 def _deployment(profile: str | None, config: str | None):
@@ -159,6 +176,7 @@ def render(
     faults: str | None = FaultsOption,
     max_restarts: int = MaxRestartsOption,
     max_step_time_s: float | None = MaxStepTimeOption,
+    data: str | None = DataOption,
     live: bool = LiveOption,
     output: Path | None = OutputOption,
 ) -> None:
@@ -166,7 +184,7 @@ def render(
     from scripts import job_commands
 
     options = _job_options(
-        nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s
+        nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s, data
     )
     job_commands.render(_deployment(profile, config), options, live=live, output=output, out=Console(), err=err_console)
 
@@ -211,13 +229,14 @@ def submit(
     faults: str | None = FaultsOption,
     max_restarts: int = MaxRestartsOption,
     max_step_time_s: float | None = MaxStepTimeOption,
+    data: str | None = DataOption,
     dry_run: bool = typer.Option(False, "--dry-run", help="Render and validate offline and print; no cluster needed."),
 ) -> None:
     """Render, validate, server-side dry-run, then create the job on the deployed cluster."""
     from scripts import job_commands
 
     options = _job_options(
-        nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s
+        nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s, data
     )
     job_commands.submit(_deployment(profile, config), options, dry_run=dry_run, out=Console(), err=err_console)
 
@@ -337,12 +356,15 @@ def local(
     resume: bool = typer.Option(False, help="Continue the run already in --run-dir."),
     overrides: list[str] = typer.Option([], "--set", help="TrainConfig override key=value (repeatable)."),
     port: int | None = typer.Option(None, help="Rendezvous port (P and P+1 are used). Default: a free one."),
+    data: Path | None = typer.Option(None, "--data", help="Train on the token shards of a `data prepare` directory."),
 ) -> None:
     """Run the trainer under ft_launcher on this machine, inject faults, print how it recovered."""
     from scripts.local_run import run_local
 
     if run_dir is not None and run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir} is a file; give a directory (new, or a run's with --resume)")
+    if data is not None and not data.is_dir():
+        raise ConfigError(f"--data {data} is not a directory; give the --out directory of `nvrx-eks data prepare`")
     if port is not None and not 1 <= port < MAX_TCP_PORT:
         raise ConfigError(f"--port {port}: give a TCP port from 1 to {MAX_TCP_PORT - 1} (the run also uses port + 1)")
 
@@ -355,7 +377,7 @@ def local(
         checkpoint_interval=checkpoint_interval,
         backend=backend,
         resume=resume,
-        overrides=overrides,
+        overrides=list(overrides) + _data_overrides(str(data.resolve()) if data else None),
         port=port,
         console=Console(),
         nodes=nodes,
@@ -424,6 +446,47 @@ def gpu_smoke(
 
     result = smoke(out_dir=out, dry_run=dry_run, preset=preset, nproc=nproc, console=Console())
     raise typer.Exit(0 if result["ok"] else 1)
+
+
+data_app = typer.Typer(no_args_is_help=True, help="Turn text into the trainer's token shards and upload them.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("prepare")
+def data_prepare(
+    inputs: list[Path] = typer.Argument(..., help="Text, JSONL, .gz or .zst files, read in this order."),
+    out: Path = typer.Option(..., "--out", help="Directory for the shards and manifest.json (rerun to resume)."),
+    tokenizer: str = typer.Option(..., "--tokenizer", help="A Hugging Face tokenizer.json, or byte (vocabulary 256)."),
+    text_field: str = typer.Option("text", "--text-field", help="The JSONL field holding the text."),
+    shard_tokens: int | None = typer.Option(None, "--shard-tokens", min=2, help="Tokens per shard (default 64 Mi)."),
+    upload_to: str | None = typer.Option(None, "--upload", help="Then upload to s3://BUCKET/PREFIX (the data bucket)."),
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Tokenize text into token shards + manifest, streaming and resumable."""
+    from scripts.data_commands import prepare
+    from scripts.data_upload import parse_s3_url, pod_path, upload
+
+    deployment = None
+    if upload_to is not None:  # a wrong URL is refused before the work, not after
+        deployment = _deployment(profile, config).config
+        pod_path(deployment, parse_s3_url(upload_to)[1])
+    prepare(inputs, out, tokenizer, text_field, shard_tokens, Console())
+    if deployment is not None:
+        upload(deployment, out, upload_to, Console())
+
+
+@data_app.command("upload")
+def data_upload(
+    directory: Path = typer.Argument(..., help="A `data prepare` output directory."),
+    url: str = typer.Argument(..., help="s3://BUCKET/PREFIX under the data bucket's data prefix."),
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Upload a shard set to the data bucket; print where the pods will see it under /fsx."""
+    from scripts.data_upload import upload
+
+    upload(_deployment(profile, config).config, directory, url, Console())
 
 
 def main() -> None:

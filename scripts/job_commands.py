@@ -64,10 +64,17 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
         raise ConfigError(f"--train-config {options.train_config} is a directory; give a trainer config YAML file")
     if options.train_config and not Path(options.train_config).exists():
         raise ConfigError(f"--train-config {options.train_config} does not exist; give a trainer config YAML file")
-    train = None if options.fabric_test else load_train_config(options.train_config, options.overrides, options.faults)
+    nodes = options.nodes or (outputs.node_count if outputs else deployment.config.gpu_nodes.desired_size)
+    train = (
+        None
+        if options.fabric_test
+        else load_train_config(
+            options.train_config, options.overrides, options.faults, config=deployment.config, nodes=nodes
+        )
+    )
     return build_jobspec(
         deployment.config,
-        nodes=options.nodes or (outputs.node_count if outputs else deployment.config.gpu_nodes.desired_size),
+        nodes=nodes,
         name=options.name or DEFAULT_JOB_NAME[options.workload],
         api=api,
         workload=options.workload,

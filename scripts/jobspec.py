@@ -29,7 +29,7 @@ from infra.conventions import FSX_PVC_NAME, TRAINING_NAMESPACE
 from infra.instance_facts import INSTANCE_FACTS, InstanceFacts, facts_for
 from scripts.backstop import active_deadline_s
 from scripts.stack_outputs import StackOutputs
-from workloads.config import TrainConfig
+from workloads.config import JOB_PRESETS, TrainConfig
 from workloads.errors import ConfigError, describe_validation_error
 from workloads.memory import check_fits
 
@@ -228,20 +228,61 @@ def require_efa_where_expected(train: TrainConfig, instance_type: str) -> TrainC
     return train.model_copy(update={"distributed": distributed})
 
 
+def peak_tflops_from_facts(train: TrainConfig, instance_type: str) -> TrainConfig:
+    """peak_tflops_per_gpu, unless set explicitly, is the GPU's dense bf16 peak from the instance
+    facts (None where none is published: MFU is then n/a): the trainer image has no infra/."""
+    if "peak_tflops_per_gpu" in train.model_fields_set or instance_type not in INSTANCE_FACTS:
+        return train
+    return train.model_copy(update={"peak_tflops_per_gpu": INSTANCE_FACTS[instance_type].peak_bf16_tflops})
+
+
 def _on_fsx(path: str) -> str:
     p = PurePosixPath(path)
     return str(p if p.is_absolute() else PurePosixPath(FSX_MOUNT_PATH) / p)
 
 
-def load_train_config(path: str | None, overrides: list[str], faults: str | None) -> TrainConfig:
-    """The TrainConfig from `--train-config` (default: the trainer's defaults), `--set` overrides
-    and `--faults` (the fault-injection spec passed through to the trainer for chaos runs)."""
+def load_train_config(
+    path: str | None,
+    overrides: list[str],
+    faults: str | None,
+    *,
+    config: DeploymentConfig | None = None,
+    nodes: int | None = None,
+) -> TrainConfig:
+    """The TrainConfig from `--train-config` (default: the profile's default job, given `config`
+    and `nodes`; else the trainer's defaults), `--set` overrides and `--faults` (the
+    fault-injection spec passed through to the trainer for chaos runs)."""
     overrides = list(overrides)
     if faults is not None:
         overrides.append(f"faults={faults}")
     if path:
         return TrainConfig.from_yaml(path, overrides=overrides)
+    if config is not None:
+        return default_job(config, nodes or config.gpu_nodes.desired_size, overrides)
     return TrainConfig.from_dict({}, source="--set/--faults", overrides=overrides)
+
+
+def default_job(config: DeploymentConfig, nodes: int, overrides: list[str]) -> TrainConfig:
+    """The profile's default job (workloads.config.JOB_PRESETS[config.default_job]) on `nodes`,
+    with `--set` overrides on top. Unless an override sets them: data.grad_accum_steps reaches
+    the preset's global batch (the largest accumulation not above it, at least 1) and
+    checkpoint.interval_steps is the checkpoint-interval plan's optimum for this job
+    (scripts.plan.optimal_interval_steps, the figure `nvrx-eks plan` prints)."""
+    from scripts.plan import optimal_interval_steps
+
+    preset = JOB_PRESETS[config.default_job]
+    source = f"the {config.default_job} default job with --set/--faults"
+    train = TrainConfig.from_dict(preset.train, source=source, overrides=overrides)
+    given = {item.partition("=")[0].strip() for item in overrides}
+    derived = []
+    if preset.global_batch_tokens and "data.grad_accum_steps" not in given:
+        per_micro_step = nodes * config.gpu_nodes.facts.gpus * train.data.batch_size * train.data.seq_len
+        derived.append(f"data.grad_accum_steps={max(1, preset.global_batch_tokens // per_micro_step)}")
+        train = TrainConfig.from_dict(preset.train, source=source, overrides=[*overrides, *derived])
+    if preset.global_batch_tokens and "checkpoint.interval_steps" not in given:
+        derived.append(f"checkpoint.interval_steps={optimal_interval_steps(config, train, nodes)}")
+        train = TrainConfig.from_dict(preset.train, source=source, overrides=[*overrides, *derived])
+    return train
 
 
 def build_jobspec(
@@ -271,9 +312,8 @@ def build_jobspec(
         default_image = config.image.uri or OFFLINE_PLACEHOLDER_IMAGE
     if workload == "nccl-test":
         default_image = NCCL_TESTS_IMAGE
-    train = for_gpu_nodes(
-        resolve_train_paths(with_local_tier(require_efa_where_expected(train or TrainConfig(), instance_type)), name)
-    )
+    train = require_efa_where_expected(train or TrainConfig(), instance_type)
+    train = for_gpu_nodes(resolve_train_paths(with_local_tier(peak_tflops_from_facts(train, instance_type)), name))
     try:
         spec = JobSpec(
             name=name,
@@ -294,7 +334,11 @@ def build_jobspec(
     if workload == "train":
         facts = spec.facts
         problem = check_fits(
-            spec.train, spec.world_size, facts.gpu_memory_gib, f"{facts.gpu_model} ({spec.instance_type})"
+            spec.train,
+            spec.world_size,
+            facts.gpu_memory_gib,
+            f"{facts.gpu_model} ({spec.instance_type})",
+            ranks_per_node=spec.nproc_per_node,
         )
         if problem:
             raise ConfigError(f"--train-config/--set: {problem}")

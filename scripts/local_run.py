@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from workloads import do_not_requeue
 from workloads.config import TrainConfig
 from workloads.errors import ConfigError
 from workloads.events import RunEvents, load_run, summarize
+from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
 from workloads.faults import parse_fault_spec
 from workloads.launch import build_ft_launcher_argv
 
@@ -184,8 +187,11 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
             node_cfg, config_path=str(config_path), nnodes=nodes, nproc_per_node=nproc,
             rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=f"local-{port}",
             launcher=str(Path(sys.executable).parent / "ft_launcher")))
+    # A fresh attempt id per run: a do-not-requeue record left by an earlier run in a resumed
+    # directory is not this run's.
+    attempt = f"local-{uuid.uuid4().hex}"
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", do_not_requeue.ATTEMPT_ID_ENV: attempt}
     if nodes > 1:
         # ft_launcher's barrier rendezvous closes itself when two launchers share a host, unless
         # told the nodes are simulated.
@@ -221,6 +227,13 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
             time.sleep(0.2)
     # The run's code: the first node's that is not 0 (every launcher ends the same rendezvous).
     code = next((p.returncode for p in launchers if p.returncode != 0), 0)
+    ended_at = time.time()  # the launchers' end; reaping what they left comes after
+    # A rank decided that no restart can fix this run and shut the workload down: a launcher
+    # exits 1 (or 0 on a node whose ranks did not fail), the run's result is 93
+    # (workloads.do_not_requeue).
+    record = do_not_requeue.read_record(run_dir, attempt)
+    if record is not None:
+        code = EXIT_DO_NOT_REQUEUE
     for p in launchers:
         tracker.sample(p.pid)
     killed = tracker.reap(grace_s=cfg.inprocess.barrier_timeout_s + 10)
@@ -228,9 +241,12 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
     (run_dir / "local_run.json").write_text(json.dumps(
         {"exit_code": code, "wall_s": wall_s, "started_at": started_at,
          "processes_seen": len(tracker.seen), "killed_after_exit": killed,
-         "stopped_by": stop_reason(load_run(run_dir), started_at)}, indent=1))
+         "launcher_exit_code": launcher.returncode, "launcher_ended_at": ended_at,
+         "stopped_by": record["reason"] if record else stop_reason(load_run(run_dir), started_at)},
+        indent=1))
     if print_summary:
-        print_report(console, run_dir, code, wall_s, killed, started_at)
+        print_report(console, run_dir, code, wall_s, killed, started_at,
+                     stopped=do_not_requeue.describe(record) if record else None)
     elif killed:
         console.print(f"[red]processes had to be killed after the launcher exited: {killed}[/]")
     return code
@@ -253,15 +269,17 @@ def restart_counts(run: RunEvents) -> dict[str, int]:
 
 
 def print_report(console: Console, run_dir: Path, code: int, wall_s: float,
-                 killed: list[int], started_at: float = 0.0) -> None:
+                 killed: list[int], started_at: float = 0.0, stopped: str | None = None) -> None:
     """The run's outcome from its own events: a resumed run directory also holds the events and
     summary.json of earlier runs, which must not be reported as this one's."""
     run = RunEvents([e for e in load_run(run_dir).events if e["t"] >= started_at])
     report = summarize(run)
-    table = Table(title=f"nvrx-eks local: launcher exit {code}, {wall_s:.1f}s", show_header=False)
+    # With a do-not-requeue record the run's code (93) is not the launcher's (1, closed rendezvous).
+    title = f"exit {code}, {wall_s:.1f}s" if stopped else f"launcher exit {code}, {wall_s:.1f}s"
+    table = Table(title=f"nvrx-eks local: {title}", show_header=False)
     table.add_column(no_wrap=True)  # labels stay greppable on narrow terminals
     table.add_column(overflow="fold")
-    reason = stop_reason(run, started_at)
+    reason = stopped or stop_reason(run, started_at)
     if reason is not None:
         table.add_row("stopped", escape(reason))
     table.add_row("final step", str(report.final_step))

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.config import DeploymentConfig
+from infra.instance_facts import PEAK_BF16_DENSE_TFLOPS
 from workloads.config import MODEL_PRESETS
 from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, GIB, MemoryEstimate, parameter_count
 
@@ -40,8 +41,8 @@ INPROCESS_FIXED_S = 10.0
 #: pageable shared memory (not a pinned DMA, filesystem_async.py), with a device sync every 8
 #: tensors: a conservative 10 GB/s, half of the ~20 GB/s a pinned copy reaches in practice.
 DEFAULT_D2H_GBPS = 10.0
-#: Sustained bf16 throughput per H100 for a Llama-8B FSDP run: 40% of the 989 TFLOP/s dense peak.
-DEFAULT_EFFECTIVE_TFLOPS_PER_GPU = 0.40 * 989.0
+#: Sustained bf16 throughput per H100 for a Llama-8B FSDP run: 40% MFU of the dense peak.
+DEFAULT_EFFECTIVE_TFLOPS_PER_GPU = 0.40 * PEAK_BF16_DENSE_TFLOPS["H100"]
 
 
 def inprocess_recovery_s(state_bytes: int, fsx_bytes_per_s: float) -> float:
@@ -172,6 +173,36 @@ def make_plan(
     )
 
 
+def interval_steps(plan: Plan, strategy: StrategyPlan) -> int:
+    """A strategy's optimal checkpoint interval in whole training steps."""
+    return max(1, round(strategy.optimal_interval_s / plan.step_time_s))
+
+
+def plan_for_job(config: DeploymentConfig, train, nodes: int, **assumptions) -> Plan:
+    """The plan of a TrainConfig's job on `nodes` of the deployment (assumptions: make_plan's
+    measured or assumed figures)."""
+    from workloads.memory import estimate_for
+
+    gpus = nodes * config.gpu_nodes.facts.gpus
+    data = train.data
+    return make_plan(
+        config,
+        nodes=nodes,
+        preset=train.model.preset,
+        tokens_per_step=gpus * data.batch_size * data.seq_len * data.grad_accum_steps,
+        interval_steps=train.checkpoint.interval_steps,
+        memory=estimate_for(train, gpus, ranks_per_node=config.gpu_nodes.facts.gpus),
+        **assumptions,
+    )
+
+
+def optimal_interval_steps(config: DeploymentConfig, train, nodes: int) -> int:
+    """checkpoint.interval_steps of a default job: the NVRx strategy's optimum under the default
+    assumptions (the number `nvrx-eks plan` prints in its table)."""
+    plan = plan_for_job(config, train, nodes)
+    return interval_steps(plan, plan.strategies[-1])
+
+
 def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.1f} s"
@@ -196,7 +227,7 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
     if plan.usd_per_hour is not None:
         table.add_column("lost $/day", justify="right")
     for p in plan.strategies:
-        steps = max(1, round(p.optimal_interval_s / plan.step_time_s))
+        steps = interval_steps(plan, p)
         row = [
             p.strategy.name,
             _duration(p.strategy.stall_s),
@@ -236,7 +267,9 @@ def print_memory(memory: MemoryEstimate, config: DeploymentConfig, train, world_
     facts = config.gpu_nodes.facts
     verdict = "fits" if memory.total <= facts.gpu_memory_gib * GIB else "does NOT fit"
     console.print(
-        f"Memory per GPU ({train.model.preset}, {train.data.batch_size} x {train.data.seq_len} tokens, "
+        f"Memory per GPU ({train.model.preset}, {train.data.batch_size} x {train.data.seq_len} tokens per "
+        f"micro-batch, {train.data.grad_accum_steps} per step: global batch "
+        f"{world_size * train.data.batch_size * train.data.seq_len * train.data.grad_accum_steps:,} tokens, "
         f"activation checkpointing {'on' if train.model.checkpoint_activations else 'off'}, "
         f"world {world_size}): {memory.total / GIB:.1f} GiB of {facts.gpu_memory_gib} GiB "
         f"({facts.gpu_model}): {verdict}"
@@ -358,11 +391,6 @@ def print_two_tier(plan: Plan, tiers: TwoTierPlan, console: Console) -> None:
     )
 
 
-#: Without a trainer config: the 8B preset, 2 sequences of 8192 tokens per GPU per step, and the
-#: trainer's default checkpoint interval.
-_DEFAULT_JOB = {"model": {"preset": "8b"}, "data": {"seq_len": 8192, "batch_size": 2}}
-
-
 def run(
     profile: str | None,
     config_path: str | None,
@@ -375,33 +403,31 @@ def run(
     console: Console,
     node_loss_share: float = DEFAULT_NODE_LOSS_SHARE,
 ) -> Plan:
+    """Without a trainer config: the profile's default job (what `render` trains), sized for
+    the same number of nodes."""
     from infra.config import resolve_config
+    from scripts.jobspec import default_job
     from workloads.config import TrainConfig
 
     config = resolve_config(profile, config_path)
+    job_nodes = nodes or config.gpu_nodes.desired_size
     if train_config_path:
         train = TrainConfig.from_yaml(train_config_path)
     else:
-        train = TrainConfig.from_dict(_DEFAULT_JOB, source="the default 8B job")
-    from workloads.memory import estimate_for
-
-    gpus_per_node = config.gpu_nodes.facts.gpus
+        train = default_job(config, job_nodes, [])
 
     def plan_for(n: int) -> Plan:
-        return make_plan(
+        return plan_for_job(
             config,
-            nodes=n,
-            preset=train.model.preset,
-            tokens_per_step=n * gpus_per_node * train.data.batch_size * train.data.seq_len,
-            interval_steps=train.checkpoint.interval_steps,
+            train,
+            n,
             node_mtbf_hours=node_mtbf_hours or DEFAULT_NODE_MTBF_HOURS,
             sync_stall_s=sync_stall_s,
             async_stall_s=async_stall_s,
             step_time_s=step_time_s,
-            memory=estimate_for(train, n * gpus_per_node),
         )
 
-    result = plan_for(nodes or config.gpu_nodes.desired_size)
+    result = plan_for(job_nodes)
     print_plan(result, config, train.model.preset, console)
     print_two_tier(result, two_tier_plan(result, node_loss_share), console)
     print_memory(result.memory, config, train, result.gpus, console)

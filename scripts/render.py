@@ -31,6 +31,7 @@ from scripts.jobspec import (
     TRAIN_CONFIG_PATH,
     JobSpec,
 )
+from workloads import do_not_requeue
 from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
 from workloads.launch import build_ft_launcher_argv, build_preflight_argv, inprocess_store_port
 from workloads.process_env import NCCL_RESTART_ENV
@@ -107,6 +108,24 @@ def trainer_entrypoint_args(spec: JobSpec) -> tuple[list[str], list[str]]:
         rdzv_id=spec.name,
     )
     return preflight, launcher
+
+
+#: Where a trainer pod learns which attempt of its job it belongs to (workloads.do_not_requeue):
+#: (env var, pod label read through the downward API) pairs, then the attempt id built from them
+#: with Kubernetes' $(VAR) expansion. A JobSet restart recreates every pod with the next
+#: restart-attempt label. The training operator recreates single pods of a PyTorchJob, never the
+#: whole job, and puts no job uid on its pods: the job name names the attempt, and the entrypoint
+#: ignores records older than itself (an earlier submission under the same name).
+ATTEMPT_ID_SOURCES: dict[str, tuple[list[tuple[str, str]], str]] = {
+    "jobset": (
+        [
+            ("JOBSET_UID", "jobset.sigs.k8s.io/jobset-uid"),
+            ("JOBSET_RESTART_ATTEMPT", "jobset.sigs.k8s.io/restart-attempt"),
+        ],
+        "$(JOBSET_UID)-$(JOBSET_RESTART_ATTEMPT)",
+    ),
+    "pytorchjob": ([("PYTORCHJOB_NAME", "training.kubeflow.org/job-name")], "$(PYTORCHJOB_NAME)"),
+}
 
 
 def _labels(spec: JobSpec) -> dict[str, str]:
@@ -240,7 +259,10 @@ def render_job(spec: JobSpec) -> RenderedJob:
             rendezvous_host=shlex.quote(spec.rendezvous_host),
             preflight=shlex.join(preflight),
             launcher=shlex.join(launcher),
+            attempt_env=do_not_requeue.ATTEMPT_ID_ENV,
+            record_check=shlex.join(do_not_requeue.check_argv(spec.train.run_dir)),
         )
+        attempt_fields, attempt_value = ATTEMPT_ID_SOURCES[spec.api]
         train_context = {
             **context,
             "env": trainer_env(spec),
@@ -251,6 +273,8 @@ def render_job(spec: JobSpec) -> RenderedJob:
             "rendezvous_port_name": "pytorchjob-port" if spec.api == "pytorchjob" else "rendezvous",
             "config_dir": TRAIN_CONFIG_DIR,
             "local_checkpoints": local_checkpoint_volume(spec),
+            "attempt_fields": attempt_fields,
+            "attempt_env": {do_not_requeue.ATTEMPT_ID_ENV: attempt_value},
         }
         config_map = _ENV.get_template("trainer-configmap.yaml.j2").render(
             **context, config_key=TRAIN_CONFIG_KEY, config_path=TRAIN_CONFIG_PATH, train_yaml=spec.train.to_yaml()

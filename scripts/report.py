@@ -4,7 +4,8 @@ Reads the trainer's JSONL events (a local run directory, or the events copied fr
 `workloads.events`, splits the wall time into productive steps, checkpoint stalls, replayed
 (lost) steps, recovery from each fault and the rest (start-up, launcher restarts), prints that
 breakdown with one line per injected fault and the layer that recovered it, and draws a
-timeline PNG with steps, checkpoints (stall and background write), faults and restarts per rank.
+timeline PNG with steps, checkpoints (stall and background write), faults and restarts per rank,
+and the throughput (tokens/s, step time, MFU) with a loss/throughput PNG next to the timeline.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from scripts.throughput_chart import plot_throughput
 from workloads.errors import ConfigError
 from workloads.events import RunEvents, events_dir, load_run, summarize
+from workloads.metrics import format_mfu, summarize_throughput
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class Breakdown:
     median_stall_s: float | None
     restarts: dict[str, int]
     faults: list[FaultRecovery]
+    #: workloads.metrics.summarize_throughput of the rank's steps (None fields on older runs).
+    throughput: dict[str, Any]
 
 
 def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
@@ -102,6 +107,7 @@ def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
         median_stall_s=statistics.median(stalls) if stalls else None,
         restarts=summary.restarts_by_layer(),
         faults=sorted(unique, key=lambda f: f.t),
+        throughput=summarize_throughput(step_ends),
     )
 
 
@@ -126,6 +132,7 @@ def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> No
         f"final step {b.final_step}, goodput {b.goodput:.1%}, checkpoint stall {stall}, restarts "
         f"in-process {b.restarts['inprocess']} / launcher {b.restarts['launcher']}"
     )
+    print_throughput(b.throughput, console)
     if b.faults:
         faults = Table(
             title="Faults and their recovery (restart: fault to training ready; 1st step: to the next completed step; "
@@ -145,6 +152,21 @@ def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> No
                 str(f.lost_steps),
             )
         console.print(faults)
+
+
+def print_throughput(t: dict[str, Any], console: Console) -> None:
+    if t["tokens_per_s"] is None:
+        console.print("throughput: none recorded (the run's step events carry no throughput fields)")
+        return
+    table = Table(title="Throughput (median over steps after the first)")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    table.add_row("tokens/s (all ranks)", f"{t['tokens_per_s']:,.0f}")
+    table.add_row("tokens/s per rank (GPU)", f"{t['tokens_per_s_per_gpu']:,.0f}")
+    table.add_row("step time", f"{t['step_time_s']:.3f} s")
+    table.add_row("MFU", format_mfu(t["mfu"]))
+    table.add_row("loss first -> last", f"{t['first_loss']:.4f} -> {t['last_loss']:.4f}")
+    console.print(table)
 
 
 def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]:
@@ -247,6 +269,9 @@ def run(run_dir: Path, png: Path | None, json_path: Path | None, console: Consol
     png = png or run_dir / "timeline.png"
     plot_timeline(events, breakdown, png)
     console.print(f"timeline: {escape(str(png))}")
+    throughput_png = png.with_name("throughput.png")
+    if plot_throughput(events, throughput_png):
+        console.print(f"loss and throughput: {escape(str(throughput_png))}")
     if json_path is not None:
         json_path.write_text(json.dumps(_jsonable(breakdown), indent=1))
     return breakdown

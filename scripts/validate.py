@@ -1147,8 +1147,6 @@ def _parse_entrypoint(script: str) -> tuple[list[str] | None, list[str] | None, 
             continue
         if not tokens:
             continue
-        if tokens[0] == "exec":
-            tokens = tokens[1:]
         if tokens and tokens[-1] == "&":
             tokens = tokens[:-1]
         if "||" in tokens:

@@ -39,7 +39,6 @@ def _launcher_argv(pod: dict) -> list[str]:
     script = pod["spec"]["containers"][0]["args"][2]
     line = next(line for line in script.splitlines() if "ft_launcher" in line and not line.lstrip().startswith("#"))
     tokens = shlex.split(line)
-    tokens = tokens[1:] if tokens[0] == "exec" else tokens
     return tokens[:-1] if tokens[-1] == "&" else tokens
 
 

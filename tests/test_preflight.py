@@ -295,16 +295,20 @@ def test_kubernetes_version_not_offered(session):
     assert result.status == FAIL and result.detail == "1.35 is not offered in us-east-1"
 
 
-def test_permission_denied_names_the_permission(session):
+@pytest.mark.parametrize(
+    ("operation", "check"),
+    [("DescribeClusterVersions", "check_kubernetes_version"), ("DescribeAddonVersions", "check_addon_versions")],
+)
+def test_permission_denied_names_the_permission(session, operation, check):
     gaps = ready_account(session)
     from tests.aws_gaps import ServiceError
 
     def denied(_params):
-        raise ServiceError("AccessDeniedException", "not authorized to perform eks:DescribeClusterVersions")
+        raise ServiceError("AccessDeniedException", f"not authorized to perform eks:{operation}")
 
-    gaps.answer("eks", "DescribeClusterVersions", denied)
-    result = preflight.check_kubernetes_version(PreflightContext(resolve_config(), 2, session))
-    assert result.status == FAIL and result.fix == "grant eks:DescribeClusterVersions"
+    gaps.answer("eks", operation, denied)
+    result = getattr(preflight, check)(PreflightContext(resolve_config(), 2, session))
+    assert result.status == FAIL and result.fix == f"grant eks:{operation}"
 
 
 # ----- EKS add-on versions -------------------------------------------------------------------
@@ -337,18 +341,6 @@ def test_addon_build_not_offered_for_the_minor_fails_with_the_fix(session):
         "coredns v1.13.2-eksbuild.4 is not offered for Kubernetes 1.35 (EKS default: v1.14.7-eksbuild.1)"
     )
     assert result.fix.startswith("set addons.versions.coredns: v1.14.7-eksbuild.1 in the profile")
-
-
-def test_addon_versions_permission_denied_names_the_permission(session):
-    gaps = ready_account(session)
-    from tests.aws_gaps import ServiceError
-
-    def denied(_params):
-        raise ServiceError("AccessDeniedException", "not authorized to perform eks:DescribeAddonVersions")
-
-    gaps.answer("eks", "DescribeAddonVersions", denied)
-    result = preflight.check_addon_versions(PreflightContext(resolve_config(), 2, session))
-    assert result.status == FAIL and result.fix == "grant eks:DescribeAddonVersions"
 
 
 # ----- the command ----------------------------------------------------------------------------

@@ -76,8 +76,11 @@ def test_faulted_run_ends_bit_identical_to_clean_run(clean, faulted):
 
 
 def test_clean_run_learns(clean):
-    losses = [e["loss"] for e in load_run(clean).of("step_end", rank=0)]
+    run = load_run(clean)
+    losses = [e["loss"] for e in run.of("step_end", rank=0)]
     assert losses[-1] < losses[0] - 1.0
+    # A fresh run has no pointer before its first commit; that is not a lost pointer.
+    assert run.of("checkpoint_pointer_rebuilt") == []
 
 
 @pytest.mark.parametrize("kind,step", [("exception", 7), ("hang", 13)])

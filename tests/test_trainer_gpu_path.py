@@ -16,8 +16,7 @@ import torch.nn.functional as F
 
 from infra.config import resolve_config
 from scripts.jobspec import build_jobspec, load_train_config
-from scripts.plan import _DEFAULT_JOB
-from workloads.config import MODEL_PRESETS, ModelShape, TrainConfig
+from workloads.config import JOB_PRESETS, MODEL_PRESETS, ModelShape, TrainConfig
 from workloads.errors import ConfigError
 from workloads.memory import (
     GIB,
@@ -111,12 +110,13 @@ def test_whole_model_activations_match_the_model(single_rank, checkpointing):
 
 
 def test_the_default_8b_job_fits_an_h100_only_with_activation_checkpointing():
-    train = TrainConfig.from_dict(_DEFAULT_JOB, "x")
+    default_job = JOB_PRESETS["llama3-8b"].train
+    train = TrainConfig.from_dict(default_job, "x")
     world = 2 * 8  # the p5 profile's default: 2 nodes of 8 GPUs
     assert train.model.checkpoint_activations
     with_ac = estimate_for(train, world)
     assert with_ac.total < 0.5 * 80 * GIB  # headroom, not just a fit
-    without = estimate_for(TrainConfig.from_dict(_DEFAULT_JOB, "x", ["model.activation_checkpointing=false"]), world)
+    without = estimate_for(TrainConfig.from_dict(default_job, "x", ["model.activation_checkpointing=false"]), world)
     assert without.total > 80 * GIB
     assert without.activations > 80 * GIB  # 32 layers x 176 KB x 16384 tokens
 

@@ -163,3 +163,42 @@ def test_exit_bound_is_checked_against_the_grace_periods_it_must_cover():
     assert exit_bound_s(TrainConfig()) == EXIT_BOUND_S
     with pytest.raises(ConfigError, match="inprocess.termination_grace_s"):
         exit_bound_s(TrainConfig.from_dict({"inprocess": {"termination_grace_s": EXIT_BOUND_S}}))
+
+
+# --- the do-not-requeue record ------------------------------------------------------------------
+
+
+def test_do_not_requeue_record_first_writer_wins_per_attempt(tmp_path):
+    from workloads import do_not_requeue as dnr
+
+    first = dnr.write_record(tmp_path, "uid-1-0", reason="checkpoint.dir is read-only", rank=1)
+    assert first == tmp_path / dnr.RECORD_DIR / "uid-1-0.json"
+    assert dnr.write_record(tmp_path, "uid-1-0", reason="a later rank", rank=0) is None
+    record = dnr.read_record(tmp_path, "uid-1-0")
+    assert (record["reason"], record["rank"]) == ("checkpoint.dir is read-only", 1)
+    # No temporary file left behind by either writer.
+    assert sorted(p.name for p in (tmp_path / dnr.RECORD_DIR).iterdir()) == ["uid-1-0.json"]
+    # Another attempt (the next JobSet restart, another local run) has no record.
+    assert dnr.read_record(tmp_path, "uid-1-1") is None
+    # A record older than the reader (an earlier submission under the same name) is not its own.
+    assert dnr.read_record(tmp_path, "uid-1-0", since=record["time"] + 1) is None
+    assert dnr.read_record(tmp_path, "uid-1-0", since=record["time"] - 1) == record
+    # The id is one path component whatever it holds.
+    assert dnr.record_path(tmp_path, "../x/y").parent == tmp_path / dnr.RECORD_DIR
+
+
+def test_do_not_requeue_check_prints_the_reason_in_one_line(tmp_path):
+    from workloads import do_not_requeue as dnr
+
+    def check(attempt: str | None) -> subprocess.CompletedProcess:
+        env = {"PATH": "/usr/bin:/bin"} | ({dnr.ATTEMPT_ID_ENV: attempt} if attempt else {})
+        argv = dnr.check_argv(str(tmp_path), python=sys.executable)
+        return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+
+    assert check("uid-1-0").returncode == 1
+    dnr.write_record(tmp_path, "uid-1-0", reason="no space left on /fsx:\n need ~2 GB", rank=3)
+    found = check("uid-1-0")
+    assert found.returncode == 0
+    assert found.stderr == "nvrx-eks: do not requeue (rank 3): no space left on /fsx: need ~2 GB\n"
+    assert (check("uid-1-1").returncode, check(None).returncode) == (1, 1)
+    assert (check("uid-1-1").stderr, check(None).stderr) == ("", "")

@@ -635,8 +635,10 @@ class Checkpointer:
     def _write_commit(self, pending: PendingSave, files: dict[str, Any]) -> None:
         manifest = {"step": pending.step, "backend": self.backend, "verify": self.cfg.checkpoint.verify,
                     "files": files, "committed_at": time.time(), **self.identity}
-        atomic_write(pending.path / COMMIT_FILE, json.dumps(manifest, indent=1, sort_keys=True))
+        # What was committed before this commit, read before its record exists: read after, a
+        # first commit (no pointer yet) would find its own record and report a rebuilt pointer.
         previous = self._commit_state()
+        atomic_write(pending.path / COMMIT_FILE, json.dumps(manifest, indent=1, sort_keys=True))
         # A newer commit supersedes anything at or after its step: those belong to a timeline a
         # fallback or restart abandoned.
         keep = ([pending.path.name] + [n for n in previous.committed if step_of(n) < pending.step])

@@ -75,6 +75,42 @@ MODEL_PRESETS: dict[str, ModelShape] = {
 }
 
 
+@dataclass(frozen=True)
+class JobPreset:
+    """A whole default job: what `render`/`submit` train without --train-config on a profile that
+    names it (DeploymentConfig.default_job). `train` is TrainConfig data; --set overrides apply on
+    top. With `global_batch_tokens`, data.grad_accum_steps is derived at render time for the
+    job's world size (scripts/jobspec.py), and checkpoint.interval_steps comes from the
+    checkpoint-interval plan (scripts/plan.py), never typed here."""
+
+    description: str
+    train: dict[str, Any]
+    global_batch_tokens: int | None = None
+
+
+JOB_PRESETS: dict[str, JobPreset] = {
+    # Llama-3-8B shape in bf16 (the trainer computes in bf16 on GPUs), FSDP2 full shard over all
+    # ranks, every block recomputed in backward. Per H100 80 GB at 16 GPUs (2 p5 nodes),
+    # workloads.memory: sharded fp32 params + grads + AdamW 16 B x 8.03 B / 16 = 7.5 GiB;
+    # unsharded largest group (the 525 M-parameter output projection, bf16 x 3 + fp32 grad) =
+    # 4.9 GiB; activations 2 x 8192 tokens x (32 blocks x 8 KiB kept inputs + 2 recomputed
+    # blocks of 176 KB, + the final norm) = 9.6 GiB; one 2048-token loss chunk = 4.9 GiB; + 5%
+    # fragmentation (1.3) and 3 GiB CUDA/NCCL: 31.2 GiB, less at more nodes. Without
+    # recomputation: 114.6 GiB, which does not fit. 2 x 8192-token sequences per GPU per
+    # micro-batch; 1 Mi tokens per optimizer step (4 micro-batches at 16 GPUs).
+    "llama3-8b": JobPreset(
+        description="8b preset, seq 8192, micro-batch 2, activation checkpointing, 1 Mi-token global batch",
+        train={"steps": 5000, "model": {"preset": "8b", "activation_checkpointing": True},
+               "data": {"seq_len": 8192, "batch_size": 2},
+               # Llama 3's peak learning rate for the 8B model; a warm-up of 2% of the steps.
+               "optimizer": {"lr": 3e-4, "warmup_steps": 100}},
+        global_batch_tokens=1 << 20,
+    ),
+    # The trainer's own defaults (the tiny preset): proves the plumbing on small GPUs.
+    "smoke": JobPreset(description="tiny preset, the trainer's defaults", train={}),
+}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -109,9 +145,14 @@ class DataConfig(_Strict):
     source: Literal["synthetic", "memmap"] = "synthetic"
     # memmap: a directory of pre-tokenized shards (`*.bin`, flat token arrays) or one .bin file.
     path: str | None = None
-    dtype: Literal["uint16", "uint32"] = "uint16"
+    dtype: Literal["uint16", "uint32"] | None = Field(
+        None, description="token dtype of the shards; default: the manifest's, else uint16")
     seq_len: int = Field(64, ge=2)
-    batch_size: int = Field(8, ge=1, description="sequences per rank per step")
+    batch_size: int = Field(8, ge=1, description="sequences per rank per micro-batch")
+    grad_accum_steps: int = Field(
+        1, ge=1,
+        description="micro-batches per optimizer step; global batch = world size x batch_size x "
+                    "grad_accum_steps sequences")
 
     @model_validator(mode="after")
     def _path_matches_source(self) -> DataConfig:
@@ -175,6 +216,12 @@ class DistributedConfig(_Strict):
         False,
         description="on NCCL, exit 93 unless NCCL uses the aws-ofi-nccl plugin with provider efa "
                     "(workloads/transport.py); the render sets it from the instance facts")
+    shard: Literal["full", "hybrid"] = Field(
+        "full",
+        description="full: FSDP2 shards over every rank. hybrid: shards inside a node and "
+                    "replicates across nodes (2-D mesh nodes x local ranks): the all-gathers and "
+                    "reduce-scatters stay on NVLink, only a gradient all-reduce crosses EFA, and "
+                    "each GPU holds 1/local-ranks of the state instead of 1/world")
 
 
 class InProcessConfig(_Strict):
@@ -255,6 +302,10 @@ class TrainConfig(_Strict):
     distributed: DistributedConfig = DistributedConfig()
     inprocess: InProcessConfig = InProcessConfig()
     fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
+    peak_tflops_per_gpu: float | None = Field(
+        None, gt=0,
+        description="dense bf16 peak of one GPU, the denominator of MFU (workloads/metrics.py); "
+                    "the render sets it from infra/instance_facts.py; unset: MFU is n/a")
 
     @field_validator("faults")
     @classmethod

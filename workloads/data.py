@@ -9,7 +9,8 @@ batch, and a batch never depends on how many restarts happened before it.
 * synthetic: an endless deterministic stream from a fixed sparse Markov chain (each token has 4
   likely successors), so a model can really learn it: loss falls from ln(vocab) toward ~ln(4).
   Sequence i is generated from a generator seeded by (seed, i).
-* memmap: pre-tokenized shards (flat uint16/uint32 `.bin` token arrays, e.g. on FSx), read
+* memmap: pre-tokenized shards (flat uint16/uint32 `.bin` token arrays, e.g. on FSx, written by
+  `nvrx-eks data prepare` with a manifest checked at start-up: workloads.shards), read
   through np.memmap as windows of seq_len+1 tokens. Each epoch visits all windows in an order
   given by an affine permutation i -> (a*i + b) mod N with gcd(a, N) = 1, chosen from
   (seed, epoch): a full shuffle in O(1) memory, whatever the dataset size.
@@ -19,13 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from workloads.config import DataConfig
 from workloads.errors import ConfigError
+from workloads.shards import shard_files
 
 _SUCCESSORS = 4
 
@@ -94,12 +95,8 @@ class SyntheticTokens(TokenBatches):
 class MemmapTokens(TokenBatches):
     def __init__(self, cfg: DataConfig, rank: int, world_size: int, vocab_size: int, seed: int):
         super().__init__(cfg, rank, world_size, vocab_size, seed)
-        root = Path(cfg.path or "")
-        files = sorted(root.glob("*.bin")) if root.is_dir() else [root] if root.is_file() else []
-        if not files:
-            raise ConfigError(f"data.path: no .bin token shards at {root}; point it at a "
-                              "directory of pre-tokenized shards")
-        self.shards = [np.memmap(f, dtype=np.dtype(cfg.dtype), mode="r") for f in files]
+        files, dtype = shard_files(cfg, vocab_size)
+        self.shards = [np.memmap(f, dtype=np.dtype(dtype), mode="r") for f in files]
         window = cfg.seq_len
         counts = [max(0, (len(s) - 1) // window) for s in self.shards]
         self.offsets = np.cumsum([0] + counts)

@@ -20,8 +20,11 @@ Events and their own fields:
     run_start             world_size, preset, backend, checkpoint_backend, steps
     setup_end             resumed_from_step (0 = fresh start), setup_s
     step_start            step
-    step_end              step, loss (mean over ranks), lr, step_s, batch_sha256 (this rank's
-                          input tokens, first 16 hex digits)
+    step_end              step, loss (mean over ranks and micro-batches), lr, step_s,
+                          batch_sha256 (this rank's input tokens of all the step's micro-batches,
+                          first 16 hex digits), tokens_per_s (all ranks: world x batch_size x
+                          seq_len x grad_accum_steps / step_s), tokens_per_s_per_gpu, mfu (model
+                          FLOPs / peak, workloads/metrics.py; null on CPU or without a peak)
     checkpoint_stall      step, backend, stall_s (time the training loop was blocked by the save)
     checkpoint_write_end  step, write_s (hand-off to "written on every rank"), seen at the poll
     checkpoint_commit     step, path, commit_s (rank 0 only: commit marker + pointer written)
@@ -42,7 +45,9 @@ Events and their own fields:
 
 summary.json (rank 0, at completion): final_step, final_loss, state_sha256, world_size, preset,
 restarts {"inprocess": n, "launcher": n}, faults [...], checkpoints {...}, goodput; see
-`summarize` for the derived numbers.
+`summarize` for the derived numbers. Throughput (workloads.metrics.summarize_throughput, medians
+over rank 0's steps after the first): global_batch_tokens, tokens_per_s, tokens_per_s_per_gpu,
+step_time_s, mfu (null on CPU), first_loss, last_loss.
 """
 
 from __future__ import annotations

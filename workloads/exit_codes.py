@@ -9,9 +9,12 @@ failure policies match on it to fail the job instead of recreating pods.
 
 How it reaches the scheduler: `python -m workloads.train --preflight` runs before ft_launcher in the
 container command and exits 93 itself for everything that can be checked before ranks start. A rank
-that hits such an error later exits 93; ft_launcher restarts ranks on any failure, but its progress
-tracker (fed by the checkpoint's committed-step file, see launch.py) stops after
-`fault_tolerance.max_no_progress_cycles` restarts without progress and then exits 93 as well.
+that hits such an error later exits 93 too. ft_launcher restarts ranks whatever code they exit
+with, so the rank first records its decision for the job attempt and asks ft_launcher to shut the
+workload down; the launcher's wrapper (container entrypoint, `nvrx-eks local`) exits 93 on finding
+the record (workloads.do_not_requeue). Without a record (the run dir itself unwritable) it is
+restarted like any failure, until ft_launcher's restarts or its no-progress limit
+(`fault_tolerance.max_no_progress_cycles`) run out.
 """
 
 EXIT_DO_NOT_REQUEUE = 93

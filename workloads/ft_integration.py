@@ -75,6 +75,18 @@ class FaultToleranceReporter:
             self.client.end_section(name)
             self._open.discard(name)
 
+    def request_shutdown(self, reason: str) -> None:
+        """Ask ft_launcher not to restart the workload: its next rendezvous closes for every node
+        and each launcher exits instead of restarting ranks. Exiting 93 alone does not do it
+        (ft_launcher 0.7.0 restarts ranks whatever code they exit with); see
+        workloads.do_not_requeue for how the launcher's wrapper then exits 93."""
+        if self.client is None:
+            return
+        from nvidia_resiliency_ext.fault_tolerance.data import WorkloadAction, WorkloadControlRequest
+
+        with self.atomic():
+            self.client.send_workload_control_request(WorkloadControlRequest(WorkloadAction.ShutdownWorkload, reason))
+
     def end_all_sections(self) -> None:
         """Called when an in-process restart begins (NVRx has stopped raising into this thread
         by then): the restart is out-of-section time. Each open section is closed by name:

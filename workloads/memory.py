@@ -192,11 +192,18 @@ def estimate(
     )
 
 
-def estimate_for(train: TrainConfig, world_size: int, *, bf16: bool = True) -> MemoryEstimate:
-    """The estimate for a TrainConfig's model, batch and switches at `world_size` ranks."""
+def estimate_for(
+    train: TrainConfig, world_size: int, *, bf16: bool = True, ranks_per_node: int | None = None
+) -> MemoryEstimate:
+    """The estimate for a TrainConfig's model, batch and switches at `world_size` ranks. With
+    distributed.shard=hybrid the state is sharded over one node's ranks only (`ranks_per_node`),
+    so item 1 divides by that instead of the world size."""
+    shard_group = world_size
+    if train.distributed.shard == "hybrid" and ranks_per_node:
+        shard_group = min(world_size, ranks_per_node)
     return estimate(
         train.model.shape,
-        world_size=world_size,
+        world_size=shard_group,
         batch_size=train.data.batch_size,
         seq_len=train.data.seq_len,
         activation_checkpointing=train.model.checkpoint_activations,
@@ -205,9 +212,11 @@ def estimate_for(train: TrainConfig, world_size: int, *, bf16: bool = True) -> M
     )
 
 
-def check_fits(train: TrainConfig, world_size: int, gpu_memory_gib: float, gpu_model: str) -> str | None:
+def check_fits(
+    train: TrainConfig, world_size: int, gpu_memory_gib: float, gpu_model: str, ranks_per_node: int | None = None
+) -> str | None:
     """None if the job fits one GPU, else a message with the numbers and the fix."""
-    est = estimate_for(train, world_size)
+    est = estimate_for(train, world_size, ranks_per_node=ranks_per_node)
     if est.total <= gpu_memory_gib * GIB:
         return None
     fixes = []
@@ -216,7 +225,7 @@ def check_fits(train: TrainConfig, world_size: int, gpu_memory_gib: float, gpu_m
     fixes += [
         f"a smaller data.batch_size (now {train.data.batch_size})",
         f"a shorter data.seq_len (now {train.data.seq_len})",
-        "more nodes (the sharded state divides by the world size)",
+        "more nodes (the sharded state divides by the world size; not with distributed.shard=hybrid)",
     ]
     return (
         f"model {train.model.preset}: the estimated memory per GPU, {est.describe()}, exceeds "

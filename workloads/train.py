@@ -169,7 +169,32 @@ def train_attempt(process: ProcessState, call_wrapper: CallWrapper | None = None
         # still do on the way out (barriers with peers, stopping the checkpoint worker).
         arm_exit_watchdog(EXIT_DO_NOT_REQUEUE)
         process.events.emit("unrecoverable", reason=str(err)[:2000])
+        _stop_the_job(process, str(err))
         raise Unrecoverable(str(err)) from None
+
+
+def _stop_the_job(process: ProcessState, reason: str) -> None:
+    """Make the 93 stick beyond this rank: record the decision for this job attempt on the shared
+    run dir, then ask ft_launcher to shut the workload down instead of restarting ranks
+    (workloads.do_not_requeue says how the launcher's wrapper turns both into exit 93). Each
+    step on its own and best effort: the exit is bounded by the watchdog already armed."""
+    from workloads import do_not_requeue
+
+    attempt = do_not_requeue.attempt_id()
+    if attempt is None:
+        log.info("no %s set: the decision is not recorded for the launcher's wrapper",
+                 do_not_requeue.ATTEMPT_ID_ENV)
+    else:
+        try:
+            do_not_requeue.write_record(process.cfg.run_dir, attempt, reason=reason,
+                                        rank=process.rank)
+        except OSError as err:
+            log.warning("could not record the do-not-requeue decision in %s: %s",
+                        process.cfg.run_dir, err)
+    try:
+        process.ft.request_shutdown(reason)
+    except Exception:  # noqa: BLE001 - a launcher connection already gone must not block the exit
+        log.exception("could not ask ft_launcher to shut the workload down")
 
 
 def _train_attempt(process: ProcessState, call_wrapper) -> dict:
@@ -183,6 +208,7 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
     from workloads.data import batch_fingerprint, build_batches
     from workloads.device import resolve_runtime
     from workloads.events import load_run, summarize
+    from workloads.metrics import flops_per_token, format_mfu, step_throughput, summarize_throughput
     from workloads.model import build_model
     from workloads.transport import require_efa
 
@@ -202,7 +228,14 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         with require_efa(cfg.distributed.require_efa, runtime.backend, cfg.run_dir, process.rank):
             _init_process_group(process, runtime, iteration)
         rank, world = dist.get_rank(), dist.get_world_size()
-        mesh = init_device_mesh(runtime.device.type, (world,))
+        if cfg.distributed.shard == "hybrid":
+            # HSDP: FSDP2 shards along "shard" (the ranks of one node) and replicates along
+            # "replicate"; fully_shard takes the 2-D mesh as is (workloads.model).
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            mesh = init_device_mesh(runtime.device.type, (world // local, local),
+                                    mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh(runtime.device.type, (world,))
         shape = cfg.model.shape
         torch.manual_seed(cfg.seed + rank)
         random.seed(cfg.seed + rank)
@@ -262,6 +295,11 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
                  "resumed" if loaded else "starting", start_step, world, runtime.backend,
                  runtime.device)
 
+    accum = cfg.data.grad_accum_steps
+    tokens_per_step = world * cfg.data.batch_size * cfg.data.seq_len * accum
+    flops_token = flops_per_token(shape, cfg.data.seq_len)
+    # MFU against a GPU's peak only: a CPU run's figure would compare with nothing.
+    peak_tflops = cfg.peak_tflops_per_gpu if runtime.is_cuda else None
     interval, every_s = cfg.checkpoint.interval_steps, cfg.checkpoint.interval_seconds
     last_save_t = time.monotonic()
     stop_requested = False
@@ -276,13 +314,22 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         events.emit("step_start", step=step)
         started = time.monotonic()
         with ft.section("step"):
-            inputs, targets = batches.next_batch()
-            fingerprint = batch_fingerprint(inputs)
-            inputs, targets = inputs.to(runtime.device), targets.to(runtime.device)
-            # The model computes the loss itself, chunk by chunk (OutputProjection): no full
-            # [tokens, vocab] logits tensor is ever alive here.
-            loss = model(inputs, targets)
-            loss.backward()
+            # Gradient accumulation: each micro-batch's backward reduce-scatters into the sharded
+            # gradients, which sum across micro-batches (FSDP2 keeps no unsharded gradient
+            # between them: the memory of workloads.memory holds for any accumulation). The loader
+            # advances per micro-batch and checkpoints fall between optimizer steps, so a resumed
+            # run reads exactly the micro-batches the uninterrupted one would have.
+            micro_inputs, loss = [], None
+            for _ in range(accum):
+                inputs, targets = batches.next_batch()
+                micro_inputs.append(inputs)
+                inputs, targets = inputs.to(runtime.device), targets.to(runtime.device)
+                # The model computes the loss itself, chunk by chunk (OutputProjection): no full
+                # [tokens, vocab] logits tensor is ever alive here.
+                micro_loss = model(inputs, targets) / accum
+                micro_loss.backward()
+                loss = micro_loss.detach() if loss is None else loss + micro_loss.detach()
+            fingerprint = batch_fingerprint(torch.cat(micro_inputs))
             if opt.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), opt.grad_clip)
             optimizer.step()
@@ -302,11 +349,14 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         stop_requested = stop_votes > 0
         progress.update(step=step, last_loss=mean_loss)
         step_s = time.monotonic() - started
+        speed = step_throughput(tokens=tokens_per_step, world_size=world, step_s=step_s,
+                                flops_token=flops_token, peak_tflops=peak_tflops)
         events.emit("step_end", step=step, loss=mean_loss, lr=scheduler.get_last_lr()[0],
-                    step_s=step_s, batch_sha256=fingerprint)
+                    step_s=step_s, batch_sha256=fingerprint, **speed.fields())
         if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
-            log.info("step %d loss %.4f lr %.2e %.3fs/step", step, mean_loss,
-                     scheduler.get_last_lr()[0], step_s)
+            log.info("step %d loss %.4f lr %.2e %.3fs/step %.0f tokens/s (%.0f per GPU) MFU %s",
+                     step, mean_loss, scheduler.get_last_lr()[0], step_s, speed.tokens_per_s,
+                     speed.tokens_per_s_per_gpu, format_mfu(speed.mfu))
         if step % interval == 0 or step == cfg.steps or stop_requested or save_votes > 0:
             with ft.section("checkpointing"):
                 checkpointer.save(step, checkpoint_state())
@@ -347,7 +397,8 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
                 final_loss=progress["last_loss"], state_sha256=digest,
                 rank_state_sha256=rank_digests[rank], gpu_peak_reserved_bytes=peak)
     if rank == 0:
-        report = summarize(load_run(cfg.run_dir), rank=0)
+        run_events = load_run(cfg.run_dir)
+        report = summarize(run_events, rank=0)
         summary = {
             "final_step": progress["step"], "final_loss": progress["last_loss"],
             "state_sha256": digest, "rank_state_sha256": rank_digests,
@@ -358,6 +409,8 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
                             "stalls": len(report.stalls_s)},
             "goodput": report.goodput, "wall_s": report.wall_s,
             "replayed_steps": report.lost_steps,
+            "global_batch_tokens": tokens_per_step,
+            **summarize_throughput(run_events.of("step_end", rank=0)),
         }
         tmp = Path(cfg.run_dir) / ".summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=1))
@@ -499,9 +552,12 @@ def preflight(cfg: TrainConfig, world_size: int) -> int:
             problems.append(f"faults: {fault.label} targets rank {fault.rank}; the world has "
                             f"{world_size} ranks")
     if cfg.data.source == "memmap":
-        root = Path(cfg.data.path or "")
-        if not (root.is_file() or (root.is_dir() and any(root.glob("*.bin")))):
-            problems.append(f"data.path: no .bin token shards at {root}")
+        from workloads.shards import PREFLIGHT_HASH_BYTES, shard_files
+
+        try:
+            shard_files(cfg.data, cfg.model.shape.vocab_size, hash_bytes=PREFLIGHT_HASH_BYTES)
+        except ConfigError as err:
+            problems.append(str(err))
     if cfg.checkpoint.backend != "none":
         problems += _checkpoint_dir_problems(cfg, world_size)
     for problem in problems:
