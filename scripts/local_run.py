@@ -226,7 +226,7 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
                 tracker.sample(p.pid)
             time.sleep(0.2)
     # The run's code: the first node's that is not 0 (every launcher ends the same rendezvous).
-    code = next((p.returncode for p in launchers if p.returncode != 0), 0)
+    code = launcher_code = next((p.returncode for p in launchers if p.returncode != 0), 0)
     ended_at = time.time()  # the launchers' end; reaping what they left comes after
     # A rank decided that no restart can fix this run and shut the workload down: a launcher
     # exits 1 (or 0 on a node whose ranks did not fail), the run's result is 93
@@ -241,7 +241,7 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
     (run_dir / "local_run.json").write_text(json.dumps(
         {"exit_code": code, "wall_s": wall_s, "started_at": started_at,
          "processes_seen": len(tracker.seen), "killed_after_exit": killed,
-         "launcher_exit_code": launcher.returncode, "launcher_ended_at": ended_at,
+         "launcher_exit_code": launcher_code, "launcher_ended_at": ended_at,
          "stopped_by": record["reason"] if record else stop_reason(load_run(run_dir), started_at)},
         indent=1))
     if print_summary:
