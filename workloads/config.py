@@ -241,6 +241,10 @@ class InProcessConfig(_Strict):
     # A deterministic bug would otherwise restart in place forever; past the cap the ranks exit
     # and ft_launcher (with its own max_restarts) takes over.
     max_restarts: int | None = Field(10, ge=0, description="in-process restarts per process")
+    # Off only to measure what it saves (bench): without it a gloo peer of a faulting rank waits
+    # out the process-group timeout (workloads.gloo_sockets).
+    release_gloo_sockets: bool = Field(
+        True, description="with gloo, the restart shuts down the gloo pair sockets (never the stores)")
 
     @model_validator(mode="after")
     def _nvrx_ordering(self) -> InProcessConfig:

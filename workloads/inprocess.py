@@ -10,9 +10,13 @@ Composition:
                the wrapper, so ft_launcher restarts the whole group; the checkpoint's data position
                and RNG are per rank), optional cap on in-process restarts; and a check that turns a
                pending SIGTERM into termination instead of another restart.
-  abort        AbortPersistentCheckpointProcesses (kills the NVRx checkpoint worker: an abandoned
-               save must not complete behind the next iteration's back), then
-               AbortTorchDistributed (destroys the process groups). Compose runs right to left.
+  abort        with gloo, ReleaseGlooPeers first (shuts down the gloo pair sockets, so every rank
+               blocked in a collective, here and on the peers, is released at once instead of at
+               gloo's timeout; workloads.gloo_sockets), then AbortPersistentCheckpointProcesses
+               (kills the NVRx checkpoint worker: an abandoned save must not complete behind the
+               next iteration's back), then AbortTorchDistributed (destroys the process groups).
+               Compose runs right to left. NCCL needs no socket release: NVRx aborts its
+               communicators.
   finalize     RestartFinalize: records restart_begin, closes ft sections, drops the failed
                iteration's objects, and on CUDA drains the rank's own GPU in a thread with a
                timeout (NVRx's ThreadedFinalize refuses to run without CUDA).
@@ -53,6 +57,7 @@ from workloads.config import InProcessConfig
 from workloads.cuda_compat import local_rank_hidden_on_cpu
 from workloads.events import EventLog
 from workloads.ft_integration import FaultToleranceReporter
+from workloads.gloo_sockets import shutdown_gloo_pairs, store_ports
 
 
 class TerminationRequested(inprocess.exception.RestartAbort):
@@ -66,6 +71,20 @@ class StopOnSigterm(inprocess.initialize.Initialize):
     def __call__(self, state):
         if state.iteration > 0 and self.sigterm_received():
             raise TerminationRequested("SIGTERM received; not restarting in process")
+        return state
+
+
+class ReleaseGlooPeers(inprocess.abort.Abort):
+    """Shut down this rank's gloo pair sockets, never its store connections. Every rank's
+    monitor thread runs it on a fault, so the faulting rank's peers fail their collective within
+    milliseconds, and a rank blocked in one (its main thread stuck in C, where NVRx's
+    asynchronous exception cannot reach it) is released by its own call as well."""
+
+    def __init__(self, store_port: int | None):
+        self.store_port = store_port
+
+    def __call__(self, state):
+        shutdown_gloo_pairs(store_ports(self.store_port))
         return state
 
 
@@ -101,6 +120,14 @@ class RestartFinalize(inprocess.finalize.Finalize):
         return state
 
 
+def abort_chain(cfg: InProcessConfig, backend: str, store_port: int | None) -> list[inprocess.abort.Abort]:
+    """The Compose arguments (run right to left) of the in-process abort for `backend`."""
+    chain = [AbortTorchDistributed(), AbortPersistentCheckpointProcesses()]
+    if backend == "gloo" and cfg.release_gloo_sockets:
+        chain.append(ReleaseGlooPeers(store_port))
+    return chain
+
+
 def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_size: int, run_dir: Path,
                   events: EventLog, ft: FaultToleranceReporter,
                   drop_iteration_state: Callable[[], None],
@@ -120,7 +147,7 @@ def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_
                     max_iterations=None if cfg.max_restarts is None else cfg.max_restarts + 1,
                     min_world_size=world_size, min_active_world_size=world_size),
             ),
-            abort=inprocess.Compose(AbortTorchDistributed(), AbortPersistentCheckpointProcesses()),
+            abort=inprocess.Compose(*abort_chain(cfg, backend, store_port)),
             finalize=RestartFinalize(events, ft, drop_iteration_state, cfg.cuda_timeout_s),
             health_check=health_check,
             monitor_thread_interval=seconds(cfg.monitor_interval_s),
