@@ -341,6 +341,9 @@ def teardown(
 def local(
     nproc: int = typer.Option(2, "--nproc", help="CPU ranks (gloo) per simulated node."),
     nodes: int = typer.Option(1, "--nodes", help="Simulated nodes: one ft_launcher each, own local checkpoint root."),
+    spare_nodes: int = typer.Option(
+        0, "--spare-nodes", min=0, help="Of --nodes, how many wait as hot spares (active world: the rest)."
+    ),
     local_interval: int | None = typer.Option(
         None,
         "--local-interval",
@@ -382,6 +385,7 @@ def local(
         console=Console(),
         nodes=nodes,
         local_interval=local_interval,
+        spare_nodes=spare_nodes,
     )
     raise typer.Exit(code)
 

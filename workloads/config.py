@@ -209,6 +209,10 @@ class CheckpointConfig(_Strict):
 
 class DistributedConfig(_Strict):
     backend: Literal["gloo", "nccl", "auto"] = "auto"
+    spare_nodes: int = Field(
+        0, ge=0,
+        description="of the launched nodes, how many wait as hot spares outside the process group "
+                    "(workloads/spares.py); the active world is the rest")
     timeout_s: float | None = Field(
         None, gt=0,
         description="process-group timeout; default derived per backend from inprocess timeouts")

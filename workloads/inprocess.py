@@ -6,10 +6,13 @@ rank's training function, runs `finalize` and the health check, and calls the fu
 same processes; the function rebuilds everything and reloads the newest committed checkpoint.
 
 Composition:
-  initialize   RetryController: the world may not shrink (a terminated rank makes every rank leave
-               the wrapper, so ft_launcher restarts the whole group; the checkpoint's data position
-               and RNG are per rank), optional cap on in-process restarts; and a check that turns a
-               pending SIGTERM into termination instead of another restart.
+  rank_assignment  with distributed.spare_nodes, workloads.spares (spare nodes wait outside the
+               process group and replace lost ranks); otherwise NVRx's default.
+  initialize   RetryController: the active world may not shrink (without a spare to take its place,
+               a terminated rank makes every rank leave the wrapper, so ft_launcher restarts the
+               whole group; the checkpoint's data position and RNG are per rank), optional cap on
+               in-process restarts; and a check that turns a pending SIGTERM into termination
+               instead of another restart.
   abort        with gloo, ReleaseGlooPeers first (shuts down the gloo pair sockets, so every rank
                blocked in a collective, here and on the peers, is released at once instead of at
                gloo's timeout; workloads.gloo_sockets), then AbortPersistentCheckpointProcesses
@@ -58,6 +61,7 @@ from workloads.cuda_compat import local_rank_hidden_on_cpu
 from workloads.events import EventLog
 from workloads.ft_integration import FaultToleranceReporter
 from workloads.gloo_sockets import shutdown_gloo_pairs, store_ports
+from workloads.spares import active_world_size, rank_assignment
 
 
 class TerminationRequested(inprocess.exception.RestartAbort):
@@ -128,7 +132,8 @@ def abort_chain(cfg: InProcessConfig, backend: str, store_port: int | None) -> l
     return chain
 
 
-def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_size: int, run_dir: Path,
+def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_size: int,
+                  run_dir: Path, spare_nodes: int = 0, nproc_per_node: int = 1,
                   events: EventLog, ft: FaultToleranceReporter,
                   drop_iteration_state: Callable[[], None],
                   sigterm_received: Callable[[], bool]) -> inprocess.Wrapper:
@@ -138,6 +143,12 @@ def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_
     tag = f"c{events.cycle}-p{os.getpid()}"
     health_check = (inprocess.health_check.CudaHealthCheck(timeout=seconds(cfg.cuda_timeout_s))
                     if backend == "nccl" else None)
+    # With spare nodes the world may shrink to the active world, never below it (workloads.spares).
+    active = active_world_size(world_size, spare_nodes, nproc_per_node)
+    assignment = {}
+    if spare_nodes:
+        assignment["rank_assignment"] = rank_assignment(
+            world_size=world_size, spare_nodes=spare_nodes, nproc_per_node=nproc_per_node)
     with local_rank_hidden_on_cpu(backend):
         return inprocess.Wrapper(
             store_kwargs={"port": store_port, "timeout": seconds(cfg.barrier_timeout_s)},
@@ -145,7 +156,7 @@ def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_
                 StopOnSigterm(sigterm_received),
                 inprocess.initialize.RetryController(
                     max_iterations=None if cfg.max_restarts is None else cfg.max_restarts + 1,
-                    min_world_size=world_size, min_active_world_size=world_size),
+                    min_world_size=active, min_active_world_size=active),
             ),
             abort=inprocess.Compose(*abort_chain(cfg, backend, store_port)),
             finalize=RestartFinalize(events, ft, drop_iteration_state, cfg.cuda_timeout_s),
@@ -164,4 +175,5 @@ def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_
             monitor_process_logfile=str(pid_dir / f"inprocess-monitor-r{{rank}}-{tag}.log"),
             monitor_process_pidfile=str(pid_dir / f"inprocess-monitor-r{{rank}}-{tag}.pid"),
             enabled=True,
+            **assignment,
         )

@@ -72,7 +72,11 @@ def build_ft_launcher_argv(
         "--rdzv-endpoint", rdzv_endpoint,
         "--rdzv-id", rdzv_id,
         "--ft-rdzv-impl", "barrier",
-        "--max-restarts", str(ft.max_restarts),
+        # With spare nodes a node that lost a rank leaves instead of restarting its workers: a
+        # restarted node re-enters the rendezvous and ft_launcher then restarts every node
+        # (any-failed), while the survivors can continue in process with a spare
+        # (workloads.spares).
+        "--max-restarts", str(0 if cfg.distributed.spare_nodes else ft.max_restarts),
         # A forwarded SIGTERM (eviction) gives ranks one checkpoint finalize before SIGKILL.
         "--term-timeout", _seconds(cfg.launcher_term_timeout_s()),
         "--workers-stop-timeout", _seconds(ft.workers_stop_timeout_s),
