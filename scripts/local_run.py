@@ -221,6 +221,11 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
         with open(log_path if n == 0 else run_dir / f"launcher-node{n}.log", "ab") as log_file:
             launchers.append(subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
                                               env=env, start_new_session=True))
+        if n == 0 and nodes > 1:
+            # The first launcher to bind the rendezvous port hosts the store every launcher
+            # needs to the end; on EKS that is node 0 (the endpoint's pod). Make it node 0 here
+            # too, so that a lost simulated node > 0 does not take the store with it.
+            _wait_for_listener(port, launchers[0])
     completed_at = None  # with a lost node: when the survivors completed the run
     released = 0  # with a lost node: how many nodes were lost when the survivors were released
     try:
@@ -228,16 +233,17 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
             while any(p.poll() is None for p in launchers):
                 for p in launchers:
                     tracker.sample(p.pid)
-                lost = [p for p in launchers if p.returncode not in (None, 0)]
+                lost = [p for p in launchers if p.poll() not in (None, 0)]
                 if 0 < len(lost) <= spare_nodes and _completed(run_dir, started_at, steps):
                     # The survivors' launchers now wait in torch elastic's exit barrier for every
                     # node of the rendezvous, the lost one too, for 300 s (not configurable
-                    # through ft_launcher); the run is done, so end the wait.
+                    # through ft_launcher, and deaf to SIGTERM there); their ranks have exited and
+                    # the run is complete, so end the wait: SIGKILL the launchers' process trees.
                     completed_at = completed_at or time.monotonic()
                     if time.monotonic() - completed_at > EXIT_BARRIER_GRACE_S and not released:
                         for p in launchers:
                             if p.poll() is None:
-                                p.send_signal(signal.SIGTERM)
+                                _kill_tree(p.pid)
                         released = len(lost)
                 ends = load_run(run_dir).of("step_end", rank=0)
                 if ends:
@@ -284,6 +290,28 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
     elif killed:
         console.print(f"[red]processes had to be killed after the launcher exited: {killed}[/]")
     return code
+
+
+def _wait_for_listener(port: int, launcher: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and launcher.poll() is None:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+
+
+def _kill_tree(pid: int) -> None:
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue
 
 
 def _completed(run_dir: Path, since: float, steps: int) -> bool:

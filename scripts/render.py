@@ -102,7 +102,7 @@ def trainer_entrypoint_args(spec: JobSpec) -> tuple[list[str], list[str]]:
     launcher = build_ft_launcher_argv(
         spec.train,
         config_path=TRAIN_CONFIG_PATH,
-        nnodes=spec.nodes,
+        nnodes=spec.launched_nodes,
         nproc_per_node=spec.nproc_per_node,
         rdzv_endpoint=spec.rendezvous_endpoint,
         rdzv_id=spec.name,
