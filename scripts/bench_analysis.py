@@ -186,7 +186,9 @@ def _recovery(run: RunEvents, fault: dict[str, Any], horizon: float) -> Recovery
     label = f"{fault['kind']}@{fault['step']}:{fault['target_rank']}"
     window = [e for e in run.events if t0 <= e["t"] < horizon]
     pids_before = {e["pid"] for e in run.events if e["t"] <= t0}
-    ranks = run.ranks
+    # A rank lost for good (its node replaced by a spare) emits nothing after the fault: only the
+    # ranks still in the run must be ready again.
+    ranks = [r for r in run.ranks if any(e["rank"] == r and e["event"] != "fault_injected" for e in window)]
     begins = [e for e in window if e["event"] == "restart_begin"]
     fresh_starts: dict[int, dict[str, Any]] = {}
     for e in window:

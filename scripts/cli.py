@@ -446,7 +446,9 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="Fewer repetitions and steps: ~9 min on 2 CPU cores (full: ~21)"),
     out: Path | None = typer.Option(None, "--out", help="Results directory (default: runs/bench-<time>)."),
     scenarios: str = typer.Option(
-        "p1,p2,p3,p4", "--scenarios", help="Comma-separated subset of p1,p2,p3,p4,p5 (p5: checkpoint tiers)."
+        "p1,p2,p3,p4",
+        "--scenarios",
+        help="Comma-separated subset of p1,p2,p3,p4,p5,p6,p7 (p5: checkpoint tiers, p6: hot spares, p7: gloo release).",
     ),
     repeats: int | None = typer.Option(
         None, "--repeats", min=1, help="P1 runs per backend, P2 faults per kind, P3 faults per recovery path."
