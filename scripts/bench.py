@@ -44,6 +44,8 @@ from scripts.bench_scenarios import (
     run_p3,
     run_p4,
     run_p5,
+    run_p6,
+    run_p7,
     settings_for,
 )
 from workloads.config import MODEL_PRESETS
@@ -135,6 +137,17 @@ def acceptance_checks(result: dict[str, Any]) -> list[dict[str, Any]]:
                              + (f" = {ratio:.2f}x" if ratio else "")))
         checks.append(_check("P5: both sides end bit-identical", p5["bit_identical"],
                              f"state_sha256 {tiers['state_sha256'][:12]}… vs {fsx['state_sha256'][:12]}…"))
+    if "p6" in result:
+        p6 = result["p6"]
+        a, b = p6["spare_inprocess"]["recovery"]["first_step_s"], p6["ft_launcher"]["recovery"]["first_step_s"]
+        checks.append(_check("P6: a spare in process at least 3x faster to the first step than ft_launcher",
+                             b >= 3 * a, f"{a:.1f} s vs {b:.1f} s ({b / a:.1f}x)"))
+        checks.append(_check("P6: every side ends bit-identical", p6["bit_identical"], "state_sha256 compared"))
+    if "p7" in result:
+        after = result["p7"]["release"]["after_detect_s"]
+        checks.append(_check("P7: exception recovered within 3 s of detection with the gloo release",
+                             after is not None and after <= 3,
+                             f"{after:.1f} s vs {result['p7']['no_release']['after_detect_s']:.1f} s without"))
     left = result["processes"]
     checks.append(_check("no process left behind", not left["alive_after"] and not left["killed_after_exit"],
                          "none" if not left["alive_after"] and not left["killed_after_exit"] else
@@ -189,7 +202,9 @@ def run_bench(*, quick: bool, out: Path | None, scenarios: str, command: str, co
                "p2": lambda: run_p2(launcher, settings),
                "p3": lambda: run_p3(launcher, settings),
                "p4": lambda: run_p4(launcher, settings),
-               "p5": lambda: run_p5(launcher, settings, lambda: measure_floor(settings, out))}
+               "p5": lambda: run_p5(launcher, settings, lambda: measure_floor(settings, out)),
+               "p6": lambda: run_p6(launcher, settings),
+               "p7": lambda: run_p7(launcher, settings)}
     errors = {}
     for name in chosen:
         try:
@@ -316,6 +331,24 @@ def print_result(result: dict[str, Any], console: Console) -> None:
             table.add_row(label, f"{g['goodput']:.1%}", _s(g["wall_s"]), str(g["lost_steps"]),
                           _s(g["medians"]["first_step_s"]), _ms(g["local_stall_s"]),
                           f"{restores['local']} / {restores['replica']} / {g['fsx_loads']}")
+        console.print(table)
+    if "p6" in result:
+        p6 = result["p6"]
+        table = _table(f"P6 hot spares: {p6['steps']} steps of the {p6['preset']} preset, 2 active nodes of one rank, "
+                       f"node 1's rank lost at step {p6['fault_step']}",
+                       ["recovered by", "fault", "path", "first step after fault", "steps replayed"])
+        for name, label in (("spare_inprocess", "(a) spare node, in process"), ("ft_launcher", "(b) ft_launcher"),
+                            ("full_relaunch", "(c) full relaunch"), ("spare_node_loss", "(a) spare node, in process")):
+            r = p6[name]["recovery"]
+            table.add_row(label, r["fault"], r["path"], _s(r["first_step_s"]), str(r["lost_steps"]))
+        console.print(table)
+    if "p7" in result:
+        p7 = result["p7"]
+        table = _table(f"P7 gloo release on abort: {p7['schedule']} ({p7['preset']} preset), medians",
+                       ["abort", "detect", "first step after fault", "after detection"])
+        for name, label in (("release", "gloo sockets shut down"), ("no_release", "without")):
+            m = p7[name]["medians"]
+            table.add_row(label, _s(m["detect_s"]), _s(m["first_step_s"]), _s(p7[name]["after_detect_s"]))
         console.print(table)
     checks = Table(title="Acceptance", title_justify="left", show_header=False, pad_edge=False)
     checks.add_column(no_wrap=True)

@@ -186,7 +186,14 @@ def _recovery(run: RunEvents, fault: dict[str, Any], horizon: float) -> Recovery
     label = f"{fault['kind']}@{fault['step']}:{fault['target_rank']}"
     window = [e for e in run.events if t0 <= e["t"] < horizon]
     pids_before = {e["pid"] for e in run.events if e["t"] <= t0}
-    ranks = run.ranks
+    # The ranks training when the fault hit (with hot spares not every rank is) must all be ready
+    # again, except one lost for good (no event after the fault) whose place a spare took.
+    active = {e["rank"] for e in run.events
+              if e["t"] < t0 and e["event"] == "step_end" and e["step"] == fault["step"] - 1}
+    after = {e["rank"] for e in window if e["event"] != "fault_injected"}
+    ready_after = {e["rank"] for e in window if e["event"] == "setup_end"}
+    gone, spares_in = active - after, ready_after - active
+    ranks = sorted((active - gone) | spares_in) if active and len(gone) <= len(spares_in) else run.ranks
     begins = [e for e in window if e["event"] == "restart_begin"]
     fresh_starts: dict[int, dict[str, Any]] = {}
     for e in window:

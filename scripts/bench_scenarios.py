@@ -20,6 +20,12 @@ P4  a seeded schedule of exception/hang/sigkill over the same steps: the layered
 P5  checkpoint tiers: two simulated nodes, the same FSx interval and the same exception / hang /
     sigkill schedule, with the node-local tier (replicated to the other node) and without it;
     plus the copy floor, against which the local tier's stall per save is measured.
+P6  hot spares: 2 active simulated nodes of one rank, the same `sigkill` of node 1 recovered by
+    (a) a spare node in process (3 nodes, 1 spare), (b) ft_launcher restarting every node's
+    workers, (c) a full relaunch; and (a) for `node-loss` of node 1 (without a spare a lost node
+    has no in-job recovery to compare with).
+P7  the gloo release of the in-process abort: the same `exception` faults with the gloo pair
+    sockets shut down on abort and without (inprocess.release_gloo_sockets), side by side.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from workloads.errors import ConfigError
 from workloads.events import load_run, summarize
 
 BACKENDS = ("none", "sync", "dcp-async", "nvrx")
-SCENARIOS = ("p1", "p2", "p3", "p4", "p5")
+SCENARIOS = ("p1", "p2", "p3", "p4", "p5", "p6", "p7")
 
 
 class BenchRunFailed(RuntimeError):
@@ -135,7 +141,7 @@ class Launcher:
     def once(self, name: str, *, preset: str, steps: int, backend: str, faults: str = "",
              extra: tuple[str, ...] = (), resume: bool = False, nodes: int = 1,
              nproc: int | None = None, checkpoint_interval: int | None = None,
-             local_interval: int | None = None) -> Launch:
+             local_interval: int | None = None, spare_nodes: int = 0) -> Launch:
         from scripts.local_run import run_local
 
         run_dir = self.root / name
@@ -147,7 +153,7 @@ class Launcher:
                              backend=backend, resume=resume, overrides=self._overrides(extra),
                              port=self.ports() if self.ports else None,
                              console=Console(file=sink), nodes=nodes,
-                             local_interval=local_interval)
+                             local_interval=local_interval, spare_nodes=spare_nodes)
         record = json.loads((run_dir / "local_run.json").read_text())
         launch = Launch(run_dir, code, time.monotonic() - started, record["killed_after_exit"])
         self.launches.append(launch)
@@ -367,6 +373,54 @@ def run_p5(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict
         "local_stall_floor_ratio": stall / copy["copy_s"] if stall and copy["copy_s"] else None,
         "bit_identical": sides["tiers"]["state_sha256"] == sides["fsx_only"]["state_sha256"],
     }
+
+
+def run_p6(launcher: Launcher, settings: BenchSettings) -> dict:
+    """The same lost rank (node 1 of 2, one rank per node) recovered by each layer."""
+    step = 3 * settings.interval + 1  # a few steps after a save, as in P3
+    steps = step + 2 * settings.interval + 4
+    common = {"preset": settings.recovery_preset, "steps": steps, "backend": "nvrx", "nproc": 1}
+    sides = {}
+    runs = (("spare_inprocess", "sigkill", {"nodes": 3, "spare_nodes": 1}),
+            ("ft_launcher", "sigkill", {"nodes": 2}),
+            ("full_relaunch", "sigkill", {"nodes": 2, "extra": ("fault_tolerance.max_restarts=0",)}),
+            ("spare_node_loss", "node-loss", {"nodes": 3, "spare_nodes": 1}))
+    for name, kind, options in runs:
+        spec = f"{kind}@{step}:1"
+        launcher.progress(f"P6 hot spares, {name}: {spec}")
+        if name == "full_relaunch":
+            launcher.relaunched_until_done(f"p6-{name}", max_launches=3, faults=spec, **common, **options)
+            run_dir = launcher.root / f"p6-{name}"
+        else:
+            run_dir = launcher.completed(f"p6-{name}", faults=spec, **common, **options)
+        recoveries = fault_recoveries(load_run(run_dir))
+        summary = json.loads((run_dir / "summary.json").read_text())
+        sides[name] = {"recovery": recoveries[0].as_dict(), "state_sha256": summary["state_sha256"]}
+        launcher.drop_checkpoints(run_dir)
+    first = {name: side["recovery"]["first_step_s"] for name, side in sides.items()}
+    return {
+        "preset": settings.recovery_preset, "steps": steps, "fault_step": step, **sides,
+        "ratio_ft_launcher": first["ft_launcher"] / first["spare_inprocess"],
+        "ratio_full_relaunch": first["full_relaunch"] / first["spare_inprocess"],
+        "bit_identical": len({side["state_sha256"] for side in sides.values()}) == 1,
+    }
+
+
+def run_p7(launcher: Launcher, settings: BenchSettings) -> dict:
+    """In-process recovery of an exception, after detection, with and without the gloo release."""
+    spec, steps = spaced_schedule(["exception"] * settings.repeats, first_step=settings.interval + 3,
+                                  spacing=settings.interval + 4, nproc=settings.nproc)
+    sides = {}
+    for name, release in (("release", True), ("no_release", False)):
+        launcher.progress(f"P7 gloo release {'on' if release else 'off'}: {spec}")
+        run_dir = launcher.completed(f"p7-{name}", preset=settings.recovery_preset, steps=steps, backend="nvrx",
+                                     faults=spec, extra=(f"inprocess.release_gloo_sockets={str(release).lower()}",))
+        recoveries = fault_recoveries(load_run(run_dir))
+        after = [r.first_step_s - r.detect_s for r in recoveries if r.detect_s is not None]
+        sides[name] = {"medians": recovery_medians(recoveries), "after_detect_s": median(after),
+                       "recoveries": [r.as_dict() for r in recoveries]}
+        launcher.drop_checkpoints(run_dir)
+    return {"preset": settings.recovery_preset, "schedule": spec, "steps": steps, **sides}
 
 
 def measure_floor(settings: BenchSettings, out: Path, repeats: int = 7) -> dict:

@@ -123,6 +123,9 @@ DataOption = typer.Option(
 )
 FaultsOption = typer.Option(None, "--faults", help="Fault-injection spec passed to the trainer, e.g. sigkill@50:3.")
 MaxRestartsOption = typer.Option(3, "--max-restarts", min=0, help="Whole-job restarts by Kubernetes (layer 3).")
+SpareNodesOption = typer.Option(
+    0, "--spare-nodes", min=0, help="Hot spare nodes beyond --nodes (JobSet): they replace a lost node in process."
+)
 MaxStepTimeOption = typer.Option(
     None,
     "--max-step-time-s",
@@ -133,7 +136,18 @@ OutputOption = typer.Option(None, "--output", "-o", help="Write one file per obj
 
 
 def _job_options(
-    nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s=None, data=None
+    nodes,
+    api,
+    fabric_test,
+    name,
+    image,
+    train_config,
+    overrides,
+    faults,
+    max_restarts,
+    max_step_time_s=None,
+    data=None,
+    spare_nodes=0,
 ):
     from scripts.job_commands import JobOptions
 
@@ -148,6 +162,7 @@ def _job_options(
         faults,
         max_restarts,
         max_step_time_s,
+        spare_nodes,
     )
 
 
@@ -177,6 +192,7 @@ def render(
     max_restarts: int = MaxRestartsOption,
     max_step_time_s: float | None = MaxStepTimeOption,
     data: str | None = DataOption,
+    spare_nodes: int = SpareNodesOption,
     live: bool = LiveOption,
     output: Path | None = OutputOption,
 ) -> None:
@@ -184,7 +200,18 @@ def render(
     from scripts import job_commands
 
     options = _job_options(
-        nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s, data
+        nodes,
+        api,
+        fabric_test,
+        name,
+        image,
+        train_config,
+        overrides,
+        faults,
+        max_restarts,
+        max_step_time_s,
+        data,
+        spare_nodes,
     )
     job_commands.render(_deployment(profile, config), options, live=live, output=output, out=Console(), err=err_console)
 
@@ -204,13 +231,25 @@ def validate(
     faults: str | None = FaultsOption,
     max_restarts: int = MaxRestartsOption,
     max_step_time_s: float | None = MaxStepTimeOption,
+    spare_nodes: int = SpareNodesOption,
     live: bool = LiveOption,
 ) -> None:
     """Validate manifests offline: strict Kubernetes schemas, the JobSet/PyTorchJob CRDs, project rules."""
     from scripts import job_commands
 
     options = _job_options(
-        nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s
+        nodes,
+        api,
+        fabric_test,
+        name,
+        image,
+        train_config,
+        overrides,
+        faults,
+        max_restarts,
+        max_step_time_s,
+        None,
+        spare_nodes,
     )
     job_commands.validate(_deployment(profile, config), options, path=path, live=live, console=Console())
 
@@ -230,13 +269,25 @@ def submit(
     max_restarts: int = MaxRestartsOption,
     max_step_time_s: float | None = MaxStepTimeOption,
     data: str | None = DataOption,
+    spare_nodes: int = SpareNodesOption,
     dry_run: bool = typer.Option(False, "--dry-run", help="Render and validate offline and print; no cluster needed."),
 ) -> None:
     """Render, validate, server-side dry-run, then create the job on the deployed cluster."""
     from scripts import job_commands
 
     options = _job_options(
-        nodes, api, fabric_test, name, image, train_config, overrides, faults, max_restarts, max_step_time_s, data
+        nodes,
+        api,
+        fabric_test,
+        name,
+        image,
+        train_config,
+        overrides,
+        faults,
+        max_restarts,
+        max_step_time_s,
+        data,
+        spare_nodes,
     )
     job_commands.submit(_deployment(profile, config), options, dry_run=dry_run, out=Console(), err=err_console)
 
@@ -341,6 +392,9 @@ def teardown(
 def local(
     nproc: int = typer.Option(2, "--nproc", help="CPU ranks (gloo) per simulated node."),
     nodes: int = typer.Option(1, "--nodes", help="Simulated nodes: one ft_launcher each, own local checkpoint root."),
+    spare_nodes: int = typer.Option(
+        0, "--spare-nodes", min=0, help="Of --nodes, how many wait as hot spares (active world: the rest)."
+    ),
     local_interval: int | None = typer.Option(
         None,
         "--local-interval",
@@ -382,6 +436,7 @@ def local(
         console=Console(),
         nodes=nodes,
         local_interval=local_interval,
+        spare_nodes=spare_nodes,
     )
     raise typer.Exit(code)
 
@@ -391,7 +446,9 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="Fewer repetitions and steps: ~9 min on 2 CPU cores (full: ~21)"),
     out: Path | None = typer.Option(None, "--out", help="Results directory (default: runs/bench-<time>)."),
     scenarios: str = typer.Option(
-        "p1,p2,p3,p4", "--scenarios", help="Comma-separated subset of p1,p2,p3,p4,p5 (p5: checkpoint tiers)."
+        "p1,p2,p3,p4",
+        "--scenarios",
+        help="Comma-separated subset of p1,p2,p3,p4,p5,p6,p7 (p5: checkpoint tiers, p6: hot spares, p7: gloo release).",
     ),
     repeats: int | None = typer.Option(
         None, "--repeats", min=1, help="P1 runs per backend, P2 faults per kind, P3 faults per recovery path."

@@ -44,6 +44,7 @@ class JobOptions:
     faults: str | None = None
     max_restarts: int = 3
     max_step_time_s: float | None = None
+    spare_nodes: int = 0
 
     @property
     def workload(self) -> str:
@@ -60,6 +61,11 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
     api = _check_api(options.api)
     if options.fabric_test and (options.train_config or options.overrides or options.faults):
         raise ConfigError("--fabric-test runs nccl-tests, not the trainer: drop --train-config, --set and --faults")
+    if options.spare_nodes and (options.fabric_test or api != "jobset"):
+        raise ConfigError(
+            "--spare-nodes: hot spares are rendered for the training JobSet only; drop --spare-nodes "
+            "or use --api jobset without --fabric-test"
+        )
     if options.train_config and Path(options.train_config).is_dir():
         raise ConfigError(f"--train-config {options.train_config} is a directory; give a trainer config YAML file")
     if options.train_config and not Path(options.train_config).exists():
@@ -83,6 +89,7 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
         max_restarts=options.max_restarts,
         max_step_time_s=options.max_step_time_s,
         outputs=outputs,
+        spare_nodes=options.spare_nodes,
     )
 
 

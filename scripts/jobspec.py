@@ -84,6 +84,8 @@ class JobSpec(BaseModel):
     kubernetes_version: str
     #: Kubernetes-level restarts of the whole job (JobSet maxRestarts / PyTorchJob backoffLimit).
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    #: Hot spare nodes launched beyond `nodes` (workloads/spares.py); the active world stays `nodes`.
+    spare_nodes: Annotated[int, Field(ge=0, le=64)] = 0
     #: Longest healthy training step; sizes the job's deadline (scripts/backstop.py).
     max_step_time_s: Annotated[float, Field(gt=0)] | None = None
     train: TrainConfig = TrainConfig()
@@ -132,7 +134,12 @@ class JobSpec(BaseModel):
 
     @property
     def world_size(self) -> int:
+        """The active world: the ranks that train (spares wait outside it)."""
         return self.nodes * self.nproc_per_node
+
+    @property
+    def launched_nodes(self) -> int:
+        return self.nodes + self.spare_nodes
 
     @property
     def rendezvous_host(self) -> str:
@@ -297,6 +304,7 @@ def build_jobspec(
     max_restarts: int = 3,
     max_step_time_s: float | None = None,
     outputs: StackOutputs | None = None,
+    spare_nodes: int = 0,
 ) -> JobSpec:
     """A JobSpec for `config`: from live stack outputs when given, else derived offline.
 
@@ -312,8 +320,12 @@ def build_jobspec(
         default_image = config.image.uri or OFFLINE_PLACEHOLDER_IMAGE
     if workload == "nccl-test":
         default_image = NCCL_TESTS_IMAGE
-    train = with_local_tier(require_efa_where_expected(train or TrainConfig(), instance_type))
-    train = for_gpu_nodes(resolve_train_paths(peak_tflops_from_facts(train, instance_type), name))
+    train = require_efa_where_expected(train or TrainConfig(), instance_type)
+    if spare_nodes:
+        train = TrainConfig.from_dict(
+            train.model_dump(mode="json"), source="--spare-nodes", overrides=[f"distributed.spare_nodes={spare_nodes}"]
+        )
+    train = for_gpu_nodes(resolve_train_paths(with_local_tier(peak_tflops_from_facts(train, instance_type)), name))
     try:
         spec = JobSpec(
             name=name,
@@ -327,6 +339,7 @@ def build_jobspec(
             kubernetes_version=k8s_version,
             max_restarts=max_restarts,
             max_step_time_s=max_step_time_s,
+            spare_nodes=spare_nodes,
             train=train,
         )
     except ValidationError as e:

@@ -83,6 +83,11 @@ def _port_pair_free(port: int) -> bool:
     return True
 
 
+#: How long the survivors' launchers may take to exit on their own after a run with a lost node
+#: completed, before they are told to stop waiting for it.
+EXIT_BARRIER_GRACE_S = 5.0
+
+
 def free_port_pair(low: int = 20000, high: int = 32000) -> int:
     """A port P with P and P+1 free, below Linux's ephemeral range (where ft_launcher picks
     MASTER_PORT), so it cannot collide with a port the launcher picks."""
@@ -154,14 +159,19 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
               checkpoint_interval: int, backend: str, resume: bool = False,
               overrides: list[str] | tuple[str, ...] = (), port: int | None = None,
               console: Console | None = None, print_summary: bool = True, nodes: int = 1,
-              local_interval: int | None = None) -> int:
+              local_interval: int | None = None, spare_nodes: int = 0) -> int:
     """`nodes` launchers (simulated nodes, one rendezvous, each with its own local checkpoint
-    root) of `nproc` ranks each."""
+    root) of `nproc` ranks each; the last `spare_nodes` of them are hot spares (workloads.spares)."""
     console = console or Console()
     if nproc < 1:
         raise ConfigError("--nproc: must be at least 1")
     if nodes < 1:
         raise ConfigError("--nodes: must be at least 1")
+    if not 0 <= spare_nodes < nodes:
+        raise ConfigError(f"--spare-nodes: {spare_nodes} leaves no active node of --nodes {nodes}; "
+                          "use fewer spare nodes than nodes")
+    if spare_nodes:
+        overrides = [*overrides, f"distributed.spare_nodes={spare_nodes}"]
     run_dir = (run_dir or Path("runs") / time.strftime("local-%Y%m%d-%H%M%S")).resolve()
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
         raise ConfigError(f"--run-dir: {run_dir} already holds a run; pass --resume to continue "
@@ -172,11 +182,16 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
                             local_dir=node_local_dir(run_dir, n) if nodes > 1 else None)
                for n in range(nodes)]
     cfg = configs[0]
-    world = nodes * nproc
+    world = (nodes - spare_nodes) * nproc  # the active ranks: faults name one of these
     for fault in parse_fault_spec(cfg.faults):
-        if fault.rank >= world:
+        if fault.kind == "node-loss" and fault.rank >= nodes - spare_nodes:
+            raise ConfigError(f"--faults: {fault.label} targets node {fault.rank}; with --nodes "
+                              f"{nodes} --spare-nodes {spare_nodes} use a node below "
+                              f"{nodes - spare_nodes}")
+        if fault.kind != "node-loss" and fault.rank >= world:
             raise ConfigError(f"--faults: {fault.label} targets rank {fault.rank}; with "
-                              f"--nodes {nodes} --nproc {nproc} use a rank below {world}")
+                              f"--nodes {nodes} --nproc {nproc} --spare-nodes {spare_nodes} use an "
+                              f"active rank below {world}")
     run_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port_pair()
     argvs = []
@@ -206,11 +221,30 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
         with open(log_path if n == 0 else run_dir / f"launcher-node{n}.log", "ab") as log_file:
             launchers.append(subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
                                               env=env, start_new_session=True))
+        if n == 0 and nodes > 1:
+            # The first launcher to bind the rendezvous port hosts the store every launcher
+            # needs to the end; on EKS that is node 0 (the endpoint's pod). Make it node 0 here
+            # too, so that a lost simulated node > 0 does not take the store with it.
+            _wait_for_listener(port, launchers[0])
+    completed_at = None  # with a lost node: when the survivors completed the run
+    released = 0  # with a lost node: how many nodes were lost when the survivors were released
     try:
         with console.status("starting") as status:
             while any(p.poll() is None for p in launchers):
                 for p in launchers:
                     tracker.sample(p.pid)
+                lost = [p for p in launchers if p.poll() not in (None, 0)]
+                if 0 < len(lost) <= spare_nodes and _completed(run_dir, started_at, steps):
+                    # The survivors' launchers now wait in torch elastic's exit barrier for every
+                    # node of the rendezvous, the lost one too, for 300 s (not configurable
+                    # through ft_launcher, and deaf to SIGTERM there); their ranks have exited and
+                    # the run is complete, so end the wait: SIGKILL the launchers' process trees.
+                    completed_at = completed_at or time.monotonic()
+                    if time.monotonic() - completed_at > EXIT_BARRIER_GRACE_S and not released:
+                        for p in launchers:
+                            if p.poll() is None:
+                                _kill_tree(p.pid)
+                        released = len(lost)
                 ends = load_run(run_dir).of("step_end", rank=0)
                 if ends:
                     status.update(f"step {ends[-1]['step']}/{steps}  "
@@ -225,12 +259,17 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
             for p in launchers:
                 tracker.sample(p.pid)
             time.sleep(0.2)
-    # The launchers' code: the first node's that is not 0 (every launcher ends the same rendezvous).
-    launcher_code = next((p.returncode for p in launchers if p.returncode != 0), 0)
-    code = launcher_code
+    # The run's code: the first node's that is not 0 (every launcher ends the same rendezvous).
+    # With spare nodes, up to spare_nodes launchers may end on a lost node (killed, or leaving
+    # after its rank died) while the rest finish: the run's code is theirs.
+    failed = [p.returncode for p in launchers if p.returncode != 0]
+    lost_nodes = len(failed) if len(failed) <= spare_nodes else 0
+    code = launcher_code = failed[lost_nodes] if len(failed) > lost_nodes else 0
+    if released:  # the survivors completed the run; their launchers' end was ours
+        lost_nodes, code = released, 0
     ended_at = time.time()  # the launchers' end; reaping what they left comes after
-    # A rank decided that no restart can fix this run and shut the workload down: the launchers
-    # exit 1 (or 0 on a node whose ranks did not fail), the run's result is 93
+    # A rank decided that no restart can fix this run and shut the workload down: a launcher
+    # exits 1 (or 0 on a node whose ranks did not fail), the run's result is 93
     # (workloads.do_not_requeue).
     record = do_not_requeue.read_record(run_dir, attempt)
     if record is not None:
@@ -242,7 +281,7 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
     (run_dir / "local_run.json").write_text(json.dumps(
         {"exit_code": code, "wall_s": wall_s, "started_at": started_at,
          "processes_seen": len(tracker.seen), "killed_after_exit": killed,
-         "launcher_exit_code": launcher_code, "launcher_ended_at": ended_at,
+         "launcher_exit_code": launcher_code, "lost_nodes": lost_nodes, "launcher_ended_at": ended_at,
          "stopped_by": record["reason"] if record else stop_reason(load_run(run_dir), started_at)},
         indent=1))
     if print_summary:
@@ -251,6 +290,37 @@ def run_local(*, nproc: int, steps: int, faults: str, run_dir: Path | None, pres
     elif killed:
         console.print(f"[red]processes had to be killed after the launcher exited: {killed}[/]")
     return code
+
+
+def _wait_for_listener(port: int, launcher: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and launcher.poll() is None:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+
+
+def _kill_tree(pid: int) -> None:
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue
+
+
+def _completed(run_dir: Path, since: float, steps: int) -> bool:
+    """This run's summary.json (written at completion) shows the last step."""
+    path = run_dir / "summary.json"
+    try:
+        return path.stat().st_mtime >= since and json.loads(path.read_text())["final_step"] == steps
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 def stop_reason(run: RunEvents, since: float) -> str | None:

@@ -432,4 +432,7 @@ def run(
     print_two_tier(result, two_tier_plan(result, node_loss_share), console)
     print_memory(result.memory, config, train, result.gpus, console)
     print_scaling(config, plan_for, [result.nodes, 16, 128, 1024, 2048], console)
+    from scripts.plan_spares import print_spares, spares_table  # it builds on this module
+
+    print_spares(spares_table(plan_for, [2, 8, 32, 128, 512, 1024]), console)
     return result

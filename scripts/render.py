@@ -102,7 +102,7 @@ def trainer_entrypoint_args(spec: JobSpec) -> tuple[list[str], list[str]]:
     launcher = build_ft_launcher_argv(
         spec.train,
         config_path=TRAIN_CONFIG_PATH,
-        nnodes=spec.nodes,
+        nnodes=spec.launched_nodes,
         nproc_per_node=spec.nproc_per_node,
         rdzv_endpoint=spec.rendezvous_endpoint,
         rdzv_id=spec.name,
@@ -272,9 +272,9 @@ def render_job(spec: JobSpec) -> RenderedJob:
             # The training operator takes MASTER_PORT from the port with this name.
             "rendezvous_port_name": "pytorchjob-port" if spec.api == "pytorchjob" else "rendezvous",
             "config_dir": TRAIN_CONFIG_DIR,
+            "local_checkpoints": local_checkpoint_volume(spec),
             "attempt_fields": attempt_fields,
             "attempt_env": {do_not_requeue.ATTEMPT_ID_ENV: attempt_value},
-            "local_checkpoints": local_checkpoint_volume(spec),
         }
         config_map = _ENV.get_template("trainer-configmap.yaml.j2").render(
             **context, config_key=TRAIN_CONFIG_KEY, config_path=TRAIN_CONFIG_PATH, train_yaml=spec.train.to_yaml()

@@ -738,16 +738,20 @@ class _Rules:
             return
 
         nodes = self._node_count(job, sites)
-        world_size = nodes * facts.gpus if nodes is not None else None
+        # Hot spare nodes are launched but outside the active world (workloads/spares.py).
+        spares = train.distributed.spare_nodes if train is not None else 0
+        world_size = (nodes - spares) * facts.gpus if nodes is not None else None
         if world_size is not None:
             annotation = _get(job, ["metadata", "annotations", WORLD_SIZE_ANNOTATION])
             if annotation is not MISSING and str(annotation) != str(world_size):
                 self.error(
                     ["metadata", "annotations", WORLD_SIZE_ANNOTATION],
-                    f"says {annotation}, but {nodes} nodes x {facts.gpus} GPUs = {world_size}",
+                    f"says {annotation}, but {nodes} nodes"
+                    + (f" less {spares} spare(s)" if spares else "")
+                    + f" x {facts.gpus} GPUs = {world_size}",
                 )
         expected_host = f"{name}-{JOBSET_REPLICATED_JOB}-0-0.{name}" if is_jobset else f"{name}-master-0"
-        self._check_failure_policy(job, sites)
+        self._check_failure_policy(job, sites, spares)
         self._check_deadline(job, train)
         if not is_jobset:
             self._check_pytorchjob_ports(sites)
@@ -882,7 +886,7 @@ class _Rules:
             self.error(["spec", "pytorchReplicaSpecs", "Master"], "missing: node 0 (the rendezvous host) is the Master")
         return total
 
-    def _check_failure_policy(self, job: dict, sites: list[_PodSite]) -> None:
+    def _check_failure_policy(self, job: dict, sites: list[_PodSite], spares: int = 0) -> None:
         code = EXIT_DO_NOT_REQUEUE
         if job["kind"] == "JobSet":
             rules = _get(job, ["spec", "failurePolicy", "rules"])
@@ -935,7 +939,9 @@ class _Rules:
                         f"no FailJob rule on exit code {code} of container {container!r}: "
                         "a do-not-requeue exit would be retried",
                     )
-                if _get(rj, ["template", "spec", "backoffLimit"]) != 0:
+                if spares:
+                    self._check_spare_policy(rj, base, spares)
+                elif _get(rj, ["template", "spec", "backoffLimit"]) != 0:
                     self.error(
                         base + ["backoffLimit"],
                         "must be 0: one failed pod must fail the Job so the JobSet restarts all ranks together",
@@ -956,6 +962,36 @@ class _Rules:
                     )
             if not isinstance(_get(job, ["spec", "runPolicy", "backoffLimit"]), int):
                 self.error(["spec", "runPolicy", "backoffLimit"], "missing: retries would be unbounded")
+
+    def _check_spare_policy(self, rj: dict, base: list, spares: int) -> None:
+        """With hot spares, a pod failure while spares remain must leave the surviving pods running
+        (a spare replaces the lost node in process) and must not start a replacement pod (its
+        launcher would re-enter the rendezvous and restart every node); one more failure than
+        there are spares must fail the Job, so that the JobSet recreates every pod."""
+        spec = _get(rj, ["template", "spec"])
+        if _get(spec, ["backoffLimitPerIndex"]) != 0:
+            self.error(
+                base + ["backoffLimitPerIndex"],
+                f"must be 0 with {spares} spare node(s): a failed pod fails only its index, which is not retried, "
+                "so the surviving pods are not recreated",
+            )
+        if _get(spec, ["maxFailedIndexes"]) != spares:
+            self.error(
+                base + ["maxFailedIndexes"],
+                f"must be {spares} (the spare nodes): one failure more than there are spares must fail the Job "
+                "so the JobSet restarts every pod",
+            )
+        if _get(spec, ["backoffLimit"]) == 0:
+            self.error(base + ["backoffLimit"], "must not be 0 with spare nodes: one failed pod would fail the Job")
+        parallelism = _get(spec, ["parallelism"])
+        rules = _get(spec, ["successPolicy", "rules"])
+        counts = [r.get("succeededCount") for r in rules if isinstance(r, dict)] if isinstance(rules, list) else []
+        if isinstance(parallelism, int) and counts != [parallelism - spares]:
+            self.error(
+                base + ["successPolicy"],
+                f"needs one rule succeededCount: {parallelism - spares} (the active nodes): a lost node's index "
+                "stays failed, and without it the finished Job would count as failed",
+            )
 
     def _check_deadline(self, job: dict, train: TrainConfig | None) -> None:
         """The backstop of scripts/backstop.py: a deadline that ends the job even when the

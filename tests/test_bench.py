@@ -165,7 +165,7 @@ def test_seeded_fault_schedule_is_reproducible_spaced_and_mixed():
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--scenarios", "p1,p7"], "--scenarios: p7 is not a scenario"),
+    (["--scenarios", "p1,p9"], "--scenarios: p9 is not a scenario"),
     (["--preset", "huge"], "--preset: unknown model preset 'huge'"),
     (["--dist-backend", "mpi"], "--dist-backend: 'mpi' is not a backend"),
     (["--p4-steps", "8", "--p4-faults", "3"], "--p4-steps: 8 steps cannot hold 3 faults"),

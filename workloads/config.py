@@ -209,6 +209,10 @@ class CheckpointConfig(_Strict):
 
 class DistributedConfig(_Strict):
     backend: Literal["gloo", "nccl", "auto"] = "auto"
+    spare_nodes: int = Field(
+        0, ge=0,
+        description="of the launched nodes, how many wait as hot spares outside the process group "
+                    "(workloads/spares.py); the active world is the rest")
     timeout_s: float | None = Field(
         None, gt=0,
         description="process-group timeout; default derived per backend from inprocess timeouts")
@@ -241,6 +245,10 @@ class InProcessConfig(_Strict):
     # A deterministic bug would otherwise restart in place forever; past the cap the ranks exit
     # and ft_launcher (with its own max_restarts) takes over.
     max_restarts: int | None = Field(10, ge=0, description="in-process restarts per process")
+    # Off only to measure what it saves (bench): without it a gloo peer of a faulting rank waits
+    # out the process-group timeout (workloads.gloo_sockets).
+    release_gloo_sockets: bool = Field(
+        True, description="with gloo, the restart shuts down the gloo pair sockets (never the stores)")
 
     @model_validator(mode="after")
     def _nvrx_ordering(self) -> InProcessConfig:

@@ -1,7 +1,8 @@
 """Fault injection: spec parsing (no torch) and the injector the training loop calls.
 
 Spec: comma-separated `KIND@STEP[:RANK]`, e.g. "exception@20:1,hang@35:0,kill-in-save@50". RANK
-defaults to 0. Each fault fires once per run, even across in-process and launcher restarts: before
+defaults to 0; it is the rank active at that moment (with spare nodes a spare that took over a lost
+rank's place answers to that rank). Each fault fires once per run, even across in-process and launcher restarts: before
 acting, the target rank creates a marker file in `<run_dir>/faults/` (O_EXCL, fsync'd), and a fault
 whose marker exists is skipped. Replayed steps after a restart therefore run clean, which is what
 makes a faulted run end bit-identical to a clean one, on CPU: there every kernel is
@@ -28,6 +29,12 @@ Kinds and which resilience layer should recover them:
                  damage                                           -> in-process restart; the rank's
                                                                      copy comes from the replica
                                                                      its peer on another node holds
+  node-loss      NODE instead of RANK: at the start of STEP the first rank of that node (active
+                 node index: ranks NODE x nproc ...) SIGKILLs the node's launcher, every process
+                 the launcher started, and itself: a simulated node lost whole
+                                                                  -> in-process restart with a spare
+                                                                     node (workloads.spares), else
+                                                                     a relaunch
   slow           the rank sleeps SLOW_SECONDS_PER_STEP in each of SLOW_STEPS steps from STEP
                  (a straggler, not a failure: nothing should restart)
   slow-digest    the end-of-run state digest of a run that reached STEP takes SLOW_DIGEST_SECONDS
@@ -47,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FAULT_KINDS = ("exception", "hang", "block", "sigkill", "kill-in-save", "corrupt-latest",
-               "corrupt-local", "slow", "slow-digest")
+               "corrupt-local", "node-loss", "slow", "slow-digest")
 KINDS_NEEDING_CHECKPOINTS = ("kill-in-save", "corrupt-latest")
 SLOW_SECONDS_PER_STEP = 0.5
 SLOW_STEPS = 5
@@ -105,6 +112,21 @@ def _block_in_c() -> None:
         libc.sleep(3600)
 
 
+def _kill_own_node() -> None:
+    """SIGKILL this rank's launcher (its parent), everything the launcher started, then itself.
+    The launcher goes first so that it cannot restart the workers it sees dying."""
+    import psutil
+
+    launcher = psutil.Process(os.getppid())
+    others = [p for p in launcher.children(recursive=True) if p.pid != os.getpid()]
+    for proc in (launcher, *others):
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class FaultInjector:
     """Fires this rank's faults at the points the training loop reports.
 
@@ -117,13 +139,23 @@ class FaultInjector:
         rank: int,
         marker_dir: Path,
         emit: Callable[..., object],
+        nproc_per_node: int = 1,
     ):
-        self.mine = [f for f in faults if f.rank == rank]
-        self.rank = rank
+        self.faults = faults
+        self.nproc_per_node = nproc_per_node
+        self.retarget(rank)
         self.marker_dir = marker_dir
         self.emit = emit
         self._slow_until_step = 0
         self._digest_delay_left: float | None = None
+
+    def retarget(self, rank: int) -> None:
+        """Take the faults of `rank`, the rank this process holds now (in-process restarts with
+        spares move ranks)."""
+        node, local = divmod(rank, self.nproc_per_node)
+        self.mine = [f for f in self.faults
+                     if (f.rank == node and local == 0 if f.kind == "node-loss" else f.rank == rank)]
+        self.rank = rank
 
     def _claim(self, fault: FaultSpec) -> bool:
         """Create the fault's marker; False if it already fired in this run."""
@@ -170,6 +202,8 @@ class FaultInjector:
                 _block_in_c()
             if fault.kind == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if fault.kind == "node-loss":
+                _kill_own_node()
             if fault.kind == "slow":
                 self._slow_until_step = step + SLOW_STEPS
                 time.sleep(SLOW_SECONDS_PER_STEP)

@@ -6,13 +6,20 @@ rank's training function, runs `finalize` and the health check, and calls the fu
 same processes; the function rebuilds everything and reloads the newest committed checkpoint.
 
 Composition:
-  initialize   RetryController: the world may not shrink (a terminated rank makes every rank leave
-               the wrapper, so ft_launcher restarts the whole group; the checkpoint's data position
-               and RNG are per rank), optional cap on in-process restarts; and a check that turns a
-               pending SIGTERM into termination instead of another restart.
-  abort        AbortPersistentCheckpointProcesses (kills the NVRx checkpoint worker: an abandoned
-               save must not complete behind the next iteration's back), then
-               AbortTorchDistributed (destroys the process groups). Compose runs right to left.
+  rank_assignment  with distributed.spare_nodes, workloads.spares (spare nodes wait outside the
+               process group and replace lost ranks); otherwise NVRx's default.
+  initialize   RetryController: the active world may not shrink (without a spare to take its place,
+               a terminated rank makes every rank leave the wrapper, so ft_launcher restarts the
+               whole group; the checkpoint's data position and RNG are per rank), optional cap on
+               in-process restarts; and a check that turns a pending SIGTERM into termination
+               instead of another restart.
+  abort        with gloo, ReleaseGlooPeers first (shuts down the gloo pair sockets, so every rank
+               blocked in a collective, here and on the peers, is released at once instead of at
+               gloo's timeout; workloads.gloo_sockets), then AbortPersistentCheckpointProcesses
+               (kills the NVRx checkpoint worker: an abandoned save must not complete behind the
+               next iteration's back), then AbortTorchDistributed (destroys the process groups).
+               Compose runs right to left. NCCL needs no socket release: NVRx aborts its
+               communicators.
   finalize     RestartFinalize: records restart_begin, closes ft sections, drops the failed
                iteration's objects, and on CUDA drains the rank's own GPU in a thread with a
                timeout (NVRx's ThreadedFinalize refuses to run without CUDA).
@@ -53,6 +60,8 @@ from workloads.config import InProcessConfig
 from workloads.cuda_compat import local_rank_hidden_on_cpu
 from workloads.events import EventLog
 from workloads.ft_integration import FaultToleranceReporter
+from workloads.gloo_sockets import shutdown_gloo_pairs, store_ports
+from workloads.spares import active_world_size, rank_assignment
 
 
 class TerminationRequested(inprocess.exception.RestartAbort):
@@ -66,6 +75,20 @@ class StopOnSigterm(inprocess.initialize.Initialize):
     def __call__(self, state):
         if state.iteration > 0 and self.sigterm_received():
             raise TerminationRequested("SIGTERM received; not restarting in process")
+        return state
+
+
+class ReleaseGlooPeers(inprocess.abort.Abort):
+    """Shut down this rank's gloo pair sockets, never its store connections. Every rank's
+    monitor thread runs it on a fault, so the faulting rank's peers fail their collective within
+    milliseconds, and a rank blocked in one (its main thread stuck in C, where NVRx's
+    asynchronous exception cannot reach it) is released by its own call as well."""
+
+    def __init__(self, store_port: int | None):
+        self.store_port = store_port
+
+    def __call__(self, state):
+        shutdown_gloo_pairs(store_ports(self.store_port))
         return state
 
 
@@ -101,7 +124,16 @@ class RestartFinalize(inprocess.finalize.Finalize):
         return state
 
 
-def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_size: int, run_dir: Path,
+def abort_chain(cfg: InProcessConfig, backend: str, store_port: int | None) -> list[inprocess.abort.Abort]:
+    """The Compose arguments (run right to left) of the in-process abort for `backend`."""
+    chain = [AbortTorchDistributed(), AbortPersistentCheckpointProcesses()]
+    if backend == "gloo" and cfg.release_gloo_sockets:
+        chain.append(ReleaseGlooPeers(store_port))
+    return chain
+
+
+def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_size: int,
+                  run_dir: Path, spare_nodes: int = 0, nproc_per_node: int = 1,
                   events: EventLog, ft: FaultToleranceReporter,
                   drop_iteration_state: Callable[[], None],
                   sigterm_received: Callable[[], bool]) -> inprocess.Wrapper:
@@ -111,6 +143,12 @@ def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_
     tag = f"c{events.cycle}-p{os.getpid()}"
     health_check = (inprocess.health_check.CudaHealthCheck(timeout=seconds(cfg.cuda_timeout_s))
                     if backend == "nccl" else None)
+    # With spare nodes the world may shrink to the active world, never below it (workloads.spares).
+    active = active_world_size(world_size, spare_nodes, nproc_per_node)
+    assignment = {}
+    if spare_nodes:
+        assignment["rank_assignment"] = rank_assignment(
+            world_size=world_size, spare_nodes=spare_nodes, nproc_per_node=nproc_per_node)
     with local_rank_hidden_on_cpu(backend):
         return inprocess.Wrapper(
             store_kwargs={"port": store_port, "timeout": seconds(cfg.barrier_timeout_s)},
@@ -118,9 +156,9 @@ def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_
                 StopOnSigterm(sigterm_received),
                 inprocess.initialize.RetryController(
                     max_iterations=None if cfg.max_restarts is None else cfg.max_restarts + 1,
-                    min_world_size=world_size, min_active_world_size=world_size),
+                    min_world_size=active, min_active_world_size=active),
             ),
-            abort=inprocess.Compose(AbortTorchDistributed(), AbortPersistentCheckpointProcesses()),
+            abort=inprocess.Compose(*abort_chain(cfg, backend, store_port)),
             finalize=RestartFinalize(events, ft, drop_iteration_state, cfg.cuda_timeout_s),
             health_check=health_check,
             monitor_thread_interval=seconds(cfg.monitor_interval_s),
@@ -137,4 +175,5 @@ def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_
             monitor_process_logfile=str(pid_dir / f"inprocess-monitor-r{{rank}}-{tag}.log"),
             monitor_process_pidfile=str(pid_dir / f"inprocess-monitor-r{{rank}}-{tag}.pid"),
             enabled=True,
+            **assignment,
         )

@@ -7,6 +7,7 @@ Contract:
                            rdzv_id="nvrx-eks", launcher="ft_launcher", log_dir=None) -> list[str]
     build_preflight_argv(*, config_path, world_size, python="python") -> list[str]
     inprocess_store_port(rdzv_endpoint) -> int
+    rendezvous_port_of_store(store_port) -> int
 
 Flags checked against nvidia-resiliency-ext 0.7.0 (fault_tolerance/launcher.py): c10d is the only
 rendezvous backend and barrier the only FT rendezvous implementation; timeouts accept "none".
@@ -29,11 +30,20 @@ def _seconds(value: float | None) -> str:
     return "none" if value is None else f"{value:g}"
 
 
+#: The in-process store listens this far above the rendezvous endpoint's port.
+_STORE_PORT_OFFSET = 1
+
+
 def inprocess_store_port(rdzv_endpoint: str) -> int:
     host, sep, port = rdzv_endpoint.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"rendezvous endpoint {rdzv_endpoint!r}: expected HOST:PORT")
-    return int(port) + 1
+    return int(port) + _STORE_PORT_OFFSET
+
+
+def rendezvous_port_of_store(store_port: int) -> int:
+    """The rendezvous endpoint's port, from the in-process store port a rank was given."""
+    return store_port - _STORE_PORT_OFFSET
 
 
 def build_ft_launcher_argv(
@@ -62,7 +72,11 @@ def build_ft_launcher_argv(
         "--rdzv-endpoint", rdzv_endpoint,
         "--rdzv-id", rdzv_id,
         "--ft-rdzv-impl", "barrier",
-        "--max-restarts", str(ft.max_restarts),
+        # With spare nodes a node that lost a rank leaves instead of restarting its workers: a
+        # restarted node re-enters the rendezvous and ft_launcher then restarts every node
+        # (any-failed), while the survivors can continue in process with a spare
+        # (workloads.spares).
+        "--max-restarts", str(0 if cfg.distributed.spare_nodes else ft.max_restarts),
         # A forwarded SIGTERM (eviction) gives ranks one checkpoint finalize before SIGKILL.
         "--term-timeout", _seconds(cfg.launcher_term_timeout_s()),
         "--workers-stop-timeout", _seconds(ft.workers_stop_timeout_s),

@@ -63,7 +63,8 @@ class ProcessState:
         self.events = EventLog(cfg.run_dir, rank)
         self.ft = FaultToleranceReporter(cfg.fault_tolerance)
         self.faults = FaultInjector(parse_fault_spec(cfg.faults), rank,
-                                    Path(cfg.run_dir) / "faults", self.events.emit)
+                                    Path(cfg.run_dir) / "faults", self.events.emit,
+                                    nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         self.sigterm_received = False
         self.restart_begin_t: float | None = None
         self.iteration_objects: dict[str, Any] = {}
@@ -228,6 +229,7 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         with require_efa(cfg.distributed.require_efa, runtime.backend, cfg.run_dir, process.rank):
             _init_process_group(process, runtime, iteration)
         rank, world = dist.get_rank(), dist.get_world_size()
+        faults.retarget(rank)  # with spare nodes the active rank can change at a restart
         if cfg.distributed.shard == "hybrid":
             # HSDP: FSDP2 shards along "shard" (the ranks of one node) and replicates along
             # "replicate"; fully_shard takes the 2-D mesh as is (workloads.model).
@@ -448,7 +450,8 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
         from workloads.inprocess import TerminationRequested, build_wrapper
 
         fn = build_wrapper(cfg.inprocess, backend=resolved_backend(cfg), store_port=store_port,
-                           world_size=world,
+                           world_size=world, spare_nodes=cfg.distributed.spare_nodes,
+                           nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                            run_dir=Path(cfg.run_dir), events=process.events, ft=process.ft,
                            drop_iteration_state=process.drop_iteration_state,
                            sigterm_received=lambda: process.sigterm_received)(train_attempt)

@@ -1,0 +1,46 @@
+"""Hot spare nodes in process: N active + S spare nodes, the active world fixed at N x nproc.
+
+The in-process Wrapper runs every rank of all N+S nodes; NVRx's rank assignment makes the first
+N x nproc ranks active (they call the training function and form the process group) and keeps the
+rest in NVRx's reserve loop, outside every process group, until a restart needs them:
+
+    ShiftRanks                      survivors keep their order; the first spare node's ranks move
+                                    into the gap
+    MaxActiveWorldSize(N x nproc)   the active world never grows past N x nproc
+
+Nodes stay whole without NVRx's FilterCountGroupedByKey (which in NVRx 0.7.0 calls
+`store.barrier(ranks=..., group_name=...)` and fails with torch 2.13's own `Store.barrier(key,
+world_size)`: TypeError at the Wrapper's first rank assignment): when one rank of a node dies, its
+launcher (--max-restarts 0, below) stops the node's other ranks, so the whole node is terminated
+and ShiftRanks moves whole nodes. (Compose runs right to left.)
+
+The active world, the global batch, each active rank's data shard and so the numerics do not change
+when a spare takes over: the spare loads the lost ranks' shards from the newest checkpoint as that
+rank. The RetryController's minimum world is the active world: once the spares are used up, the
+next lost rank makes every rank leave the Wrapper and the fault goes to the next layer (a relaunch
+restores the spares).
+
+A rank lost under ft_launcher: its NVRx monitor process records it terminated, so the survivors
+restart in process without it. Its node's launcher must not restart its workers (they would
+re-enter the rendezvous, and ft_launcher then restarts every node's workers: any-failed), so
+with spares the launcher runs with --max-restarts 0 (workloads.launch): a node that loses a rank
+leaves the job, the rest continue in process.
+
+"""
+
+from __future__ import annotations
+
+
+def active_world_size(world_size: int, spare_nodes: int, nproc_per_node: int) -> int:
+    return world_size - spare_nodes * nproc_per_node
+
+
+def rank_assignment(*, world_size: int, spare_nodes: int, nproc_per_node: int):
+    """NVRx rank assignment for `spare_nodes` spare nodes out of world_size / nproc_per_node."""
+    from nvidia_resiliency_ext import inprocess
+    from nvidia_resiliency_ext.inprocess.rank_assignment import MaxActiveWorldSize, ShiftRanks
+
+    return inprocess.Compose(
+        MaxActiveWorldSize(active_world_size(world_size, spare_nodes, nproc_per_node)),
+        ShiftRanks(),
+    )
