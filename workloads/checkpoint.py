@@ -45,7 +45,6 @@ import errno
 import hashlib
 import json
 import logging
-import os
 import queue
 import re
 import shutil
@@ -82,7 +81,7 @@ from workloads.ckpt_layout import (
 from workloads.config import TrainConfig
 from workloads.errors import ConfigError
 from workloads.events import EventLog
-from workloads.faults import FaultInjector
+from workloads.faults import FaultInjector, damage_in_place
 
 log = logging.getLogger(__name__)
 
@@ -768,10 +767,4 @@ class Checkpointer:
         if not shards:
             return None
         target = shards[-1]
-        fd = os.open(target, os.O_WRONLY)
-        try:
-            os.pwrite(fd, b"\xde\xad\xbe\xef" * 16, max(0, target.stat().st_size // 2 - 32))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return str(target)
+        return damage_in_place(target)

@@ -104,6 +104,18 @@ def parse_fault_spec(spec: str) -> tuple[FaultSpec, ...]:
     return tuple(faults)
 
 
+def damage_in_place(target: Path) -> str:
+    """Overwrite 64 bytes in the middle of `target` (size unchanged, so only a checksum notices):
+    the corruption the corrupt-latest and corrupt-local faults inject. Returns the path."""
+    fd = os.open(target, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"\xde\xad\xbe\xef" * 16, max(0, target.stat().st_size // 2 - 32))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return str(target)
+
+
 def _block_in_c() -> None:
     """Sleep inside libc so that neither async exceptions nor the progress watchdog's pending
     calls can run: only a signal that kills the process ends this."""

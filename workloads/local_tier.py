@@ -49,6 +49,7 @@ from torch.distributed.tensor import DTensor
 from workloads.ckpt_layout import atomic_write
 from workloads.config import TrainConfig
 from workloads.events import EventLog
+from workloads.faults import damage_in_place
 
 log = logging.getLogger(__name__)
 
@@ -230,13 +231,7 @@ def corrupt_newest_copy(root: Path, rank: int) -> str | None:
     if not steps:
         return None
     target = step_dir(root, steps[0]) / f"rank{rank}.pt"
-    fd = os.open(target, os.O_WRONLY)
-    try:
-        os.pwrite(fd, b"\xde\xad\xbe\xef" * 16, max(0, target.stat().st_size // 2 - 32))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return str(target)
+    return damage_in_place(target)
 
 
 @dataclass
