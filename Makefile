@@ -24,6 +24,8 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # The CDK CLI's own synth, offline; a missing context value fails instead of using dummies.
 synth: setup

@@ -16,7 +16,7 @@ def main() -> None:
     from infra.config import resolve_config
     from infra.environment import build_environment
     from infra.nag import acknowledge_findings, enable_nag
-    from workloads.errors import ConfigError
+    from nvrx_eks.facts.errors import ConfigError
 
     app = App()
     try:

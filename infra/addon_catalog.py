@@ -7,7 +7,7 @@ EKS managed add-ons (with EKS Pod Identity where they call AWS APIs) cover netwo
 FSx CSI driver, CloudWatch observability and node health monitoring; Helm charts cover the EFA
 and NVIDIA device plugins, the JobSet controller and the DCGM exporter. Helm values are passed
 verbatim to the chart, so they use the charts' own camelCase keys. Versions that follow the
-Kubernetes minor come from infra/kubernetes_versions.py through the config.
+Kubernetes minor come from nvrx_eks/facts/kubernetes_versions.py through the config.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra.config import DeploymentConfig, version_field
-from infra.conventions import GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE, GPU_TAINT_KEY
-from infra.kubernetes_versions import (
+from nvrx_eks.facts.kubernetes_versions import (
     COREDNS,
     KUBE_PROXY,
     NODE_MONITORING_AGENT,
     POD_IDENTITY_AGENT,
     VPC_CNI,
 )
+from nvrx_eks.facts.names import GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE, GPU_TAINT_KEY
 
 #: Schedules a DaemonSet onto GPU nodes only, through their taint.
 _ON_GPU_NODES = {
@@ -90,7 +90,7 @@ VPC_CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
 
 
 def _per_minor(config: DeploymentConfig, addon: str, **kwargs) -> ManagedAddon:
-    """An EKS add-on whose build follows the Kubernetes minor (infra/kubernetes_versions.py)."""
+    """An EKS add-on whose build follows the Kubernetes minor (nvrx_eks/facts/kubernetes_versions.py)."""
     return ManagedAddon(addon, config.addon_version(addon), config_field=version_field(addon), **kwargs)
 
 

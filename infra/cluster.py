@@ -16,20 +16,20 @@ from constructs import Construct
 
 from infra.addons import install_addons
 from infra.config import DeploymentConfig
-from infra.conventions import (
+from infra.fsx_volume import FsxVolume
+from infra.gpu_nodes import GpuNodeGroup
+from infra.image import TrainerImage
+from infra.pod_security import admission_policy_manifests
+from nvrx_eks.facts.kubernetes_versions import KUBECTL_LAYER_V35, pins_for
+from nvrx_eks.facts.names import (
     FSX_PVC_NAME,
     GPU_NODE_LABEL_KEY,
     SYSTEM_NODE_LABEL_VALUE,
     TRAINING_NAMESPACE,
 )
-from infra.fsx_volume import FsxVolume
-from infra.gpu_nodes import GpuNodeGroup
-from infra.image import TrainerImage
-from infra.kubernetes_versions import KUBECTL_LAYER_V35, pins_for
-from infra.outputs import OutputKey
-from infra.pod_security import admission_policy_manifests
+from nvrx_eks.facts.stack_outputs import OutputKey
 
-#: The kubectl Lambda layer packages installed, by the layer name in infra/kubernetes_versions.py.
+#: The kubectl Lambda layer packages installed, by the layer name in nvrx_eks/facts/kubernetes_versions.py.
 _KUBECTL_LAYERS = {KUBECTL_LAYER_V35: KubectlV35Layer}
 
 ALL_CONTROL_PLANE_LOGS = [

@@ -15,8 +15,9 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from infra.instance_facts import INSTANCE_FACTS, InstanceFacts, facts_for
-from infra.kubernetes_versions import (
+from nvrx_eks.facts.errors import ConfigError, describe_validation_error
+from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, facts_for
+from nvrx_eks.facts.kubernetes_versions import (
     COREDNS,
     KUBE_PROXY,
     NODE_MONITORING_AGENT,
@@ -26,7 +27,6 @@ from infra.kubernetes_versions import (
     addon_matches_minor,
     pins_for,
 )
-from workloads.errors import ConfigError, describe_validation_error
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 #: The stacks of one deployment, in deployment order (see infra/environment.py).
@@ -236,7 +236,7 @@ class FsxConfig(StrictModel):
     @field_validator("data_bucket_prefix")
     @classmethod
     def _data_prefix(cls, prefix: str) -> str:
-        from infra.conventions import RUNS_COPY_PREFIX
+        from nvrx_eks.facts.names import RUNS_COPY_PREFIX
 
         first = prefix.strip("/").split("/")[0]
         if first in ("", RUNS_COPY_PREFIX):
@@ -274,7 +274,7 @@ class FsxConfig(StrictModel):
 
 class AddonVersions(StrictModel):
     """Overrides of the pinned add-on and chart versions. The per-minor EKS add-ons default to
-    None: the build infra/kubernetes_versions.py pins for `kubernetes_version`."""
+    None: the build nvrx_eks/facts/kubernetes_versions.py pins for `kubernetes_version`."""
 
     vpc_cni: str | None = None
     coredns: str | None = None
@@ -292,7 +292,7 @@ class AddonVersions(StrictModel):
     training_operator: str = "v1.9.4"
     #: Image of the one-shot Job that applies the training operator's kustomize overlay
     #: (it needs kubectl and git, which the kubectl provider Lambda cannot do for remote bases).
-    #: None: the image infra/kubernetes_versions.py pins for `kubernetes_version`.
+    #: None: the image nvrx_eks/facts/kubernetes_versions.py pins for `kubernetes_version`.
     training_operator_installer_image: str | None = None
 
 
@@ -481,7 +481,7 @@ class DeploymentConfig(StrictModel):
     @property
     def profile_tags(self) -> dict[str, str]:
         """Tags applied to every resource: the user's, plus the deployment tag teardown sweeps by."""
-        from infra.conventions import DEPLOYMENT_TAG_KEY
+        from nvrx_eks.facts.names import DEPLOYMENT_TAG_KEY
 
         return {**self.tags, DEPLOYMENT_TAG_KEY: self.name}
 

@@ -11,8 +11,8 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from infra.config import DeploymentConfig
-from infra.conventions import FSX_PV_NAME, FSX_PVC_NAME, FSX_STORAGE_CLASS, TRAINING_NAMESPACE
 from infra.pod_security import NAMESPACE_LABELS
+from nvrx_eks.facts.names import FSX_PV_NAME, FSX_PVC_NAME, FSX_STORAGE_CLASS, TRAINING_NAMESPACE
 
 
 def fsx_volume_manifests(

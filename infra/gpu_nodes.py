@@ -15,14 +15,14 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra.config import DeploymentConfig
-from infra.conventions import (
+from infra.node_user_data import gpu_node_user_data
+from nvrx_eks.facts.instances import InstanceFacts
+from nvrx_eks.facts.names import (
     GPU_NODE_LABEL_KEY,
     GPU_NODE_LABEL_VALUE,
     GPU_TAINT_KEY,
     GPU_TAINT_VALUE,
 )
-from infra.instance_facts import InstanceFacts
-from infra.node_user_data import gpu_node_user_data
 
 
 def efa_network_interfaces(

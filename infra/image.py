@@ -19,7 +19,7 @@ from aws_cdk import aws_ecr_assets as ecr_assets
 from constructs import Construct
 
 from infra.config import DeploymentConfig
-from workloads.errors import ConfigError
+from nvrx_eks.facts.errors import ConfigError
 
 BUILD_CONTEXT = Path(__file__).resolve().parent.parent
 #: The Dockerfile, relative to BUILD_CONTEXT.

@@ -15,7 +15,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.config import DeploymentConfig
-from workloads.errors import ConfigError
+from nvrx_eks.facts.errors import ConfigError
 
 #: Lustre: TCP 988 (LNet) and 1018-1023 (data channels), from the FSx for Lustre user guide.
 LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))

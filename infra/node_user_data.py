@@ -16,7 +16,7 @@ EFA driver itself is part of the EKS AL2023 NVIDIA AMI.
 from __future__ import annotations
 
 from infra.config import DeploymentConfig
-from infra.instance_facts import InstanceFacts
+from nvrx_eks.facts.instances import InstanceFacts
 
 MIME_BOUNDARY = "==NVRXEKS=="
 NODEADM_CONTENT_TYPE = "application/node.eks.aws"

@@ -30,7 +30,7 @@ Kubernetes 1.30.
 
 from __future__ import annotations
 
-from infra.conventions import TRAINING_NAMESPACE
+from nvrx_eks.facts.names import TRAINING_NAMESPACE
 
 #: The only capability a trainer container adds (EFA memory registration, see above).
 TRAINER_CAPABILITIES = ("IPC_LOCK",)

@@ -22,7 +22,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from infra.config import DeploymentConfig
-from infra.conventions import FSX_RUNS_PATH, RUNS_COPY_PREFIX
+from nvrx_eks.facts.names import FSX_RUNS_PATH, RUNS_COPY_PREFIX
 
 #: FSx for Lustre version: 2.15 is required for EFA and is the current long-term release.
 LUSTRE_VERSION = "2.15"

@@ -55,7 +55,7 @@ for pkg in ("torch", "nvidia-resiliency-ext", "aws-cdk-lib", "cdk-nag"):
 PY
 
 # --- checkov, in its own virtualenv -----------------------------------------------------------
-# The security scanner gate (tests/test_checkov.py, rules in .checkov.yaml). checkov pins versions
+# The security scanner gate (tests/infra/test_checkov.py, rules in .checkov.yaml). checkov pins versions
 # that conflict with aws-cdk-lib's dependencies, so it cannot share .venv. The gate skips, saying
 # so, where this virtualenv is missing; CHECKOV=0 leaves it out.
 CHECKOV_VENV=.venv-checkov

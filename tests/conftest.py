@@ -8,16 +8,16 @@ loadgroup` they share one worker and therefore one synthesis per configuration.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from scripts.crds import CRD_DIR_ENV
+from nvrx_eks.jobs.crds import CRD_DIR_ENV
+from tests.support import REPO_ROOT
 
 #: The upstream CRD files beside the project (unmodified, see its README). The validator's CRD
 #: layer reads them instead of fetching into the user cache, so no test touches the network;
 #: where the folder is absent that layer is skipped, with a message.
-SHARED_CRD_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "crds"
+SHARED_CRD_DIR = REPO_ROOT.parent / "shared" / "crds"
 os.environ[CRD_DIR_ENV] = str(SHARED_CRD_DIR)
 CRDS_PRESENT = SHARED_CRD_DIR.is_dir()
 
@@ -47,7 +47,7 @@ class Synthesized:
 def synth(tmp_path_factory):
     """synth(profile name or DeploymentConfig) -> Synthesized, cached for the session."""
     from infra.config import DeploymentConfig, resolve_config
-    from scripts.synth_summary import synthesize_profile
+    from nvrx_eks.deploy.synth import synthesize_profile
 
     def get(profile: str | DeploymentConfig) -> Synthesized:
         config = resolve_config(profile) if isinstance(profile, str) else profile

@@ -1,7 +1,7 @@
 """Checkpoints: DCP format, written by NVRx async checkpointing (or torch's async_save, or
 synchronously), committed atomically, verified and restored.
 
-Layout and commit rules: workloads.ckpt_layout.
+Layout and commit rules: nvrx_eks.facts.checkpoint_layout.
 
 A checkpoint counts only once it is listed in latest.json, which rank 0 replaces atomically
 (write, fsync, rename) after writing the directory's commit.json, which itself is written only
@@ -62,7 +62,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 
-from workloads.ckpt_layout import (
+from nvrx_eks.facts.checkpoint_layout import (
     COMMIT_FILE,
     ITERATION_FILE,
     METADATA_FILE,
@@ -78,8 +78,8 @@ from workloads.ckpt_layout import (
     storage_refusal_message,
     storage_refusal_now,
 )
+from nvrx_eks.facts.errors import ConfigError
 from workloads.config import TrainConfig
-from workloads.errors import ConfigError
 from workloads.events import EventLog
 from workloads.faults import FaultInjector, damage_in_place
 
@@ -111,8 +111,13 @@ class CheckpointStorageError(ConfigError):
 
 
 # errno -> what the storage did. EPERM/EACCES: permissions; EDQUOT: a quota is a full disk too.
-_STORAGE_ERRNOS = {errno.EROFS: "read-only", errno.EACCES: "denied", errno.EPERM: "denied",
-                   errno.ENOSPC: "full", errno.EDQUOT: "full"}
+_STORAGE_ERRNOS = {
+    errno.EROFS: "read-only",
+    errno.EACCES: "denied",
+    errno.EPERM: "denied",
+    errno.ENOSPC: "full",
+    errno.EDQUOT: "full",
+}
 
 
 def _os_errors(err: BaseException | None, seen: set[int] | None = None) -> list[OSError]:
@@ -196,8 +201,9 @@ def _rank_digests(directory: Path, rank: int, with_sha: bool) -> dict[str, list[
     return {p.name: _file_digest(p, with_sha) for p in sorted(directory.glob(f"__{rank}_*.distcp"))}
 
 
-def _write_then_digest(write_fn: Callable[..., None], directory: str, with_sha: bool, rank: int,
-                       write_buckets: Any, results_queue: Any) -> None:
+def _write_then_digest(
+    write_fn: Callable[..., None], directory: str, with_sha: bool, rank: int, write_buckets: Any, results_queue: Any
+) -> None:
     """Runs in the NVRx checkpoint worker in place of the writer's save function (NVRx puts the
     staged data in the second argument, as it does for the save function itself): writes this
     rank's shards, then records their digests in DIGESTS_FILE. Hashing here keeps a full read of
@@ -205,8 +211,7 @@ def _write_then_digest(write_fn: Callable[..., None], directory: str, with_sha: 
     write_fn(rank, write_buckets, results_queue)
     path = Path(directory)
     try:
-        atomic_write(path / DIGESTS_FILE.format(rank=rank),
-                     json.dumps(_rank_digests(path, rank, with_sha)))
+        atomic_write(path / DIGESTS_FILE.format(rank=rank), json.dumps(_rank_digests(path, rank, with_sha)))
     except OSError:
         # Full or read-only storage. The write function has already reported its own outcome
         # through the results queue; raising here would kill the worker, and the trainer would
@@ -216,6 +221,7 @@ def _write_then_digest(write_fn: Callable[..., None], directory: str, with_sha: 
 
 
 # ----- small file helpers ------------------------------------------------------------------------
+
 
 def _file_digest(path: Path, with_sha: bool) -> list[Any]:
     size = path.stat().st_size
@@ -244,8 +250,7 @@ def _verified_earlier(path: Path, size: int) -> bool:
         stat = path.stat()
     except OSError:
         return False
-    return _VERIFIED_AT_COMMIT.get(str(path.resolve())) == (size, stat.st_mtime_ns) == (
-        stat.st_size, stat.st_mtime_ns)
+    return _VERIFIED_AT_COMMIT.get(str(path.resolve())) == (size, stat.st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
 
 
 def committed_checkpoints(ckpt_dir: str | Path) -> list[str]:
@@ -278,8 +283,7 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
-def state_digests(state: dict[str, Any],
-                  progress: Callable[[], None] = _no_progress) -> tuple[str, list[str]]:
+def state_digests(state: dict[str, Any], progress: Callable[[], None] = _no_progress) -> tuple[str, list[str]]:
     """SHA-256 of a (possibly sharded) state dict: (combined digest, per-rank digests).
 
     Each rank hashes its own local shards, in canonical order (keys sorted; each tensor with its
@@ -306,7 +310,7 @@ def state_digests(state: dict[str, Any],
             h.update(f"{key}|{cpu.dtype}|{tuple(value.shape)}|{tuple(cpu.shape)}|".encode())
             data = cpu.reshape(-1).view(torch.uint8).numpy()  # a view: no copy
             for start in range(0, data.size, DIGEST_SLICE_BYTES):
-                h.update(data[start:start + DIGEST_SLICE_BYTES])
+                h.update(data[start : start + DIGEST_SLICE_BYTES])
                 progress()
             progress()
         else:
@@ -340,6 +344,7 @@ def _collective_device() -> torch.device:
 
 # ----- the checkpointer --------------------------------------------------------------------------
 
+
 @dataclass
 class PendingSave:
     step: int
@@ -364,11 +369,18 @@ class Checkpointer:
     way; `ping` reports progress to the in-process watchdog while waiting.
     """
 
-    def __init__(self, cfg: TrainConfig, *, events: EventLog, faults: FaultInjector,
-                 identity: dict[str, Any], device: torch.device,
-                 atomic: Callable[[], Any] = contextlib.nullcontext,
-                 ping: Callable[[], None] = lambda: None,
-                 unguarded: Callable[[], Any] = contextlib.nullcontext):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        events: EventLog,
+        faults: FaultInjector,
+        identity: dict[str, Any],
+        device: torch.device,
+        atomic: Callable[[], Any] = contextlib.nullcontext,
+        ping: Callable[[], None] = lambda: None,
+        unguarded: Callable[[], Any] = contextlib.nullcontext,
+    ):
         self.cfg = cfg
         self.device = device  # where the small control tensors live (CUDA for NCCL)
         self.backend = cfg.checkpoint.backend
@@ -421,12 +433,10 @@ class Checkpointer:
         # it copies out with a pinned D2H after the hand-off, so the hand-off would have to wait
         # for that copy before optimizer.step may change them, and each of the 8 workers per
         # node would hold a CUDA context (~0.5 GB of the GPU it reads from). The price of shm
-        # staging is a pageable D2H copy (NVRx syncs every 8 tensors): scripts/plan.py assumes
+        # staging is a pageable D2H copy (NVRx syncs every 8 tensors): nvrx_eks/ops/plan.py assumes
         # 10 GB/s for it, and the GPU smoke script measures the real stall.
-        AsyncCallsQueue.warmup_persistent_caller(self.rank, cpu_shm_mode=True,
-                                                 sigterm_timeout=WRITER_ABORT_GRACE_S)
-        self._queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True,
-                                      sigterm_timeout=WRITER_ABORT_GRACE_S)
+        AsyncCallsQueue.warmup_persistent_caller(self.rank, cpu_shm_mode=True, sigterm_timeout=WRITER_ABORT_GRACE_S)
+        self._queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True, sigterm_timeout=WRITER_ABORT_GRACE_S)
         _drop_results_of_abandoned_saves()
         self._metadata_cache = CheckpointMetadataCache()
         # Wait for the spawned worker here, during setup: otherwise the first save would block for
@@ -444,18 +454,18 @@ class Checkpointer:
             save_state_dict_async_plan,
         )
 
-        writer = FileSystemWriterAsync(pending.path, use_cpu_shm_for_gpu_tensors=True,
-                                       use_cached_data_structure=True)
+        writer = FileSystemWriterAsync(pending.path, use_cpu_shm_for_gpu_tensors=True, use_cached_data_structure=True)
         writer, metadata, dist_wrapper = save_state_dict_async_plan(
-            state, writer, None, enable_cache=True, metadata_cache=self._metadata_cache)
+            state, writer, None, enable_cache=True, metadata_cache=self._metadata_cache
+        )
         save_fn, preload_fn, save_args = writer.get_save_function_and_args()
         if save_fn is not None:
-            save_fn = partial(_write_then_digest, save_fn, str(pending.path),
-                              self.cfg.checkpoint.verify == "sha256")
-        finalize = [partial(save_state_dict_async_finalize, writer, metadata, dist_wrapper),
-                    partial(self._commit, pending)]
-        self._queue.schedule_async_request(
-            AsyncRequest(save_fn, save_args, finalize, preload_fn=preload_fn))
+            save_fn = partial(_write_then_digest, save_fn, str(pending.path), self.cfg.checkpoint.verify == "sha256")
+        finalize = [
+            partial(save_state_dict_async_finalize, writer, metadata, dist_wrapper),
+            partial(self._commit, pending),
+        ]
+        self._queue.schedule_async_request(AsyncRequest(save_fn, save_args, finalize, preload_fn=preload_fn))
 
     # -- saving ----------------------------------------------------------------------------------
 
@@ -501,9 +511,11 @@ class Checkpointer:
         self.wait()  # one save in flight at most
         start = time.monotonic()
         self._saves += 1
-        pending = PendingSave(step=step,
-                              path=self.dir / step_dir_name(step, f"{self.attempt}.{self._saves}"),
-                              handed_off_t=time.monotonic())
+        pending = PendingSave(
+            step=step,
+            path=self.dir / step_dir_name(step, f"{self.attempt}.{self._saves}"),
+            handed_off_t=time.monotonic(),
+        )
         self._handing_off = pending.path
         if self.backend == "nvrx" and self._saves == 1:
             # The first NVRx save of an iteration plans, allocates the shared-memory staging
@@ -515,8 +527,7 @@ class Checkpointer:
         elif self.backend == "nvrx":
             self._nvrx_hand_off(pending, state)
         elif self.backend == "dcp-async":
-            response = dcp.async_save(state, checkpoint_id=str(pending.path),
-                                      process_group=self._group)
+            response = dcp.async_save(state, checkpoint_id=str(pending.path), process_group=self._group)
             pending.handle = getattr(response, "upload_completion", response)
             self._digest_when_written(pending)
         else:
@@ -576,8 +587,10 @@ class Checkpointer:
             with self._storage_errors():
                 self._raise_if_writer_died()
             if time.monotonic() > deadline:
-                raise CheckpointTimeout(f"checkpoint of step {self.pending.step} did not commit "
-                                        f"within {self.cfg.checkpoint.finalize_timeout_s:g}s")
+                raise CheckpointTimeout(
+                    f"checkpoint of step {self.pending.step} did not commit "
+                    f"within {self.cfg.checkpoint.finalize_timeout_s:g}s"
+                )
             self.ping()
             time.sleep(0.02)
 
@@ -585,8 +598,9 @@ class Checkpointer:
         caller = getattr(self._queue, "persistent_caller", None) if self._queue else None
         process = getattr(caller, "process", None)
         if process is not None and not process.is_alive():
-            raise CheckpointWriterDied(f"the checkpoint worker exited (code {process.exitcode}) "
-                                       f"while writing step {self.pending.step}")
+            raise CheckpointWriterDied(
+                f"the checkpoint worker exited (code {process.exitcode}) while writing step {self.pending.step}"
+            )
 
     def close(self) -> None:
         """Finish the in-flight save and stop the writer (normal end and SIGTERM)."""
@@ -600,8 +614,7 @@ class Checkpointer:
     def _commit(self, pending: PendingSave) -> None:
         """Collective. Every rank's data is on disk when this runs."""
         started = time.monotonic()
-        self.events.emit("checkpoint_write_end", step=pending.step,
-                         write_s=started - pending.handed_off_t)
+        self.events.emit("checkpoint_write_end", step=pending.step, write_s=started - pending.handed_off_t)
         with_sha = self.cfg.checkpoint.verify == "sha256"
         mine = self._writer_digests(pending)
         if mine is None:  # sync saves, or a writer that recorded nothing
@@ -616,8 +629,9 @@ class Checkpointer:
             files[METADATA_FILE] = _file_digest(pending.path / METADATA_FILE, with_sha)
             with self.atomic():
                 self._write_commit(pending, files)
-            self.events.emit("checkpoint_commit", step=pending.step, path=str(pending.path),
-                             commit_s=time.monotonic() - started)
+            self.events.emit(
+                "checkpoint_commit", step=pending.step, path=str(pending.path), commit_s=time.monotonic() - started
+            )
         self.pending = None
 
     def _writer_digests(self, pending: PendingSave) -> dict[str, Any] | None:
@@ -632,15 +646,21 @@ class Checkpointer:
         return recorded
 
     def _write_commit(self, pending: PendingSave, files: dict[str, Any]) -> None:
-        manifest = {"step": pending.step, "backend": self.backend, "verify": self.cfg.checkpoint.verify,
-                    "files": files, "committed_at": time.time(), **self.identity}
+        manifest = {
+            "step": pending.step,
+            "backend": self.backend,
+            "verify": self.cfg.checkpoint.verify,
+            "files": files,
+            "committed_at": time.time(),
+            **self.identity,
+        }
         # What was committed before this commit, read before its record exists: read after, a
         # first commit (no pointer yet) would find its own record and report a rebuilt pointer.
         previous = self._commit_state()
         atomic_write(pending.path / COMMIT_FILE, json.dumps(manifest, indent=1, sort_keys=True))
         # A newer commit supersedes anything at or after its step: those belong to a timeline a
         # fallback or restart abandoned.
-        keep = ([pending.path.name] + [n for n in previous.committed if step_of(n) < pending.step])
+        keep = [pending.path.name] + [n for n in previous.committed if step_of(n) < pending.step]
         keep = keep[: self.cfg.checkpoint.keep]
         atomic_write(self.dir / POINTER_FILE, pointer_text(keep))
         atomic_write(self.dir / ITERATION_FILE, f"{pending.step}\n")
@@ -656,8 +676,7 @@ class Checkpointer:
             raise NoUsableCheckpoint(state.warning)
         if state.source == "rebuilt":
             log.warning("checkpoint pointer: %s", state.warning)
-            self.events.emit("checkpoint_pointer_rebuilt", reason=state.warning,
-                             committed=state.committed)
+            self.events.emit("checkpoint_pointer_rebuilt", reason=state.warning, committed=state.committed)
         return state
 
     # -- loading ---------------------------------------------------------------------------------
@@ -694,12 +713,14 @@ class Checkpointer:
     def _check_compatible(self, path: Path, manifest: dict[str, Any]) -> None:
         for key, expected in self.identity.items():
             if manifest.get(key) != expected:
-                field_name = {"world_size": "the world size (nnodes x nproc-per-node)",
-                              "preset": "model.preset"}.get(key, key)
+                field_name = {"world_size": "the world size (nnodes x nproc-per-node)", "preset": "model.preset"}.get(
+                    key, key
+                )
                 raise CheckpointIncompatible(
                     f"checkpoint {path} was written with {key}={manifest.get(key)!r}, this run has "
                     f"{key}={expected!r}; resume with the same {field_name} or point "
-                    "checkpoint.dir at an empty directory to start a new run")
+                    "checkpoint.dir at an empty directory to start a new run"
+                )
 
     def load_latest(self, build_state: Callable[[], dict[str, Any]]) -> LoadResult | None:
         """Load the newest usable committed checkpoint into the tensors of `build_state()`.
@@ -741,18 +762,25 @@ class Checkpointer:
                 dist.all_reduce(failed, op=dist.ReduceOp.MAX)
             if int(failed.item()):
                 reason = reason or "another rank could not verify or load its share"
-                log.warning("skipping checkpoint %s: %s; falling back to the previous committed "
-                            "checkpoint", path, reason)
+                log.warning(
+                    "skipping checkpoint %s: %s; falling back to the previous committed checkpoint", path, reason
+                )
                 self.events.emit("checkpoint_fallback", path=str(path), reason=reason)
                 continue
-            self.events.emit("checkpoint_load", step=manifest["step"], path=str(path),
-                             load_s=time.monotonic() - started, trusted_files=self._trusted_files)
+            self.events.emit(
+                "checkpoint_load",
+                step=manifest["step"],
+                path=str(path),
+                load_s=time.monotonic() - started,
+                trusted_files=self._trusted_files,
+            )
             return LoadResult(step=manifest["step"], path=path, state=state)
         if names[0]:
             raise NoUsableCheckpoint(
                 f"checkpoint.dir: none of the committed checkpoints in {self.dir} "
                 f"({', '.join(names[0])}) passed verification and loading; inspect or restore "
-                "them, or point checkpoint.dir at an empty directory to start over")
+                "them, or point checkpoint.dir at an empty directory to start over"
+            )
         return None
 
     # -- fault hook ------------------------------------------------------------------------------

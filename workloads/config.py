@@ -38,7 +38,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from workloads.errors import ConfigError, describe_validation_error
+from nvrx_eks.facts.errors import ConfigError, describe_validation_error
 from workloads.faults import KINDS_NEEDING_CHECKPOINTS, parse_fault_spec
 
 
@@ -61,17 +61,24 @@ class ModelShape:
 MODEL_PRESETS: dict[str, ModelShape] = {
     # Tests and laptops: learns the synthetic stream in tens of steps. Dropout is on so that
     # resuming must restore the RNG to reproduce the uninterrupted run.
-    "tiny": ModelShape(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
-                       max_seq_len=256, dropout=0.1),
+    "tiny": ModelShape(
+        vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=256, dropout=0.1
+    ),
     # ~34M parameters: big enough that checkpoint stalls are measurable on a CPU.
-    "small": ModelShape(vocab_size=8192, dim=512, n_layers=8, n_heads=8, n_kv_heads=8,
-                        ffn_dim=1408, max_seq_len=1024),
+    "small": ModelShape(vocab_size=8192, dim=512, n_layers=8, n_heads=8, n_kv_heads=8, ffn_dim=1408, max_seq_len=1024),
     # ~1.1B, TinyLlama-shaped.
-    "1b": ModelShape(vocab_size=32000, dim=2048, n_layers=22, n_heads=32, n_kv_heads=4,
-                     ffn_dim=5632, max_seq_len=2048),
+    "1b": ModelShape(vocab_size=32000, dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_dim=5632, max_seq_len=2048),
     # Llama-3-8B-shaped, for p5 nodes.
-    "8b": ModelShape(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
-                     ffn_dim=14336, max_seq_len=8192, rope_theta=500000.0),
+    "8b": ModelShape(
+        vocab_size=128256,
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim=14336,
+        max_seq_len=8192,
+        rope_theta=500000.0,
+    ),
 }
 
 
@@ -80,8 +87,8 @@ class JobPreset:
     """A whole default job: what `render`/`submit` train without --train-config on a profile that
     names it (DeploymentConfig.default_job). `train` is TrainConfig data; --set overrides apply on
     top. With `global_batch_tokens`, data.grad_accum_steps is derived at render time for the
-    job's world size (scripts/jobspec.py), and checkpoint.interval_steps comes from the
-    checkpoint-interval plan (scripts/plan.py), never typed here."""
+    job's world size (nvrx_eks/jobs/spec.py), and checkpoint.interval_steps comes from the
+    checkpoint-interval plan (nvrx_eks/ops/plan.py), never typed here."""
 
     description: str
     train: dict[str, Any]
@@ -100,10 +107,13 @@ JOB_PRESETS: dict[str, JobPreset] = {
     # micro-batch; 1 Mi tokens per optimizer step (4 micro-batches at 16 GPUs).
     "llama3-8b": JobPreset(
         description="8b preset, seq 8192, micro-batch 2, activation checkpointing, 1 Mi-token global batch",
-        train={"steps": 5000, "model": {"preset": "8b", "activation_checkpointing": True},
-               "data": {"seq_len": 8192, "batch_size": 2},
-               # Llama 3's peak learning rate for the 8B model; a warm-up of 2% of the steps.
-               "optimizer": {"lr": 3e-4, "warmup_steps": 100}},
+        train={
+            "steps": 5000,
+            "model": {"preset": "8b", "activation_checkpointing": True},
+            "data": {"seq_len": 8192, "batch_size": 2},
+            # Llama 3's peak learning rate for the 8B model; a warm-up of 2% of the steps.
+            "optimizer": {"lr": 3e-4, "warmup_steps": 100},
+        },
         global_batch_tokens=1 << 20,
     ),
     # The trainer's own defaults (the tiny preset): proves the plumbing on small GPUs.
@@ -124,11 +134,14 @@ ACTIVATION_CHECKPOINTING_BY_DEFAULT = frozenset({"1b", "8b"})
 class ModelConfig(_Strict):
     preset: Literal["tiny", "small", "1b", "8b"] = "tiny"
     activation_checkpointing: bool | None = Field(
-        None, description="recompute each block in backward; default: on for the 1b and 8b presets")
+        None, description="recompute each block in backward; default: on for the 1b and 8b presets"
+    )
     loss_chunk_tokens: int = Field(
-        2048, ge=1,
+        2048,
+        ge=1,
         description="tokens per chunk of the output projection + cross-entropy; each chunk's "
-                    "logits are recomputed in backward, so only one chunk's exist at a time")
+        "logits are recomputed in backward, so only one chunk's exist at a time",
+    )
 
     @property
     def shape(self) -> ModelShape:
@@ -146,22 +159,25 @@ class DataConfig(_Strict):
     # memmap: a directory of pre-tokenized shards (`*.bin`, flat token arrays) or one .bin file.
     path: str | None = None
     dtype: Literal["uint16", "uint32"] | None = Field(
-        None, description="token dtype of the shards; default: the manifest's, else uint16")
+        None, description="token dtype of the shards; default: the manifest's, else uint16"
+    )
     seq_len: int = Field(64, ge=2)
     batch_size: int = Field(8, ge=1, description="sequences per rank per micro-batch")
     grad_accum_steps: int = Field(
-        1, ge=1,
+        1,
+        ge=1,
         description="micro-batches per optimizer step; global batch = world size x batch_size x "
-                    "grad_accum_steps sequences")
+        "grad_accum_steps sequences",
+    )
 
     @model_validator(mode="after")
     def _path_matches_source(self) -> DataConfig:
         if self.source == "memmap" and not self.path:
-            raise ValueError("data.path: required when data.source is memmap; point it at the "
-                             "directory of .bin token shards")
+            raise ValueError(
+                "data.path: required when data.source is memmap; point it at the directory of .bin token shards"
+            )
         if self.source == "synthetic" and self.path:
-            raise ValueError("data.path: only used with data.source=memmap; remove it or set "
-                             "data.source=memmap")
+            raise ValueError("data.path: only used with data.source=memmap; remove it or set data.source=memmap")
         return self
 
 
@@ -183,8 +199,9 @@ class LocalTierConfig(_Strict):
 
     interval_steps: int | None = Field(None, ge=1, description="local saves every N steps; None: off")
     dir: str | None = Field(
-        None, description="node-local root; default: <run_dir>/local-checkpoints (on EKS the pod's "
-                          "instance-store mount)")
+        None,
+        description="node-local root; default: <run_dir>/local-checkpoints (on EKS the pod's instance-store mount)",
+    )
     keep: int = Field(2, ge=2, description="steps kept per tier copy; the newest can be damaged")
 
     @property
@@ -202,30 +219,34 @@ class CheckpointConfig(_Strict):
     # catches truncation. Loading re-checks what the commit recorded.
     verify: Literal["sha256", "size"] = "sha256"
     finalize_timeout_s: float = Field(
-        300.0, gt=0,
-        description="the longest one save may take from hand-off to commit before it is a fault")
+        300.0, gt=0, description="the longest one save may take from hand-off to commit before it is a fault"
+    )
     local: LocalTierConfig = LocalTierConfig()
 
 
 class DistributedConfig(_Strict):
     backend: Literal["gloo", "nccl", "auto"] = "auto"
     spare_nodes: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="of the launched nodes, how many wait as hot spares outside the process group "
-                    "(workloads/spares.py); the active world is the rest")
+        "(workloads/spares.py); the active world is the rest",
+    )
     timeout_s: float | None = Field(
-        None, gt=0,
-        description="process-group timeout; default derived per backend from inprocess timeouts")
+        None, gt=0, description="process-group timeout; default derived per backend from inprocess timeouts"
+    )
     require_efa: bool = Field(
         False,
         description="on NCCL, exit 93 unless NCCL uses the aws-ofi-nccl plugin with provider efa "
-                    "(workloads/transport.py); the render sets it from the instance facts")
+        "(workloads/transport.py); the render sets it from the instance facts",
+    )
     shard: Literal["full", "hybrid"] = Field(
         "full",
         description="full: FSDP2 shards over every rank. hybrid: shards inside a node and "
-                    "replicates across nodes (2-D mesh nodes x local ranks): the all-gathers and "
-                    "reduce-scatters stay on NVLink, only a gradient all-reduce crosses EFA, and "
-                    "each GPU holds 1/local-ranks of the state instead of 1/world")
+        "replicates across nodes (2-D mesh nodes x local ranks): the all-gathers and "
+        "reduce-scatters stay on NVLink, only a gradient all-reduce crosses EFA, and "
+        "each GPU holds 1/local-ranks of the state instead of 1/world",
+    )
 
 
 class InProcessConfig(_Strict):
@@ -241,32 +262,51 @@ class InProcessConfig(_Strict):
     last_call_wait_s: float = Field(1.0, ge=0)
     termination_grace_s: float = Field(5.0, ge=0)
     cuda_timeout_s: float = Field(
-        20.0, gt=0, description="GPU drain in the restart's finalize, and NVRx's CUDA health check")
+        20.0, gt=0, description="GPU drain in the restart's finalize, and NVRx's CUDA health check"
+    )
     # A deterministic bug would otherwise restart in place forever; past the cap the ranks exit
     # and ft_launcher (with its own max_restarts) takes over.
     max_restarts: int | None = Field(10, ge=0, description="in-process restarts per process")
     # Off only to measure what it saves (bench): without it a gloo peer of a faulting rank waits
     # out the process-group timeout (workloads.gloo_sockets).
     release_gloo_sockets: bool = Field(
-        True, description="with gloo, the restart shuts down the gloo pair sockets (never the stores)")
+        True, description="with gloo, the restart shuts down the gloo pair sockets (never the stores)"
+    )
 
     @model_validator(mode="after")
     def _nvrx_ordering(self) -> InProcessConfig:
         # The same relations inprocess.Wrapper enforces with enforce_value(...).
         rules = [
-            (self.soft_timeout_s < self.hard_timeout_s, "inprocess.soft_timeout_s",
-             "must be below inprocess.hard_timeout_s (a soft timeout restarts, a hard one kills)"),
-            (self.hard_timeout_s < self.barrier_timeout_s, "inprocess.hard_timeout_s",
-             "must be below inprocess.barrier_timeout_s"),
-            (self.heartbeat_timeout_s < self.barrier_timeout_s, "inprocess.heartbeat_timeout_s",
-             "must be below inprocess.barrier_timeout_s"),
-            (self.heartbeat_interval_s < self.heartbeat_timeout_s, "inprocess.heartbeat_interval_s",
-             "must be below inprocess.heartbeat_timeout_s"),
-            (self.monitor_interval_s < min(self.soft_timeout_s, self.heartbeat_timeout_s,
-                                           self.barrier_timeout_s), "inprocess.monitor_interval_s",
-             "must be below inprocess.soft_timeout_s and inprocess.heartbeat_timeout_s"),
-            (self.progress_watchdog_interval_s < self.soft_timeout_s,
-             "inprocess.progress_watchdog_interval_s", "must be below inprocess.soft_timeout_s"),
+            (
+                self.soft_timeout_s < self.hard_timeout_s,
+                "inprocess.soft_timeout_s",
+                "must be below inprocess.hard_timeout_s (a soft timeout restarts, a hard one kills)",
+            ),
+            (
+                self.hard_timeout_s < self.barrier_timeout_s,
+                "inprocess.hard_timeout_s",
+                "must be below inprocess.barrier_timeout_s",
+            ),
+            (
+                self.heartbeat_timeout_s < self.barrier_timeout_s,
+                "inprocess.heartbeat_timeout_s",
+                "must be below inprocess.barrier_timeout_s",
+            ),
+            (
+                self.heartbeat_interval_s < self.heartbeat_timeout_s,
+                "inprocess.heartbeat_interval_s",
+                "must be below inprocess.heartbeat_timeout_s",
+            ),
+            (
+                self.monitor_interval_s < min(self.soft_timeout_s, self.heartbeat_timeout_s, self.barrier_timeout_s),
+                "inprocess.monitor_interval_s",
+                "must be below inprocess.soft_timeout_s and inprocess.heartbeat_timeout_s",
+            ),
+            (
+                self.progress_watchdog_interval_s < self.soft_timeout_s,
+                "inprocess.progress_watchdog_interval_s",
+                "must be below inprocess.soft_timeout_s",
+            ),
         ]
         problems = [f"{field}: {msg}" for ok, field, msg in rules if not ok]
         if problems:
@@ -277,8 +317,7 @@ class InProcessConfig(_Strict):
 class SectionTimeouts(_Strict):
     setup: float = Field(900.0, gt=0, description="process group, model build, checkpoint load")
     step: float = Field(300.0, gt=0)
-    checkpointing: float | None = Field(
-        None, gt=0, description="default: checkpoint.finalize_timeout_s + 60")
+    checkpointing: float | None = Field(None, gt=0, description="default: checkpoint.finalize_timeout_s + 60")
 
 
 class FaultToleranceConfig(_Strict):
@@ -292,9 +331,11 @@ class FaultToleranceConfig(_Strict):
     out_of_section_timeout_s: float | None = Field(300.0, gt=0)
     workload_check_interval_s: float = Field(5.0, gt=0)
     workers_stop_timeout_s: float = Field(
-        15.0, gt=0, description="SIGTERM-to-SIGKILL wait when the launcher restarts its ranks")
+        15.0, gt=0, description="SIGTERM-to-SIGKILL wait when the launcher restarts its ranks"
+    )
     max_no_progress_cycles: int = Field(
-        3, ge=0, description="restarts without a newer committed checkpoint before exit 93; 0=off")
+        3, ge=0, description="restarts without a newer committed checkpoint before exit 93; 0=off"
+    )
 
 
 class TrainConfig(_Strict):
@@ -311,9 +352,11 @@ class TrainConfig(_Strict):
     inprocess: InProcessConfig = InProcessConfig()
     fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
     peak_tflops_per_gpu: float | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="dense bf16 peak of one GPU, the denominator of MFU (workloads/metrics.py); "
-                    "the render sets it from infra/instance_facts.py; unset: MFU is n/a")
+        "the render sets it from nvrx_eks/facts/instances.py; unset: MFU is n/a",
+    )
 
     @field_validator("faults")
     @classmethod
@@ -326,17 +369,17 @@ class TrainConfig(_Strict):
         problems: list[str] = []
         shape = self.model.shape
         if self.data.seq_len > shape.max_seq_len:
-            problems.append(f"data.seq_len: {self.data.seq_len} exceeds the {self.model.preset} "
-                            f"preset's max_seq_len {shape.max_seq_len}; lower it")
+            problems.append(
+                f"data.seq_len: {self.data.seq_len} exceeds the {self.model.preset} "
+                f"preset's max_seq_len {shape.max_seq_len}; lower it"
+            )
         for fault in parse_fault_spec(self.faults):
             if fault.step > self.steps:
-                problems.append(f"faults: {fault.label} is after the last step ({self.steps}); "
-                                f"it would never fire")
+                problems.append(f"faults: {fault.label} is after the last step ({self.steps}); it would never fire")
             if fault.kind in KINDS_NEEDING_CHECKPOINTS and self.checkpoint.backend == "none":
                 problems.append(f"faults: {fault.label} needs checkpoints; set checkpoint.backend")
             if fault.kind == "corrupt-local" and not self.checkpoint.local.enabled:
-                problems.append(f"faults: {fault.label} needs the local tier; set "
-                                "checkpoint.local.interval_steps")
+                problems.append(f"faults: {fault.label} needs the local tier; set checkpoint.local.interval_steps")
         problems += self._timeout_problems()
         if problems:
             raise ValueError("\n".join(problems))
@@ -349,20 +392,23 @@ class TrainConfig(_Strict):
             problems.append(
                 "distributed.timeout_s: cannot be set with distributed.backend=auto, because gloo "
                 "needs it below inprocess.hard_timeout_s and NCCL above it; set "
-                "distributed.backend to gloo or nccl, or leave timeout_s unset to derive it")
+                "distributed.backend to gloo or nccl, or leave timeout_s unset to derive it"
+            )
         if ip.enabled and dist.timeout_s is not None:
             if dist.backend == "gloo" and not dist.timeout_s < ip.hard_timeout_s:
                 problems.append(
                     f"distributed.timeout_s: {dist.timeout_s:g}s must be below "
                     f"inprocess.hard_timeout_s ({ip.hard_timeout_s:g}s) with gloo: gloo "
                     "collectives cannot be aborted, so a rank waiting in one would be killed by "
-                    "the hard timeout instead of restarting in place; lower distributed.timeout_s")
+                    "the hard timeout instead of restarting in place; lower distributed.timeout_s"
+                )
             if dist.backend == "nccl" and not dist.timeout_s > ip.hard_timeout_s:
                 problems.append(
                     f"distributed.timeout_s: {dist.timeout_s:g}s must exceed "
                     f"inprocess.hard_timeout_s ({ip.hard_timeout_s:g}s) with NCCL: the NCCL "
                     "watchdog kills the process when it fires, before NVRx can restart it; "
-                    "raise distributed.timeout_s")
+                    "raise distributed.timeout_s"
+                )
         if not ip.enabled:
             return problems
         # What the in-process layer may spend before training resumes after a fault: up to the
@@ -378,7 +424,8 @@ class TrainConfig(_Strict):
                     f"fault_tolerance.heartbeat_timeout_s: {ft.heartbeat_timeout_s:g}s must "
                     f"exceed the in-process recovery bound, inprocess.hard_timeout_s + "
                     f"inprocess.barrier_timeout_s (+ 3 x inprocess.cuda_timeout_s on GPU) = "
-                    f"{recovery:g}s, or ft_launcher kills ranks that are restarting in place")
+                    f"{recovery:g}s, or ft_launcher kills ranks that are restarting in place"
+                )
         else:
             st = ft.section_timeouts_s
             if ft.out_of_section_timeout_s is not None and not ft.out_of_section_timeout_s > recovery:
@@ -386,16 +433,19 @@ class TrainConfig(_Strict):
                     f"fault_tolerance.out_of_section_timeout_s: {ft.out_of_section_timeout_s:g}s "
                     f"must exceed the in-process recovery bound, inprocess.hard_timeout_s + "
                     f"inprocess.barrier_timeout_s (+ 3 x inprocess.cuda_timeout_s on GPU) = "
-                    f"{recovery:g}s: in-process restarts run outside any section")
+                    f"{recovery:g}s: in-process restarts run outside any section"
+                )
             if not st.step > ip.hard_timeout_s:
                 problems.append(
                     f"fault_tolerance.section_timeouts_s.step: {st.step:g}s must exceed "
                     f"inprocess.hard_timeout_s ({ip.hard_timeout_s:g}s) so a stuck step is "
-                    "handled by the in-process layer first")
+                    "handled by the in-process layer first"
+                )
             if not self.checkpoint_section_timeout_s() > self.checkpoint.finalize_timeout_s:
                 problems.append(
                     "fault_tolerance.section_timeouts_s.checkpointing: must exceed "
-                    f"checkpoint.finalize_timeout_s ({self.checkpoint.finalize_timeout_s:g}s)")
+                    f"checkpoint.finalize_timeout_s ({self.checkpoint.finalize_timeout_s:g}s)"
+                )
         return problems
 
     # ----- derived values -------------------------------------------------------------------
@@ -440,8 +490,9 @@ class TrainConfig(_Strict):
     # ----- loading --------------------------------------------------------------------------
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None, source: str = "config",
-                  overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    def from_dict(
+        cls, data: dict[str, Any] | None, source: str = "config", overrides: list[str] | tuple[str, ...] = ()
+    ) -> TrainConfig:
         # A deep copy: overrides are applied in place, and nested sections of `data` are often
         # shared (e.g. a module-level profile reused for every run of one process).
         data = apply_overrides(copy.deepcopy(data or {}), overrides)
@@ -457,11 +508,13 @@ class TrainConfig(_Strict):
             text = path.read_text()
         except OSError as err:
             # No flag named: the CLI passes this path as --train-config, the trainer as --config.
-            raise ConfigError(f"cannot read trainer config {path}: {err.strerror}; give the path "
-                              "of a trainer config YAML file") from None
+            raise ConfigError(
+                f"cannot read trainer config {path}: {err.strerror}; give the path of a trainer config YAML file"
+            ) from None
         except UnicodeDecodeError:
-            raise ConfigError(f"trainer config {path} is not a text file (not UTF-8); give the "
-                              "path of a trainer config YAML file") from None
+            raise ConfigError(
+                f"trainer config {path} is not a text file (not UTF-8); give the path of a trainer config YAML file"
+            ) from None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
@@ -480,8 +533,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
-            raise ConfigError(f"override {item!r}: expected dotted.key=value, e.g. "
-                              "checkpoint.interval_steps=5")
+            raise ConfigError(f"override {item!r}: expected dotted.key=value, e.g. checkpoint.interval_steps=5")
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:

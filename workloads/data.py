@@ -24,8 +24,8 @@ import math
 import numpy as np
 import torch
 
+from nvrx_eks.facts.errors import ConfigError
 from workloads.config import DataConfig
-from workloads.errors import ConfigError
 from workloads.shards import shard_files
 
 _SUCCESSORS = 4
@@ -55,8 +55,10 @@ class TokenBatches:
         tokens = self._sequences(np.arange(start, start + self.cfg.batch_size))
         self.cursor += per_step
         if int(tokens.max()) >= self.vocab_size:
-            raise ConfigError(f"data.path: token id {int(tokens.max())} is outside the model's "
-                              f"vocabulary ({self.vocab_size}); check data.dtype and model.preset")
+            raise ConfigError(
+                f"data.path: token id {int(tokens.max())} is outside the model's "
+                f"vocabulary ({self.vocab_size}); check data.dtype and model.preset"
+            )
         batch = torch.from_numpy(tokens)
         return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
 
@@ -67,7 +69,8 @@ class TokenBatches:
         if int(state["epoch_length"]) != (self._epoch_length() or 0):
             raise ConfigError(
                 f"data.path: the dataset has {self._epoch_length() or 0} windows but the "
-                f"checkpoint was taken with {state['epoch_length']}; resume with the same data")
+                f"checkpoint was taken with {state['epoch_length']}; resume with the same data"
+            )
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
 
 
@@ -101,8 +104,10 @@ class MemmapTokens(TokenBatches):
         counts = [max(0, (len(s) - 1) // window) for s in self.shards]
         self.offsets = np.cumsum([0] + counts)
         if self.offsets[-1] < world_size * cfg.batch_size:
-            raise ConfigError(f"data.path: {self.offsets[-1]} windows of {window} tokens cannot "
-                              f"fill one step of {world_size}x{cfg.batch_size} sequences")
+            raise ConfigError(
+                f"data.path: {self.offsets[-1]} windows of {window} tokens cannot "
+                f"fill one step of {world_size}x{cfg.batch_size} sequences"
+            )
 
     def _epoch_length(self) -> int:
         return int(self.offsets[-1])
@@ -122,12 +127,11 @@ class MemmapTokens(TokenBatches):
             window = self._permuted(int(index))
             shard = int(np.searchsorted(self.offsets, window, side="right") - 1)
             start = (window - int(self.offsets[shard])) * self.cfg.seq_len
-            out[row] = self.shards[shard][start:start + self.cfg.seq_len + 1]
+            out[row] = self.shards[shard][start : start + self.cfg.seq_len + 1]
         return out
 
 
-def build_batches(cfg: DataConfig, rank: int, world_size: int, vocab_size: int,
-                  seed: int) -> TokenBatches:
+def build_batches(cfg: DataConfig, rank: int, world_size: int, vocab_size: int, seed: int) -> TokenBatches:
     cls = MemmapTokens if cfg.source == "memmap" else SyntheticTokens
     return cls(cfg, rank, world_size, vocab_size, seed)
 

@@ -2,7 +2,7 @@
 
 Backend nccl: one GPU per rank (LOCAL_RANK), NCCL, bf16 compute with fp32 master weights and fp32
 gradient reduction. Backend gloo: CPU, fp32. `auto` picks nccl when CUDA is visible, else gloo;
-it serves laptops and CI. Manifests for GPU nodes always say nccl (scripts/jobspec.py), so a pod
+it serves laptops and CI. Manifests for GPU nodes always say nccl (nvrx_eks/jobs/spec.py), so a pod
 that cannot see its GPUs fails at start-up with exit 93 instead of training on CPU: the CPU shims
 (workloads.cuda_compat) follow the resolved backend, never the mere absence of CUDA.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nvrx_eks.facts.errors import ConfigError
 from workloads.config import TrainConfig
-from workloads.errors import ConfigError
 
 #: The CUDA caching allocator's settings for GPU runs, unless the environment sets its own:
 #: expandable segments let freed blocks of different sizes be reused without fragmenting (the
@@ -40,7 +40,7 @@ class Runtime:
 
 
 def resolved_backend(cfg: TrainConfig) -> str:
-    """"gloo" or "nccl": the configured backend, with auto decided by CUDA's presence."""
+    """ "gloo" or "nccl": the configured backend, with auto decided by CUDA's presence."""
     backend = cfg.distributed.backend
     if backend == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
@@ -56,7 +56,8 @@ def check_gpus_visible(local_rank: int, local_world_size: int) -> None:
             f"{visible} GPU(s) for {local_world_size} local rank(s) (LOCAL_RANK={local_rank}, "
             f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); check the "
             "pod's nvidia.com/gpu request, the NVIDIA device plugin and the driver, or run "
-            "with distributed.backend=gloo on a machine without GPUs")
+            "with distributed.backend=gloo on a machine without GPUs"
+        )
 
 
 def resolve_runtime(cfg: TrainConfig) -> Runtime:
@@ -70,5 +71,6 @@ def resolve_runtime(cfg: TrainConfig) -> Runtime:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    return Runtime(device=device, backend=backend, bf16=device.type == "cuda",
-                   pg_timeout_s=cfg.resolved_pg_timeout_s(backend))
+    return Runtime(
+        device=device, backend=backend, bf16=device.type == "cuda", pg_timeout_s=cfg.resolved_pg_timeout_s(backend)
+    )

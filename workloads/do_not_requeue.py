@@ -3,7 +3,7 @@ every node of the attempt can read it. No torch.
 
 Why a file: ft_launcher 0.7.0 restarts ranks whatever code they exit with; its
 `--ft-no-restart-exit-code` is only its own exit code when NVRx itself decides to stop. So a rank
-that exits 93 (workloads.exit_codes) also asks its launcher to shut the workload down
+that exits 93 (nvrx_eks.facts.exit_codes) also asks its launcher to shut the workload down
 (workloads.ft_integration), which closes the rendezvous for every node. That node's launcher then
 exits 1 (RendezvousClosedError), the launchers of the other nodes exit 0 ("rendezvous gracefully
 exited", as a standby node does). The record tells every wrapper of a launcher (the container

@@ -81,9 +81,17 @@ class EventLog:
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = {"v": SCHEMA_VERSION, "t": time.time(), "event": event, "rank": self.rank,
-                  "pid": os.getpid(), "host": self._host, "cycle": self.cycle,
-                  "iteration": self.iteration, **fields}
+        record = {
+            "v": SCHEMA_VERSION,
+            "t": time.time(),
+            "event": event,
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "host": self._host,
+            "cycle": self.cycle,
+            "iteration": self.iteration,
+            **fields,
+        }
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
         return record
 
@@ -112,8 +120,7 @@ class RunEvents:
     unreadable_lines: int = 0
 
     def of(self, *names: str, rank: int | None = None) -> list[dict[str, Any]]:
-        return [e for e in self.events
-                if e["event"] in names and (rank is None or e["rank"] == rank)]
+        return [e for e in self.events if e["event"] in names and (rank is None or e["rank"] == rank)]
 
     @property
     def ranks(self) -> list[int]:
@@ -135,16 +142,18 @@ class RunEvents:
             elif e["event"] == "restart_end" and e.get("layer") == "inprocess":
                 begin = pending_begin.pop(e["pid"], None)
                 if begin is not None:
-                    out.append(Restart("inprocess", rank, begin["t"], e["t"],
-                                       e["resumed_from_step"], (e["pid"], e["pid"])))
+                    out.append(
+                        Restart("inprocess", rank, begin["t"], e["t"], e["resumed_from_step"], (e["pid"], e["pid"]))
+                    )
             elif e["event"] == "restart_end" and e.get("layer") == "launcher":
                 earlier = [x for x in self.events if x["cycle"] < e["cycle"] and x["t"] <= e["t"]]
                 if earlier:
                     last = max(earlier, key=lambda x: x["t"])
                     before = [x for x in earlier if x["rank"] == rank]
                     old_pid = before[-1]["pid"] if before else last["pid"]
-                    out.append(Restart("launcher", rank, last["t"], e["t"],
-                                       e["resumed_from_step"], (old_pid, e["pid"])))
+                    out.append(
+                        Restart("launcher", rank, last["t"], e["t"], e["resumed_from_step"], (old_pid, e["pid"]))
+                    )
         return out
 
 
@@ -205,9 +214,12 @@ class RunReport:
             rec = {"fault": f"{f['kind']}@{f['step']}:{f['target_rank']}", "t": f["t"]}
             if after and f["kind"] != "corrupt-latest" and f["kind"] != "slow":
                 r = after[0]
-                rec.update(layer=r.layer, recovered_s=r.end_t - f["t"],
-                           resumed_from_step=r.resumed_from_step,
-                           lost_steps=max(0, f["step"] - 1 - r.resumed_from_step))
+                rec.update(
+                    layer=r.layer,
+                    recovered_s=r.end_t - f["t"],
+                    resumed_from_step=r.resumed_from_step,
+                    lost_steps=max(0, f["step"] - 1 - r.resumed_from_step),
+                )
             out.append(rec)
         return out
 

@@ -53,8 +53,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-FAULT_KINDS = ("exception", "hang", "block", "sigkill", "kill-in-save", "corrupt-latest",
-               "corrupt-local", "node-loss", "slow", "slow-digest")
+FAULT_KINDS = (
+    "exception",
+    "hang",
+    "block",
+    "sigkill",
+    "kill-in-save",
+    "corrupt-latest",
+    "corrupt-local",
+    "node-loss",
+    "slow",
+    "slow-digest",
+)
 KINDS_NEEDING_CHECKPOINTS = ("kill-in-save", "corrupt-latest")
 SLOW_SECONDS_PER_STEP = 0.5
 SLOW_STEPS = 5
@@ -165,8 +175,9 @@ class FaultInjector:
         """Take the faults of `rank`, the rank this process holds now (in-process restarts with
         spares move ranks)."""
         node, local = divmod(rank, self.nproc_per_node)
-        self.mine = [f for f in self.faults
-                     if (f.rank == node and local == 0 if f.kind == "node-loss" else f.rank == rank)]
+        self.mine = [
+            f for f in self.faults if (f.rank == node and local == 0 if f.kind == "node-loss" else f.rank == rank)
+        ]
         self.rank = rank
 
     def _claim(self, fault: FaultSpec) -> bool:
@@ -184,8 +195,9 @@ class FaultInjector:
             os.close(fd)
         return True
 
-    def at_step_start(self, step: int, corrupt_latest: Callable[[], str | None],
-                      corrupt_local: Callable[[], str | None] | None = None) -> None:
+    def at_step_start(
+        self, step: int, corrupt_latest: Callable[[], str | None], corrupt_local: Callable[[], str | None] | None = None
+    ) -> None:
         if step < self._slow_until_step:
             time.sleep(SLOW_SECONDS_PER_STEP)
         for fault in self.mine:
@@ -195,15 +207,12 @@ class FaultInjector:
                 continue
             if fault.kind == "corrupt-latest":
                 damaged = corrupt_latest()
-                self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank,
-                          damaged=damaged)
+                self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank, damaged=damaged)
                 continue
             if fault.kind == "corrupt-local":
                 damaged = corrupt_local() if corrupt_local is not None else None
-                self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank,
-                          damaged=damaged)
-                raise InjectedFault(f"corrupt-local at step {step} on rank {self.rank}: damaged "
-                                    f"{damaged}")
+                self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank, damaged=damaged)
+                raise InjectedFault(f"corrupt-local at step {step} on rank {self.rank}: damaged {damaged}")
             self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank)
             if fault.kind == "exception":
                 raise InjectedFault(f"injected exception at step {step} on rank {self.rank}")
@@ -233,8 +242,7 @@ class FaultInjector:
             self._digest_delay_left = 0.0
             for fault in self.mine:
                 if fault.kind == "slow-digest" and final_step >= fault.step and self._claim(fault):
-                    self.emit("fault_injected", kind=fault.kind, step=final_step,
-                              target_rank=self.rank)
+                    self.emit("fault_injected", kind=fault.kind, step=final_step, target_rank=self.rank)
                     self._digest_delay_left = SLOW_DIGEST_SECONDS
         if self._digest_delay_left > 0:
             pause = min(_SLOW_DIGEST_SLICE_S, self._digest_delay_left)

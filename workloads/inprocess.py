@@ -93,8 +93,13 @@ class ReleaseGlooPeers(inprocess.abort.Abort):
 
 
 class RestartFinalize(inprocess.finalize.Finalize):
-    def __init__(self, events: EventLog, ft: FaultToleranceReporter,
-                 drop_iteration_state: Callable[[], None], cuda_timeout_s: float):
+    def __init__(
+        self,
+        events: EventLog,
+        ft: FaultToleranceReporter,
+        drop_iteration_state: Callable[[], None],
+        cuda_timeout_s: float,
+    ):
         self.events, self.ft = events, ft
         self.drop_iteration_state = drop_iteration_state
         self.cuda_timeout_s = cuda_timeout_s
@@ -132,23 +137,34 @@ def abort_chain(cfg: InProcessConfig, backend: str, store_port: int | None) -> l
     return chain
 
 
-def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_size: int,
-                  run_dir: Path, spare_nodes: int = 0, nproc_per_node: int = 1,
-                  events: EventLog, ft: FaultToleranceReporter,
-                  drop_iteration_state: Callable[[], None],
-                  sigterm_received: Callable[[], bool]) -> inprocess.Wrapper:
+def build_wrapper(
+    cfg: InProcessConfig,
+    *,
+    backend: str,
+    store_port: int,
+    world_size: int,
+    run_dir: Path,
+    spare_nodes: int = 0,
+    nproc_per_node: int = 1,
+    events: EventLog,
+    ft: FaultToleranceReporter,
+    drop_iteration_state: Callable[[], None],
+    sigterm_received: Callable[[], bool],
+) -> inprocess.Wrapper:
     seconds = lambda s: datetime.timedelta(seconds=s)  # noqa: E731
     pid_dir = (run_dir / "pids").resolve()
     pid_dir.mkdir(parents=True, exist_ok=True)
     tag = f"c{events.cycle}-p{os.getpid()}"
-    health_check = (inprocess.health_check.CudaHealthCheck(timeout=seconds(cfg.cuda_timeout_s))
-                    if backend == "nccl" else None)
+    health_check = (
+        inprocess.health_check.CudaHealthCheck(timeout=seconds(cfg.cuda_timeout_s)) if backend == "nccl" else None
+    )
     # With spare nodes the world may shrink to the active world, never below it (workloads.spares).
     active = active_world_size(world_size, spare_nodes, nproc_per_node)
     assignment = {}
     if spare_nodes:
         assignment["rank_assignment"] = rank_assignment(
-            world_size=world_size, spare_nodes=spare_nodes, nproc_per_node=nproc_per_node)
+            world_size=world_size, spare_nodes=spare_nodes, nproc_per_node=nproc_per_node
+        )
     with local_rank_hidden_on_cpu(backend):
         return inprocess.Wrapper(
             store_kwargs={"port": store_port, "timeout": seconds(cfg.barrier_timeout_s)},
@@ -156,7 +172,9 @@ def build_wrapper(cfg: InProcessConfig, *, backend: str, store_port: int, world_
                 StopOnSigterm(sigterm_received),
                 inprocess.initialize.RetryController(
                     max_iterations=None if cfg.max_restarts is None else cfg.max_restarts + 1,
-                    min_world_size=active, min_active_world_size=active),
+                    min_world_size=active,
+                    min_active_world_size=active,
+                ),
             ),
             abort=inprocess.Compose(*abort_chain(cfg, backend, store_port)),
             finalize=RestartFinalize(events, ft, drop_iteration_state, cfg.cuda_timeout_s),

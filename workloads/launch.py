@@ -21,9 +21,9 @@ concurrent local runs from colliding: each owns P and P+1 and nothing else.
 
 from __future__ import annotations
 
-from workloads.ckpt_layout import iteration_file
+from nvrx_eks.facts.checkpoint_layout import iteration_file
+from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from workloads.config import TrainConfig
-from workloads.exit_codes import EXIT_DO_NOT_REQUEUE
 
 
 def _seconds(value: float | None) -> str:
@@ -66,48 +66,70 @@ def build_ft_launcher_argv(
     ft = cfg.fault_tolerance
     argv = [
         launcher,
-        "--nnodes", str(nnodes),
-        "--nproc-per-node", str(nproc_per_node),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", rdzv_endpoint,
-        "--rdzv-id", rdzv_id,
-        "--ft-rdzv-impl", "barrier",
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        rdzv_endpoint,
+        "--rdzv-id",
+        rdzv_id,
+        "--ft-rdzv-impl",
+        "barrier",
         # With spare nodes a node that lost a rank leaves instead of restarting its workers: a
         # restarted node re-enters the rendezvous and ft_launcher then restarts every node
         # (any-failed), while the survivors can continue in process with a spare
         # (workloads.spares).
-        "--max-restarts", str(0 if cfg.distributed.spare_nodes else ft.max_restarts),
+        "--max-restarts",
+        str(0 if cfg.distributed.spare_nodes else ft.max_restarts),
         # A forwarded SIGTERM (eviction) gives ranks one checkpoint finalize before SIGKILL.
-        "--term-timeout", _seconds(cfg.launcher_term_timeout_s()),
-        "--workers-stop-timeout", _seconds(ft.workers_stop_timeout_s),
-        "--ft-workload-check-interval", _seconds(ft.workload_check_interval_s),
-        "--ft-no-restart-exit-code", str(EXIT_DO_NOT_REQUEUE),
-        "--ft-max-no-progress-cycles", str(ft.max_no_progress_cycles),
+        "--term-timeout",
+        _seconds(cfg.launcher_term_timeout_s()),
+        "--workers-stop-timeout",
+        _seconds(ft.workers_stop_timeout_s),
+        "--ft-workload-check-interval",
+        _seconds(ft.workload_check_interval_s),
+        "--ft-no-restart-exit-code",
+        str(EXIT_DO_NOT_REQUEUE),
+        "--ft-max-no-progress-cycles",
+        str(ft.max_no_progress_cycles),
         # Progress = a newer committed checkpoint; the trainer rewrites this file at each commit.
-        "--ft-checkpoint-iteration-file", iteration_file(cfg.checkpoint_dir),
+        "--ft-checkpoint-iteration-file",
+        iteration_file(cfg.checkpoint_dir),
     ]
     if ft.monitor == "heartbeat":
         argv += [
-            "--ft-initial-rank-heartbeat-timeout", _seconds(ft.initial_heartbeat_timeout_s),
-            "--ft-rank-heartbeat-timeout", _seconds(ft.heartbeat_timeout_s),
-            "--ft-rank-out-of-section-timeout", "none",
+            "--ft-initial-rank-heartbeat-timeout",
+            _seconds(ft.initial_heartbeat_timeout_s),
+            "--ft-rank-heartbeat-timeout",
+            _seconds(ft.heartbeat_timeout_s),
+            "--ft-rank-out-of-section-timeout",
+            "none",
         ]
     else:
         st = ft.section_timeouts_s
-        sections = (f"setup:{st.setup:g},step:{st.step:g},"
-                    f"checkpointing:{cfg.checkpoint_section_timeout_s():g}")
+        sections = f"setup:{st.setup:g},step:{st.step:g},checkpointing:{cfg.checkpoint_section_timeout_s():g}"
         argv += [
-            "--ft-initial-rank-heartbeat-timeout", "none",
-            "--ft-rank-heartbeat-timeout", "none",
-            "--ft-rank-section-timeouts", sections,
-            "--ft-rank-out-of-section-timeout", _seconds(ft.out_of_section_timeout_s),
+            "--ft-initial-rank-heartbeat-timeout",
+            "none",
+            "--ft-rank-heartbeat-timeout",
+            "none",
+            "--ft-rank-section-timeouts",
+            sections,
+            "--ft-rank-out-of-section-timeout",
+            _seconds(ft.out_of_section_timeout_s),
         ]
     if log_dir is not None:
         argv += ["--log-dir", log_dir]
     argv += [
-        "-m", "workloads.train",
-        "--config", config_path,
-        "--store-port", str(inprocess_store_port(rdzv_endpoint)),
+        "-m",
+        "workloads.train",
+        "--config",
+        config_path,
+        "--store-port",
+        str(inprocess_store_port(rdzv_endpoint)),
     ]
     return argv
 
@@ -116,5 +138,4 @@ def build_preflight_argv(*, config_path: str, world_size: int, python: str = "py
     """The check to run before ft_launcher in the container command (`PREFLIGHT && exec LAUNCHER`):
     exits 93 on errors no restart can fix (invalid config, incompatible checkpoint, missing data),
     before any rank starts, so the job fails instead of crash-looping."""
-    return [python, "-m", "workloads.train", "--config", config_path, "--preflight",
-            "--world-size", str(world_size)]
+    return [python, "-m", "workloads.train", "--config", config_path, "--preflight", "--world-size", str(world_size)]

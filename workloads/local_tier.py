@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from workloads.ckpt_layout import atomic_write
+from nvrx_eks.facts.checkpoint_layout import atomic_write
 from workloads.config import TrainConfig
 from workloads.events import EventLog
 from workloads.faults import damage_in_place

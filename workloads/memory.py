@@ -1,7 +1,7 @@
 """Per-GPU memory of a training job: the arithmetic, stated once, torch-free.
 
 `nvrx-eks plan` prints it, the manifest renderer refuses a job whose estimate exceeds the GPU's
-memory (infra/instance_facts.py), and the presets' defaults (activation checkpointing for 1b and
+memory (nvrx_eks/facts/instances.py), and the presets' defaults (activation checkpointing for 1b and
 8b, workloads.config) follow from it. It models the trainer as built by workloads.model: FSDP2
 over all ranks (one group for the embeddings, one per block, one for [norm, output], a root with
 no parameters), AdamW, bf16 compute with fp32 master weights and fp32 gradient reduction on GPU
@@ -45,7 +45,7 @@ kv = n_kv_heads x head_dim, f = ffn_dim, V = vocab, a = n_heads, c = bytes per c
    costs host memory (12 P / W per rank: fp32 parameters and the two moments), not GPU memory.
 6. Runtime overhead: CUDA context, cuBLAS/cuDNN workspaces and NCCL's buffers, assumed 3 GiB per
    GPU, plus 5% of the rest for allocator fragmentation (with expandable_segments). These two are
-   assumptions, not measurements: the GPU smoke script (scripts/gpu_smoke.py) reports the real
+   assumptions, not measurements: the GPU smoke script (nvrx_eks/ops/gpu_smoke.py) reports the real
    high-water mark next to this estimate.
 """
 

@@ -16,7 +16,7 @@ Recomputation (activation checkpointing) is not model FLOPs: MFU measures useful
 that recomputes shows a lower MFU than the hardware's real utilisation.
 
 MFU = tokens/s per GPU x FLOPs per token / peak dense bf16 FLOP/s of the GPU. The peak comes from
-infra/instance_facts.py through the rendered TrainConfig (`peak_tflops_per_gpu`); on CPU, or a
+nvrx_eks/facts/instances.py through the rendered TrainConfig (`peak_tflops_per_gpu`); on CPU, or a
 GPU without a published figure, MFU is None (reported as n/a).
 """
 

@@ -40,8 +40,7 @@ DEFAULT_LOSS_CHUNK_TOKENS = 2048
 
 def _rope_tables(shape: ModelShape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     head_dim = shape.dim // shape.n_heads
-    inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, head_dim, 2, device=device).float()
-                                            / head_dim))
+    inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
     positions = torch.arange(shape.max_seq_len, device=device).float()
     angles = torch.outer(positions, inv_freq)
     return angles.cos(), angles.sin()
@@ -78,8 +77,7 @@ class Attention(nn.Module):
         q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
         # enable_gqa: the kernel reads each key/value head for its group of query heads instead
         # of materializing (and saving for backward) n_heads copies of k and v.
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                             enable_gqa=self.n_kv_heads != self.n_heads)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -135,8 +133,7 @@ class OutputProjection(nn.Linear):
         total = h.new_zeros((), dtype=torch.float32)
         for start in range(0, h.shape[0], self.chunk_tokens):
             end = start + self.chunk_tokens
-            total = total + checkpoint(self._chunk_loss, h[start:end], targets[start:end],
-                                       use_reentrant=False)
+            total = total + checkpoint(self._chunk_loss, h[start:end], targets[start:end], use_reentrant=False)
         return total / targets.numel()
 
 
@@ -173,22 +170,28 @@ class Transformer(nn.Module):
                 std = residual_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
                 digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
                 generator = torch.Generator(device=device).manual_seed(
-                    int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF)
+                    int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+                )
                 full = torch.empty(param.shape, device=device)
                 full.normal_(0.0, std, generator=generator)
             if isinstance(param, DTensor):
                 # src_data_rank=None: every rank holds the same full value; keep the local slice
                 # without any communication.
-                local = distribute_tensor(full, param.device_mesh, param.placements,
-                                          src_data_rank=None).to_local()
+                local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
                 param.to_local().copy_(local)
             else:
                 param.copy_(full)
 
 
-def build_model(shape: ModelShape, runtime: Runtime, mesh: DeviceMesh, seed: int, *,
-                activation_checkpointing: bool = False,
-                loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS) -> Transformer:
+def build_model(
+    shape: ModelShape,
+    runtime: Runtime,
+    mesh: DeviceMesh,
+    seed: int,
+    *,
+    activation_checkpointing: bool = False,
+    loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS,
+) -> Transformer:
     """Build on the meta device, shard with FSDP2 (embeddings, each block, [norm, output], then
     the root, which is left without parameters), materialize on the runtime device, then
     initialize. Nothing full-size is ever allocated, which is what lets the 8B preset start on a
@@ -198,7 +201,7 @@ def build_model(shape: ModelShape, runtime: Runtime, mesh: DeviceMesh, seed: int
     with torch.device("meta"):
         model = Transformer(shape)
     model.output.chunk_tokens = loss_chunk_tokens
-    mp = ({"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32} if runtime.bf16 else {})
+    mp = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32} if runtime.bf16 else {}
     policy = MixedPrecisionPolicy(**mp)
     # Blocks take the fp32 RoPE tables as forward arguments; casting them to bf16 (the default
     # cast_forward_inputs) would rotate in bf16. Their activations arrive in bf16 anyway: the

@@ -2,7 +2,7 @@
 stated once.
 
 Both places a trainer process can get its environment from carry it: the rendered pod env
-(scripts/render.py trainer_env, so a job run with `--image` of another build keeps it) and the
+(nvrx_eks/jobs/render.py trainer_env, so a job run with `--image` of another build keeps it) and the
 image's ENV (workloads/Dockerfile, for anything started in the container by hand). ft_launcher
 passes its own environment on to the ranks; a test checks that the Dockerfile's ENV equals this
 table. No torch import: the operator CLI renders from it.

@@ -29,8 +29,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from nvrx_eks.facts.errors import ConfigError
 from workloads.config import DataConfig
-from workloads.errors import ConfigError
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1

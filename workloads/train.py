@@ -5,7 +5,7 @@ under NVRx's in-process restart Wrapper (workloads.inprocess); each call of it i
 it builds the process group, model, optimizer, data and checkpointer from scratch, loads the newest
 committed checkpoint, trains, and on completion writes summary.json.
 
-Exit codes: 0 done; 93 (workloads.exit_codes.EXIT_DO_NOT_REQUEUE) for errors no restart can fix;
+Exit codes: 0 done; 93 (nvrx_eks.facts.exit_codes.EXIT_DO_NOT_REQUEUE) for errors no restart can fix;
 143 after a SIGTERM was honoured (in-flight checkpoint finished); anything else is a failure that
 ft_launcher restarts.
 
@@ -37,9 +37,9 @@ from typing import Any
 
 from nvidia_resiliency_ext.inprocess import CallWrapper
 
+from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.exit_codes import EXIT_BOUND_S, EXIT_DO_NOT_REQUEUE, EXIT_TERMINATED
 from workloads.config import TrainConfig
-from workloads.errors import ConfigError
-from workloads.exit_codes import EXIT_BOUND_S, EXIT_DO_NOT_REQUEUE, EXIT_TERMINATED
 from workloads.faults import parse_fault_spec
 
 log = logging.getLogger("workloads.train")
@@ -62,9 +62,13 @@ class ProcessState:
         self.store_port = store_port
         self.events = EventLog(cfg.run_dir, rank)
         self.ft = FaultToleranceReporter(cfg.fault_tolerance)
-        self.faults = FaultInjector(parse_fault_spec(cfg.faults), rank,
-                                    Path(cfg.run_dir) / "faults", self.events.emit,
-                                    nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        self.faults = FaultInjector(
+            parse_fault_spec(cfg.faults),
+            rank,
+            Path(cfg.run_dir) / "faults",
+            self.events.emit,
+            nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        )
         self.sigterm_received = False
         self.restart_begin_t: float | None = None
         self.iteration_objects: dict[str, Any] = {}
@@ -99,14 +103,16 @@ def _rng_state(cuda: bool) -> dict[str, Any]:
     version, mt, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     assert kind == "MT19937", kind  # the only bit generator np.random's legacy state has
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state() if cuda else torch.zeros(0, dtype=torch.uint8),
-            "python_mt": torch.tensor(mt, dtype=torch.int64),
-            "python_meta": torch.tensor([version, gauss is not None], dtype=torch.int64),
-            "python_gauss": torch.tensor([gauss or 0.0], dtype=torch.float64),
-            "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
-            "numpy_meta": torch.tensor([pos, has_gauss], dtype=torch.int64),
-            "numpy_gauss": torch.tensor([cached], dtype=torch.float64)}
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if cuda else torch.zeros(0, dtype=torch.uint8),
+        "python_mt": torch.tensor(mt, dtype=torch.int64),
+        "python_meta": torch.tensor([version, gauss is not None], dtype=torch.int64),
+        "python_gauss": torch.tensor([gauss or 0.0], dtype=torch.float64),
+        "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
+        "numpy_meta": torch.tensor([pos, has_gauss], dtype=torch.int64),
+        "numpy_gauss": torch.tensor([cached], dtype=torch.float64),
+    }
 
 
 def _restore_rng(state: dict[str, Any], cuda: bool) -> None:
@@ -120,8 +126,9 @@ def _restore_rng(state: dict[str, Any], cuda: bool) -> None:
     gauss = float(state["python_gauss"][0]) if has_gauss else None
     random.setstate((version, tuple(int(v) for v in state["python_mt"].tolist()), gauss))
     pos, np_has_gauss = (int(v) for v in state["numpy_meta"].tolist())
-    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), pos,
-                         np_has_gauss, float(state["numpy_gauss"][0])))
+    np.random.set_state(
+        ("MT19937", state["numpy_keys"].numpy().astype(np.uint32), pos, np_has_gauss, float(state["numpy_gauss"][0]))
+    )
 
 
 def _init_process_group(process: ProcessState, runtime, iteration: int) -> None:
@@ -131,28 +138,32 @@ def _init_process_group(process: ProcessState, runtime, iteration: int) -> None:
     device_id = runtime.device if runtime.is_cuda else None
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if process.store_port is None:
-        dist.init_process_group(runtime.backend, rank=rank, world_size=world, timeout=timeout,
-                                device_id=device_id)
+        dist.init_process_group(runtime.backend, rank=rank, world_size=world, timeout=timeout, device_id=device_id)
         return
     if process.wrapper_store is None:
         # A client of the store NVRx's Wrapper hosts on rank 0 (or, without the Wrapper, our own
         # server); each iteration uses a fresh key prefix, so a restart never reads stale keys.
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         is_host = not process.cfg.inprocess.enabled and rank == 0
-        process.wrapper_store = dist.TCPStore(host, process.store_port, world, is_master=is_host,
-                                              timeout=datetime.timedelta(seconds=300),
-                                              wait_for_workers=False)
-    store = dist.PrefixStore(f"pg-cycle{process.events.cycle}-iter{iteration}",
-                             process.wrapper_store)
-    dist.init_process_group(runtime.backend, store=store, rank=rank, world_size=world,
-                            timeout=timeout, device_id=device_id)
+        process.wrapper_store = dist.TCPStore(
+            host,
+            process.store_port,
+            world,
+            is_master=is_host,
+            timeout=datetime.timedelta(seconds=300),
+            wait_for_workers=False,
+        )
+    store = dist.PrefixStore(f"pg-cycle{process.events.cycle}-iter{iteration}", process.wrapper_store)
+    dist.init_process_group(
+        runtime.backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=device_id
+    )
 
 
 def _restore(checkpointer, local_tier, build_state, rank: int):
     """The newest state complete for every rank: the node-local tier when it holds a step not
     older than the newest committed FSx checkpoint (no FSx data is read then), else FSx."""
     if local_tier is not None and checkpointer.backend != "none":
-        from workloads.ckpt_layout import commit_state, step_of
+        from nvrx_eks.facts.checkpoint_layout import commit_state, step_of
 
         committed = commit_state(checkpointer.dir).committed if rank == 0 else []
         restored = local_tier.restore(build_state, step_of(committed[0]) if committed else -1)
@@ -183,15 +194,12 @@ def _stop_the_job(process: ProcessState, reason: str) -> None:
 
     attempt = do_not_requeue.attempt_id()
     if attempt is None:
-        log.info("no %s set: the decision is not recorded for the launcher's wrapper",
-                 do_not_requeue.ATTEMPT_ID_ENV)
+        log.info("no %s set: the decision is not recorded for the launcher's wrapper", do_not_requeue.ATTEMPT_ID_ENV)
     else:
         try:
-            do_not_requeue.write_record(process.cfg.run_dir, attempt, reason=reason,
-                                        rank=process.rank)
+            do_not_requeue.write_record(process.cfg.run_dir, attempt, reason=reason, rank=process.rank)
         except OSError as err:
-            log.warning("could not record the do-not-requeue decision in %s: %s",
-                        process.cfg.run_dir, err)
+            log.warning("could not record the do-not-requeue decision in %s: %s", process.cfg.run_dir, err)
     try:
         process.ft.request_shutdown(reason)
     except Exception:  # noqa: BLE001 - a launcher connection already gone must not block the exit
@@ -217,8 +225,7 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
     iteration = call_wrapper.iteration if call_wrapper is not None else 0
     ping = call_wrapper.ping if call_wrapper is not None else (lambda: None)
     atomic = call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext
-    unguarded = (call_wrapper.disable_hang_protection if call_wrapper is not None
-                 else contextlib.nullcontext)
+    unguarded = call_wrapper.disable_hang_protection if call_wrapper is not None else contextlib.nullcontext
     events.iteration = iteration
     ft.atomic = atomic  # messages to ft_launcher's monitor must not be torn by a restart
     setup_started = time.monotonic()
@@ -234,8 +241,7 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
             # HSDP: FSDP2 shards along "shard" (the ranks of one node) and replicates along
             # "replicate"; fully_shard takes the 2-D mesh as is (workloads.model).
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-            mesh = init_device_mesh(runtime.device.type, (world // local, local),
-                                    mesh_dim_names=("replicate", "shard"))
+            mesh = init_device_mesh(runtime.device.type, (world // local, local), mesh_dim_names=("replicate", "shard"))
         else:
             mesh = init_device_mesh(runtime.device.type, (world,))
         shape = cfg.model.shape
@@ -243,59 +249,75 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         random.seed(cfg.seed + rank)
         np.random.seed(cfg.seed + rank)
         model = objects["model"] = build_model(
-            shape, runtime, mesh, cfg.seed,
+            shape,
+            runtime,
+            mesh,
+            cfg.seed,
             activation_checkpointing=cfg.model.checkpoint_activations,
-            loss_chunk_tokens=cfg.model.loss_chunk_tokens)
+            loss_chunk_tokens=cfg.model.loss_chunk_tokens,
+        )
         opt = cfg.optimizer
         optimizer = objects["optimizer"] = torch.optim.AdamW(
-            model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
-            weight_decay=opt.weight_decay)
+            model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay
+        )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
         batches = build_batches(cfg.data, rank, world, shape.vocab_size, cfg.seed)
         checkpointer = objects["checkpointer"] = Checkpointer(
-            cfg, events=events, faults=faults, device=runtime.device, atomic=atomic, ping=ping,
-            unguarded=unguarded, identity={"world_size": world, "preset": cfg.model.preset})
+            cfg,
+            events=events,
+            faults=faults,
+            device=runtime.device,
+            atomic=atomic,
+            ping=ping,
+            unguarded=unguarded,
+            identity={"world_size": world, "preset": cfg.model.preset},
+        )
 
         progress = {"step": 0, "last_loss": float("nan")}
 
         def checkpoint_state() -> dict[str, Any]:
             model_sd, optim_sd = get_state_dict(model, optimizer)
-            return {"model": model_sd, "optim": optim_sd,
-                    "train": {**progress, "scheduler": scheduler.state_dict()},
-                    "data": batches.state_dict(),
-                    f"rng_rank{rank}": _rng_state(runtime.is_cuda)}
+            return {
+                "model": model_sd,
+                "optim": optim_sd,
+                "train": {**progress, "scheduler": scheduler.state_dict()},
+                "data": batches.state_dict(),
+                f"rng_rank{rank}": _rng_state(runtime.is_cuda),
+            }
 
         local_tier = None
         if cfg.checkpoint.local.enabled:
             from workloads.local_tier import LocalTier
 
             local_tier = objects["local_tier"] = LocalTier(
-                cfg, events=events,
-                nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+                cfg, events=events, nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            )
         loaded = _restore(checkpointer, local_tier, checkpoint_state, rank)
         if loaded is not None:
             state = loaded.state
-            set_state_dict(model, optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
             scheduler.load_state_dict(state["train"]["scheduler"])
             batches.load_state_dict(state["data"])
             _restore_rng(state[f"rng_rank{rank}"], runtime.is_cuda)
-            progress.update(step=int(state["train"]["step"]),
-                            last_loss=float(state["train"]["last_loss"]))
+            progress.update(step=int(state["train"]["step"]), last_loss=float(state["train"]["last_loss"]))
     start_step = progress["step"]
     checkpointer.last_saved_step = start_step
-    events.emit("setup_end", resumed_from_step=start_step,
-                setup_s=time.monotonic() - setup_started)
+    events.emit("setup_end", resumed_from_step=start_step, setup_s=time.monotonic() - setup_started)
     if iteration > 0:
         since = time.time() - process.restart_begin_t if process.restart_begin_t else None
-        events.emit("restart_end", layer="inprocess", resumed_from_step=start_step,
-                    since_begin_s=since)
+        events.emit("restart_end", layer="inprocess", resumed_from_step=start_step, since_begin_s=since)
     elif events.cycle > 0:
         events.emit("restart_end", layer="launcher", resumed_from_step=start_step)
     if rank == 0:
-        log.info("iteration %d: %s at step %d (world %d, %s, %s)", iteration,
-                 "resumed" if loaded else "starting", start_step, world, runtime.backend,
-                 runtime.device)
+        log.info(
+            "iteration %d: %s at step %d (world %d, %s, %s)",
+            iteration,
+            "resumed" if loaded else "starting",
+            start_step,
+            world,
+            runtime.backend,
+            runtime.device,
+        )
 
     accum = cfg.data.grad_accum_steps
     tokens_per_step = world * cfg.data.batch_size * cfg.data.seq_len * accum
@@ -311,8 +333,9 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         if checkpointer.pending is not None:
             with ft.section("checkpointing"):
                 checkpointer.poll()
-        faults.at_step_start(step, checkpointer.corrupt_latest,
-                             local_tier.corrupt_newest if local_tier is not None else None)
+        faults.at_step_start(
+            step, checkpointer.corrupt_latest, local_tier.corrupt_newest if local_tier is not None else None
+        )
         events.emit("step_start", step=step)
         started = time.monotonic()
         with ft.section("step"):
@@ -351,14 +374,29 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         stop_requested = stop_votes > 0
         progress.update(step=step, last_loss=mean_loss)
         step_s = time.monotonic() - started
-        speed = step_throughput(tokens=tokens_per_step, world_size=world, step_s=step_s,
-                                flops_token=flops_token, peak_tflops=peak_tflops)
-        events.emit("step_end", step=step, loss=mean_loss, lr=scheduler.get_last_lr()[0],
-                    step_s=step_s, batch_sha256=fingerprint, **speed.fields())
+        speed = step_throughput(
+            tokens=tokens_per_step, world_size=world, step_s=step_s, flops_token=flops_token, peak_tflops=peak_tflops
+        )
+        events.emit(
+            "step_end",
+            step=step,
+            loss=mean_loss,
+            lr=scheduler.get_last_lr()[0],
+            step_s=step_s,
+            batch_sha256=fingerprint,
+            **speed.fields(),
+        )
         if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
-            log.info("step %d loss %.4f lr %.2e %.3fs/step %.0f tokens/s (%.0f per GPU) MFU %s",
-                     step, mean_loss, scheduler.get_last_lr()[0], step_s, speed.tokens_per_s,
-                     speed.tokens_per_s_per_gpu, format_mfu(speed.mfu))
+            log.info(
+                "step %d loss %.4f lr %.2e %.3fs/step %.0f tokens/s (%.0f per GPU) MFU %s",
+                step,
+                mean_loss,
+                scheduler.get_last_lr()[0],
+                step_s,
+                speed.tokens_per_s,
+                speed.tokens_per_s_per_gpu,
+                format_mfu(speed.mfu),
+            )
         if step % interval == 0 or step == cfg.steps or stop_requested or save_votes > 0:
             with ft.section("checkpointing"):
                 checkpointer.save(step, checkpoint_state())
@@ -378,8 +416,7 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
         if local_tier is not None:
             local_tier.wait()
     if stop_requested:
-        events.emit("run_end", status="terminated", final_step=progress["step"],
-                    final_loss=progress["last_loss"])
+        events.emit("run_end", status="terminated", final_step=progress["step"], final_loss=progress["last_loss"])
         dist.destroy_process_group()
         return {"status": "terminated"}
 
@@ -395,21 +432,34 @@ def _train_attempt(process: ProcessState, call_wrapper) -> dict:
     # The GPU memory high-water mark (reserved: what the allocator took from the device, which
     # is what must fit), next to workloads.memory's estimate in the GPU smoke test.
     peak = torch.cuda.max_memory_reserved(runtime.device) if runtime.is_cuda else None
-    events.emit("run_end", status="completed", final_step=progress["step"],
-                final_loss=progress["last_loss"], state_sha256=digest,
-                rank_state_sha256=rank_digests[rank], gpu_peak_reserved_bytes=peak)
+    events.emit(
+        "run_end",
+        status="completed",
+        final_step=progress["step"],
+        final_loss=progress["last_loss"],
+        state_sha256=digest,
+        rank_state_sha256=rank_digests[rank],
+        gpu_peak_reserved_bytes=peak,
+    )
     if rank == 0:
         run_events = load_run(cfg.run_dir)
         report = summarize(run_events, rank=0)
         summary = {
-            "final_step": progress["step"], "final_loss": progress["last_loss"],
-            "state_sha256": digest, "rank_state_sha256": rank_digests,
-            "world_size": world, "preset": cfg.model.preset,
-            "restarts": report.restarts_by_layer(), "faults": report.fault_outcomes(),
-            "checkpoints": {"backend": cfg.checkpoint.backend,
-                            "median_stall_s": report.median_stall_s,
-                            "stalls": len(report.stalls_s)},
-            "goodput": report.goodput, "wall_s": report.wall_s,
+            "final_step": progress["step"],
+            "final_loss": progress["last_loss"],
+            "state_sha256": digest,
+            "rank_state_sha256": rank_digests,
+            "world_size": world,
+            "preset": cfg.model.preset,
+            "restarts": report.restarts_by_layer(),
+            "faults": report.fault_outcomes(),
+            "checkpoints": {
+                "backend": cfg.checkpoint.backend,
+                "median_stall_s": report.median_stall_s,
+                "stalls": len(report.stalls_s),
+            },
+            "goodput": report.goodput,
+            "wall_s": report.wall_s,
             "replayed_steps": report.lost_steps,
             "global_batch_tokens": tokens_per_step,
             **summarize_throughput(run_events.of("step_end", rank=0)),
@@ -428,8 +478,10 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     for fault in parse_fault_spec(cfg.faults):
         if fault.rank >= world:
-            raise ConfigError(f"faults: {fault.label} targets rank {fault.rank} but the world "
-                              f"has {world} ranks; use a rank below {world}")
+            raise ConfigError(
+                f"faults: {fault.label} targets rank {fault.rank} but the world "
+                f"has {world} ranks; use a rank below {world}"
+            )
     if store_port is None and cfg.inprocess.enabled:
         store_port = int(os.environ["MASTER_PORT"]) + 1
     exit_bound_s(cfg)
@@ -441,20 +493,32 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
         process.sigterm_received = True
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    process.events.emit("run_start", world_size=world, preset=cfg.model.preset,
-                        backend=cfg.distributed.backend, checkpoint_backend=cfg.checkpoint.backend,
-                        steps=cfg.steps)
+    process.events.emit(
+        "run_start",
+        world_size=world,
+        preset=cfg.model.preset,
+        backend=cfg.distributed.backend,
+        checkpoint_backend=cfg.checkpoint.backend,
+        steps=cfg.steps,
+    )
     fn = train_attempt
     if cfg.inprocess.enabled:
         from workloads.device import resolved_backend
         from workloads.inprocess import TerminationRequested, build_wrapper
 
-        fn = build_wrapper(cfg.inprocess, backend=resolved_backend(cfg), store_port=store_port,
-                           world_size=world, spare_nodes=cfg.distributed.spare_nodes,
-                           nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                           run_dir=Path(cfg.run_dir), events=process.events, ft=process.ft,
-                           drop_iteration_state=process.drop_iteration_state,
-                           sigterm_received=lambda: process.sigterm_received)(train_attempt)
+        fn = build_wrapper(
+            cfg.inprocess,
+            backend=resolved_backend(cfg),
+            store_port=store_port,
+            world_size=world,
+            spare_nodes=cfg.distributed.spare_nodes,
+            nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            run_dir=Path(cfg.run_dir),
+            events=process.events,
+            ft=process.ft,
+            drop_iteration_state=process.drop_iteration_state,
+            sigterm_received=lambda: process.sigterm_received,
+        )(train_attempt)
     else:
         TerminationRequested = ()  # noqa: N806 - nothing to catch without the Wrapper
     code = 1
@@ -508,9 +572,11 @@ def exit_bound_s(cfg: TrainConfig) -> float:
 
     needs = WRITER_ABORT_GRACE_S + cfg.inprocess.termination_grace_s
     if not EXIT_BOUND_S > needs:
-        raise ConfigError(f"inprocess.termination_grace_s: {cfg.inprocess.termination_grace_s:g}s "
-                          f"plus the checkpoint writer's abort grace ({WRITER_ABORT_GRACE_S:g}s) "
-                          f"must stay below the exit bound ({EXIT_BOUND_S:g}s); lower it")
+        raise ConfigError(
+            f"inprocess.termination_grace_s: {cfg.inprocess.termination_grace_s:g}s "
+            f"plus the checkpoint writer's abort grace ({WRITER_ABORT_GRACE_S:g}s) "
+            f"must stay below the exit bound ({EXIT_BOUND_S:g}s); lower it"
+        )
     return EXIT_BOUND_S
 
 
@@ -524,8 +590,11 @@ def arm_exit_watchdog(code: int, bound_s: float = EXIT_BOUND_S) -> None:
         return
 
     def fire() -> None:
-        print(f"exit watchdog: still here {bound_s:g}s after deciding to exit; exiting {code} now",
-              file=sys.stderr, flush=True)
+        print(
+            f"exit watchdog: still here {bound_s:g}s after deciding to exit; exiting {code} now",
+            file=sys.stderr,
+            flush=True,
+        )
         _exit(code)
 
     _exit_watchdog = threading.Timer(bound_s, fire)
@@ -552,8 +621,7 @@ def preflight(cfg: TrainConfig, world_size: int) -> int:
     problems = []
     for fault in parse_fault_spec(cfg.faults):
         if fault.rank >= world_size:
-            problems.append(f"faults: {fault.label} targets rank {fault.rank}; the world has "
-                            f"{world_size} ranks")
+            problems.append(f"faults: {fault.label} targets rank {fault.rank}; the world has {world_size} ranks")
     if cfg.data.source == "memmap":
         from workloads.shards import PREFLIGHT_HASH_BYTES, shard_files
 
@@ -571,7 +639,7 @@ def preflight(cfg: TrainConfig, world_size: int) -> int:
 def _checkpoint_dir_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     """What the trainer would meet in checkpoint.dir: a pointer it cannot trust, a newest
     checkpoint from another world size or preset, storage that refuses the next save."""
-    from workloads import ckpt_layout as layout
+    from nvrx_eks.facts import checkpoint_layout as layout
 
     root = Path(cfg.checkpoint_dir)
     state = layout.commit_state(root)
@@ -585,9 +653,11 @@ def _checkpoint_dir_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     manifest = layout.verified_commit(newest) if newest is not None else None
     for key, expected in (("world_size", world_size), ("preset", cfg.model.preset)):
         if manifest is not None and manifest.get(key) != expected:
-            problems.append(f"checkpoint.dir: the newest checkpoint was written with "
-                            f"{key}={manifest.get(key)!r}, this run has {expected!r}; "
-                            "resume with the same setting or use an empty checkpoint.dir")
+            problems.append(
+                f"checkpoint.dir: the newest checkpoint was written with "
+                f"{key}={manifest.get(key)!r}, this run has {expected!r}; "
+                "resume with the same setting or use an empty checkpoint.dir"
+            )
     # The next save needs about as much as the newest one took (nothing to go by on a fresh run).
     need = layout.committed_bytes(newest) if newest is not None else 0
     refusal = layout.storage_refusal_now(root, need)
@@ -597,21 +667,25 @@ def _checkpoint_dir_problems(cfg: TrainConfig, world_size: int) -> list[str]:
 
 
 def main(argv: list | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m workloads.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", required=True, help="TrainConfig YAML")
-    parser.add_argument("--store-port", type=int, default=None,
-                        help="port of the in-process restart store on the rank-0 host "
-                             "(default MASTER_PORT+1)")
-    parser.add_argument("--preflight", action="store_true",
-                        help="only check config, data and checkpoint compatibility")
+    parser.add_argument(
+        "--store-port",
+        type=int,
+        default=None,
+        help="port of the in-process restart store on the rank-0 host (default MASTER_PORT+1)",
+    )
+    parser.add_argument("--preflight", action="store_true", help="only check config, data and checkpoint compatibility")
     parser.add_argument("--world-size", type=int, default=None, help="with --preflight")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
     args = parser.parse_args(argv)
     # Before torch is imported: NVRx's store polling makes c10d log a warning per wait timeout.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format=f"%(asctime)s [rank{os.environ.get('RANK', '0')}] %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stdout, format=f"%(asctime)s [rank{os.environ.get('RANK', '0')}] %(message)s"
+    )
     try:
         cfg = TrainConfig.from_yaml(args.config, args.overrides)
         if args.preflight:
@@ -659,6 +733,7 @@ def _tie_checkpoint_worker_to_trainer() -> None:
 
 if __name__ == "__mp_main__" and sys.platform == "linux":
     _tie_checkpoint_worker_to_trainer()
+
 
 def _main_then_exit() -> None:
     """main(), then _exit with its code, whatever way main ends (an exception the NVRx Wrapper

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from workloads.errors import ConfigError
+from nvrx_eks.facts.errors import ConfigError
 
 #: The file name NCCL dlopen()s for a network plugin when NCCL_NET_PLUGIN is unset.
 PLUGIN_LIBRARY = "libnccl-net.so"

@@ -1,0 +1,1 @@
+"""`nvrx-eks bench`: resilience scenarios run side by side, their analysis, charts, and floors."""

@@ -1,0 +1,569 @@
+"""The four scenarios of `nvrx-eks bench`: trainer runs on this machine, one after another, under
+the same launcher command the cluster uses (`nvrx_eks.local.runner.run_local`: ft_launcher, the CPU
+profile of short timeouts), then the analysis of their event logs (`nvrx_eks.bench.analysis`).
+
+What differs between the two sides of each comparison is exactly one setting (or, for P4, the
+documented set of settings that makes up each configuration); the model, data, steps, checkpoint
+interval and fault schedule are the same.
+
+P1  checkpoint backends none / sync / dcp-async / nvrx, no faults; plus the in-memory copy floor
+    (nvrx_eks.bench.floor). The run order rotates with each repetition so no backend always runs
+    first on a cold page cache.
+P2  one run with `exception` and `hang` faults alternated, recovered in process.
+P3  the same `sigkill` schedule twice, in-process restart off on both sides: once recovered by
+    ft_launcher inside the job, once by a full relaunch (ft_launcher allowed no restart, so the
+    job ends; it is started again at once and resumes from the newest checkpoint, which is the
+    fastest a job controller could do it: no pod scheduling, no image pull, no node checks).
+P4  a seeded schedule of exception/hang/sigkill over the same steps: the layered configuration
+    (NVRx async checkpoints + in-process restart + ft_launcher restarts) against the baseline
+    (sync checkpoints, in-process restart off, every fault ends the job and it is relaunched).
+P5  checkpoint tiers: two simulated nodes, the same FSx interval and the same exception / hang /
+    sigkill schedule, with the node-local tier (replicated to the other node) and without it;
+    plus the copy floor, against which the local tier's stall per save is measured.
+P6  hot spares: 2 active simulated nodes of one rank, the same `sigkill` of node 1 recovered by
+    (a) a spare node in process (3 nodes, 1 spare), (b) ft_launcher restarting every node's
+    workers, (c) a full relaunch; and (a) for `node-loss` of node 1 (without a spare a lost node
+    has no in-job recovery to compare with).
+P7  the gloo release of the in-process abort: the same `exception` faults with the gloo pair
+    sockets shut down on abort and without (inprocess.release_gloo_sockets), side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from nvrx_eks.bench.analysis import (
+    checkpoint_cost,
+    fault_recoveries,
+    goodput,
+    median,
+    recovery_medians,
+    summarize_backends,
+)
+from nvrx_eks.facts.errors import ConfigError
+from workloads.events import load_run, summarize
+
+BACKENDS = ("none", "sync", "dcp-async", "nvrx")
+SCENARIOS = ("p1", "p2", "p3", "p4", "p5", "p6", "p7")
+
+
+class BenchRunFailed(RuntimeError):
+    """A trainer run did not end the way its scenario requires."""
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    # P1 and P4: a model whose checkpoint costs what a real one does relative to its step. On 2
+    # CPU cores the 34M "small" preset takes ~1 s per step at batch 1 (FSDP traffic and compute)
+    # and writes ~200 MB per rank per checkpoint.
+    preset: str = "small"
+    # P2 and P3 time the recovery machinery; their model only adds its rebuild and reload.
+    recovery_preset: str = "small"
+    batch_size: int = 1
+    nproc: int = 2
+    interval: int = 2  # checkpoint every k steps (P1, P4; P2 and P3 checkpoint as often)
+    p1_cycles: int = 6  # steady-state save cycles per P1 run (after the first save)
+    p1_runs: int = 3  # P1 runs per backend
+    repeats: int = 3  # P2: faults per kind; P3: faults per recovery path
+    p4_steps: int = 40
+    p4_faults: int = 4
+    seed: int = 7
+    # P5: FSx every p5_fsx_interval steps on both sides, the local tier every `interval` steps on
+    # one; faults spaced so that each lands a few steps after an FSx save or well past it.
+    p5_fsx_interval: int = 10
+    p5_spacing: int = 7
+    dist_backend: str = "auto"
+    overrides: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if self.dist_backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"--dist-backend: {self.dist_backend!r} is not a backend; use auto, gloo or nccl")
+        if self.nproc < 1:
+            raise ConfigError("--nproc: must be at least 1")
+        if self.interval < 1:
+            raise ConfigError("--interval: must be at least 1 step")
+        if self.repeats < 1 or self.p1_runs < 1:
+            raise ConfigError("--repeats: must be at least 1")
+        if self.p4_faults < 1:
+            raise ConfigError("--p4-faults: must be at least 1")
+        spacing = self.interval + 2
+        if self.p4_steps < (self.p4_faults + 1) * spacing + self.interval:
+            raise ConfigError(
+                f"--p4-steps: {self.p4_steps} steps cannot hold {self.p4_faults} "
+                f"faults {spacing} steps apart after the first checkpoint; use at "
+                f"least {(self.p4_faults + 1) * spacing + self.interval} steps or "
+                "fewer faults"
+            )
+
+
+# Each trainer launch pays ~12 s here (launcher and rank start-up, setup, shutdown): --quick
+# keeps the launches few and takes its repetitions inside runs (P1: saves per run).
+QUICK = BenchSettings(recovery_preset="tiny", p1_cycles=4, p1_runs=1, repeats=2, p4_steps=18, p4_faults=3)
+FULL = BenchSettings()
+
+
+@dataclass
+class Launch:
+    run_dir: Path
+    exit_code: int
+    wall_s: float
+    killed_after_exit: list[int]
+
+
+@dataclass
+class Launcher:
+    """Starts trainer runs one at a time under `root` and remembers every process it had to kill
+    after a run (there should be none)."""
+
+    root: Path
+    settings: BenchSettings
+    progress: Callable[[str], None]
+    # Rendezvous port P (P+1 is used too) for each run; default: any free pair.
+    ports: Callable[[], int] | None = None
+    launches: list[Launch] = field(default_factory=list)
+
+    def _overrides(self, extra: tuple[str, ...]) -> tuple[str, ...]:
+        return (f"distributed.backend={self.settings.dist_backend}", *extra, *self.settings.overrides)
+
+    def once(
+        self,
+        name: str,
+        *,
+        preset: str,
+        steps: int,
+        backend: str,
+        faults: str = "",
+        extra: tuple[str, ...] = (),
+        resume: bool = False,
+        nodes: int = 1,
+        nproc: int | None = None,
+        checkpoint_interval: int | None = None,
+        local_interval: int | None = None,
+        spare_nodes: int = 0,
+    ) -> Launch:
+        from nvrx_eks.local.runner import run_local
+
+        run_dir = self.root / name
+        started = time.monotonic()
+        with open(os.devnull, "w") as sink:
+            code = run_local(
+                nproc=nproc or self.settings.nproc,
+                steps=steps,
+                faults=faults,
+                run_dir=run_dir,
+                preset=preset,
+                checkpoint_interval=checkpoint_interval or self.settings.interval,
+                backend=backend,
+                resume=resume,
+                overrides=self._overrides(extra),
+                port=self.ports() if self.ports else None,
+                console=Console(file=sink),
+                nodes=nodes,
+                local_interval=local_interval,
+                spare_nodes=spare_nodes,
+            )
+        record = json.loads((run_dir / "local_run.json").read_text())
+        launch = Launch(run_dir, code, time.monotonic() - started, record["killed_after_exit"])
+        self.launches.append(launch)
+        return launch
+
+    def completed(self, name: str, **kwargs: Any) -> Path:
+        launch = self.once(name, **kwargs)
+        if launch.exit_code != 0:
+            raise BenchRunFailed(
+                f"{name}: the trainer exited with {launch.exit_code}; see {launch.run_dir / 'launcher.log'}"
+            )
+        return launch.run_dir
+
+    def relaunched_until_done(self, name: str, *, max_launches: int, **kwargs: Any) -> int:
+        """The full-relaunch baseline: ft_launcher may not restart anything, so a fault ends the
+        job; it is started again at once with the same run directory (resuming from the newest
+        committed checkpoint) until it completes. Returns the number of launches."""
+        for count in range(1, max_launches + 1):
+            launch = self.once(name, resume=count > 1, **kwargs)
+            if launch.exit_code == 0:
+                return count
+            if launch.exit_code == 93:
+                raise BenchRunFailed(
+                    f"{name}: the trainer asked not to be restarted (exit 93); see {launch.run_dir / 'launcher.log'}"
+                )
+        raise BenchRunFailed(
+            f"{name}: still not complete after {max_launches} launches; see {self.root / name / 'launcher.log'}"
+        )
+
+    def drop_checkpoints(self, run_dir: Path) -> None:
+        """Checkpoints are hundreds of MB per run and nothing reads them after the analysis;
+        the event logs stay for `nvrx-eks report`."""
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+
+
+# ----- fault schedules -------------------------------------------------------------------------
+
+
+def spaced_schedule(kinds: list[str], *, first_step: int, spacing: int, nproc: int) -> tuple[str, int]:
+    """Faults `spacing` steps apart from `first_step`, ranks taken in turn. Returns the spec and
+    a step count that leaves `spacing` clean steps after the last fault."""
+    items = [f"{kind}@{first_step + i * spacing}:{i % nproc}" for i, kind in enumerate(kinds)]
+    return ",".join(items), first_step + len(kinds) * spacing
+
+
+def seeded_schedule(seed: int, *, steps: int, faults: int, interval: int, nproc: int) -> str:
+    """`faults` faults drawn from exception, hang and sigkill (each kind as evenly as the count
+    allows, in a seeded order) at seeded steps at least interval+2 apart, none before a
+    checkpoint exists and none in the last interval. The same seed gives the same schedule."""
+    rng = random.Random(seed)
+    kinds = [("exception", "hang", "sigkill")[i % 3] for i in range(faults)]
+    rng.shuffle(kinds)
+    spacing = interval + 2
+    low, high = interval + 2, steps - interval
+    slack = (high - low) - (faults - 1) * spacing
+    if slack < 0:
+        raise ConfigError(
+            f"--p4-steps: {steps} steps cannot hold {faults} faults {spacing} steps "
+            "apart; raise --p4-steps or lower --p4-faults"
+        )
+    # Spread `slack` extra steps over the gaps at random: faults keep their minimum spacing.
+    cuts = sorted(rng.randint(0, slack) for _ in range(faults))
+    fault_steps = [low + cut + i * spacing for i, cut in enumerate(cuts)]
+    return ",".join(f"{kind}@{step}:{rng.randrange(nproc)}" for kind, step in zip(kinds, fault_steps, strict=True))
+
+
+# ----- scenarios -------------------------------------------------------------------------------
+
+
+def _batch(settings: BenchSettings) -> tuple[str, ...]:
+    return (f"data.batch_size={settings.batch_size}",)
+
+
+def run_p1(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict]) -> dict:
+    k = settings.interval
+    steps = (settings.p1_cycles + 1) * k + 1
+    costs = []
+    total = settings.p1_runs * len(BACKENDS)
+    for repeat in range(settings.p1_runs):
+        order = BACKENDS[repeat % len(BACKENDS) :] + BACKENDS[: repeat % len(BACKENDS)]
+        for backend in order:
+            launcher.progress(f"P1 checkpoint efficiency: {backend} ({len(costs) + 1}/{total})")
+            run_dir = launcher.completed(
+                f"p1-{backend}-{repeat + 1}",
+                preset=settings.preset,
+                steps=steps,
+                backend=backend,
+                extra=_batch(settings),
+            )
+            costs.append(checkpoint_cost(load_run(run_dir), k, backend))
+            launcher.drop_checkpoints(run_dir)
+    launcher.progress("P1 checkpoint efficiency: one in-memory copy of a rank's shard")
+    copy = floor()
+    backends = summarize_backends(costs, copy["copy_s"])
+    order = {b: i for i, b in enumerate(BACKENDS)}
+    return {
+        "preset": settings.preset,
+        "batch_size": settings.batch_size,
+        "interval": k,
+        "steps": steps,
+        "cycles": settings.p1_cycles,
+        "runs_per_backend": settings.p1_runs,
+        "floor": copy,
+        "backends": [asdict(b) for b in sorted(backends, key=lambda b: order[b.backend])],
+        "runs": [c.as_dict() for c in costs],
+    }
+
+
+def run_p2(launcher: Launcher, settings: BenchSettings) -> dict:
+    kinds = ["exception", "hang"] * settings.repeats
+    spec, steps = spaced_schedule(
+        kinds, first_step=settings.interval + 3, spacing=settings.interval + 4, nproc=settings.nproc
+    )
+    launcher.progress(f"P2 soft faults, in-process restart: {spec}")
+    run_dir = launcher.completed(
+        "p2-inprocess", preset=settings.recovery_preset, steps=steps, backend="nvrx", faults=spec
+    )
+    launcher.drop_checkpoints(run_dir)
+    recoveries = fault_recoveries(load_run(run_dir))
+    for r in recoveries:
+        if r.path != "inprocess":
+            raise BenchRunFailed(
+                f"P2: {r.fault} was not recovered in process ({r.path}); see {run_dir / 'launcher.log'}"
+            )
+    return {
+        "preset": settings.recovery_preset,
+        "schedule": spec,
+        "steps": steps,
+        "by_kind": {
+            kind: recovery_medians([r for r in recoveries if r.kind == kind]) for kind in ("exception", "hang")
+        },
+        "recoveries": [r.as_dict() for r in recoveries],
+    }
+
+
+def run_p3(launcher: Launcher, settings: BenchSettings) -> dict:
+    spec, steps = spaced_schedule(
+        ["sigkill"] * settings.repeats,
+        first_step=settings.interval + 3,
+        spacing=settings.interval + 4,
+        nproc=settings.nproc,
+    )
+    common = {"preset": settings.recovery_preset, "steps": steps, "backend": "nvrx", "faults": spec}
+    no_inprocess = ("inprocess.enabled=false",)
+    launcher.progress(f"P3 hard faults, ft_launcher restarts: {spec}")
+    ft_dir = launcher.completed("p3-ft-launcher", extra=no_inprocess, **common)
+    launcher.progress(f"P3 hard faults, full relaunch: {spec}")
+    launches = launcher.relaunched_until_done(
+        "p3-full-relaunch",
+        max_launches=settings.repeats + 2,
+        extra=(*no_inprocess, "fault_tolerance.max_restarts=0"),
+        **common,
+    )
+    relaunch_dir = launcher.root / "p3-full-relaunch"
+    sides = {}
+    for name, run_dir in (("ft_launcher", ft_dir), ("full_relaunch", relaunch_dir)):
+        recoveries = fault_recoveries(load_run(run_dir), ("sigkill",))
+        sides[name] = {"medians": recovery_medians(recoveries), "recoveries": [r.as_dict() for r in recoveries]}
+        launcher.drop_checkpoints(run_dir)
+    ft_first = sides["ft_launcher"]["medians"]["first_step_s"]
+    relaunch_first = sides["full_relaunch"]["medians"]["first_step_s"]
+    return {
+        "preset": settings.recovery_preset,
+        "schedule": spec,
+        "steps": steps,
+        "relaunches": launches - 1,
+        **sides,
+        "ratio": relaunch_first / ft_first if ft_first and relaunch_first else None,
+    }
+
+
+def run_p4(launcher: Launcher, settings: BenchSettings) -> dict:
+    spec = seeded_schedule(
+        settings.seed,
+        steps=settings.p4_steps,
+        faults=settings.p4_faults,
+        interval=settings.interval,
+        nproc=settings.nproc,
+    )
+    common = {"preset": settings.preset, "steps": settings.p4_steps, "faults": spec}
+    launcher.progress(f"P4 goodput, layered (nvrx + in-process + ft_launcher): {spec}")
+    layered_dir = launcher.completed("p4-layered", backend="nvrx", extra=_batch(settings), **common)
+    launcher.progress(f"P4 goodput, baseline (sync + full relaunch): {spec}")
+    launches = launcher.relaunched_until_done(
+        "p4-baseline",
+        max_launches=settings.p4_faults + 2,
+        backend="sync",
+        extra=(*_batch(settings), "inprocess.enabled=false", "fault_tolerance.max_restarts=0"),
+        **common,
+    )
+    baseline_dir = launcher.root / "p4-baseline"
+    layered_run, baseline_run = load_run(layered_dir), load_run(baseline_dir)
+    # Which path recovered each fault: the layered side should take in-process restarts for
+    # exception and hang and ft_launcher for sigkill; an escalation shows up here.
+    result = {
+        "preset": settings.preset,
+        "batch_size": settings.batch_size,
+        "seed": settings.seed,
+        "schedule": spec,
+        "steps": settings.p4_steps,
+        "interval": settings.interval,
+        "layered": {
+            **goodput(layered_run).as_dict(),
+            "restarts": summarize(layered_run).restarts_by_layer(),
+            "recoveries": [r.as_dict() for r in fault_recoveries(layered_run)],
+        },
+        "baseline": {
+            **goodput(baseline_run).as_dict(),
+            "relaunches": launches - 1,
+            "recoveries": [r.as_dict() for r in fault_recoveries(baseline_run)],
+        },
+    }
+    for run_dir in (layered_dir, baseline_dir):
+        launcher.drop_checkpoints(run_dir)
+    result["goodput_ratio"] = result["layered"]["goodput"] / result["baseline"]["goodput"]
+    return result
+
+
+def run_p5(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict]) -> dict:
+    """The same faults with and without the node-local tier: `nproc` ranks as that many simulated
+    nodes of one rank each, so every replica crosses a node."""
+    nodes = settings.nproc
+    fsx = settings.p5_fsx_interval
+    spec, steps = spaced_schedule(
+        ["exception", "hang", "sigkill"], first_step=fsx + fsx // 2, spacing=settings.p5_spacing, nproc=nodes
+    )
+    common = {
+        "preset": settings.preset,
+        "steps": steps,
+        "backend": "nvrx",
+        "faults": spec,
+        "nodes": nodes,
+        "nproc": 1,
+        "checkpoint_interval": fsx,
+        "extra": _batch(settings),
+    }
+    sides = {}
+    for name, local in (("tiers", settings.interval), ("fsx_only", None)):
+        launcher.progress(
+            f"P5 checkpoint tiers, {name} (FSx every {fsx} steps, local "
+            f"{'every ' + str(local) if local else 'off'}): {spec}"
+        )
+        run_dir = launcher.completed(f"p5-{name}", local_interval=local, **common)
+        run = load_run(run_dir)
+        recoveries = fault_recoveries(run)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        local_stalls = [e["stall_s"] for e in run.of("local_save", rank=0)]
+        sides[name] = {
+            **goodput(run).as_dict(),
+            "medians": recovery_medians(recoveries),
+            "recoveries": [r.as_dict() for r in recoveries],
+            "state_sha256": summary["state_sha256"],
+            "local_saves": len(local_stalls),
+            # The first save allocates the staging buffers; later ones copy into them.
+            "local_stall_s": median(local_stalls[1:]) if len(local_stalls) > 1 else None,
+            "local_restores": {
+                src: len([e for e in run.of("local_restore") if e["source"] == src]) for src in ("local", "replica")
+            },
+            "fsx_loads": len(run.of("checkpoint_load")),
+        }
+        launcher.drop_checkpoints(run_dir)
+        shutil.rmtree(run_dir / "local-node0", ignore_errors=True)
+        shutil.rmtree(run_dir / "local-node1", ignore_errors=True)
+    launcher.progress("P5 checkpoint tiers: one in-memory copy of a rank's shard")
+    copy = floor()
+    stall = sides["tiers"]["local_stall_s"]
+    return {
+        "preset": settings.preset,
+        "batch_size": settings.batch_size,
+        "schedule": spec,
+        "steps": steps,
+        "nodes": nodes,
+        "fsx_interval": fsx,
+        "local_interval": settings.interval,
+        **sides,
+        "floor": copy,
+        "local_stall_floor_ratio": stall / copy["copy_s"] if stall and copy["copy_s"] else None,
+        "bit_identical": sides["tiers"]["state_sha256"] == sides["fsx_only"]["state_sha256"],
+    }
+
+
+def run_p6(launcher: Launcher, settings: BenchSettings) -> dict:
+    """The same lost rank (node 1 of 2, one rank per node) recovered by each layer."""
+    step = 3 * settings.interval + 1  # a few steps after a save, as in P3
+    steps = step + 2 * settings.interval + 4
+    common = {"preset": settings.recovery_preset, "steps": steps, "backend": "nvrx", "nproc": 1}
+    sides = {}
+    runs = (
+        ("spare_inprocess", "sigkill", {"nodes": 3, "spare_nodes": 1}),
+        ("ft_launcher", "sigkill", {"nodes": 2}),
+        ("full_relaunch", "sigkill", {"nodes": 2, "extra": ("fault_tolerance.max_restarts=0",)}),
+        ("spare_node_loss", "node-loss", {"nodes": 3, "spare_nodes": 1}),
+    )
+    for name, kind, options in runs:
+        spec = f"{kind}@{step}:1"
+        launcher.progress(f"P6 hot spares, {name}: {spec}")
+        if name == "full_relaunch":
+            launcher.relaunched_until_done(f"p6-{name}", max_launches=3, faults=spec, **common, **options)
+            run_dir = launcher.root / f"p6-{name}"
+        else:
+            run_dir = launcher.completed(f"p6-{name}", faults=spec, **common, **options)
+        recoveries = fault_recoveries(load_run(run_dir))
+        summary = json.loads((run_dir / "summary.json").read_text())
+        sides[name] = {"recovery": recoveries[0].as_dict(), "state_sha256": summary["state_sha256"]}
+        launcher.drop_checkpoints(run_dir)
+    first = {name: side["recovery"]["first_step_s"] for name, side in sides.items()}
+    return {
+        "preset": settings.recovery_preset,
+        "steps": steps,
+        "fault_step": step,
+        **sides,
+        "ratio_ft_launcher": first["ft_launcher"] / first["spare_inprocess"],
+        "ratio_full_relaunch": first["full_relaunch"] / first["spare_inprocess"],
+        "bit_identical": len({side["state_sha256"] for side in sides.values()}) == 1,
+    }
+
+
+def run_p7(launcher: Launcher, settings: BenchSettings) -> dict:
+    """In-process recovery of an exception, after detection, with and without the gloo release."""
+    spec, steps = spaced_schedule(
+        ["exception"] * settings.repeats,
+        first_step=settings.interval + 3,
+        spacing=settings.interval + 4,
+        nproc=settings.nproc,
+    )
+    sides = {}
+    for name, release in (("release", True), ("no_release", False)):
+        launcher.progress(f"P7 gloo release {'on' if release else 'off'}: {spec}")
+        run_dir = launcher.completed(
+            f"p7-{name}",
+            preset=settings.recovery_preset,
+            steps=steps,
+            backend="nvrx",
+            faults=spec,
+            extra=(f"inprocess.release_gloo_sockets={str(release).lower()}",),
+        )
+        recoveries = fault_recoveries(load_run(run_dir))
+        after = [r.first_step_s - r.detect_s for r in recoveries if r.detect_s is not None]
+        sides[name] = {
+            "medians": recovery_medians(recoveries),
+            "after_detect_s": median(after),
+            "recoveries": [r.as_dict() for r in recoveries],
+        }
+        launcher.drop_checkpoints(run_dir)
+    return {"preset": settings.recovery_preset, "schedule": spec, "steps": steps, **sides}
+
+
+def measure_floor(settings: BenchSettings, out: Path, repeats: int = 7) -> dict:
+    """nvrx_eks.bench.floor in its own processes (ranks need a fresh process group), with the
+    same thread setting as the trainer's ranks."""
+    from nvrx_eks.local.runner import free_port_pair
+
+    result_path = out / "floor.json"
+    argv = [
+        sys.executable,
+        "-m",
+        "nvrx_eks.bench.floor",
+        "--preset",
+        settings.preset,
+        "--nproc",
+        str(settings.nproc),
+        "--repeats",
+        str(repeats),
+        "--dist-backend",
+        settings.dist_backend,
+        "--port",
+        str(free_port_pair()),
+        "--json",
+        str(result_path),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    done = subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[2]
+    )
+    # Rank 0 writes the result only after every rank's timings were gathered: a result on disk is
+    # complete even if a rank then crashed tearing the process group down (kept in the record).
+    if not result_path.is_file():
+        raise BenchRunFailed(
+            f"the in-memory copy measurement failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
+        )
+    return {**json.loads(result_path.read_text()), "exit_code": done.returncode}
+
+
+def settings_for(quick: bool, **changes: Any) -> BenchSettings:
+    """The quick or full settings with the given changes (None = keep); `repeats` sets every
+    repetition count."""
+    base = QUICK if quick else FULL
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if "repeats" in changes:
+        changes["p1_runs"] = changes["repeats"]
+    settings = replace(base, **changes)
+    settings.validate()
+    return settings

@@ -1,0 +1,562 @@
+"""`nvrx-eks`: the operator CLI.
+
+Each command is a thin wrapper that imports its module lazily, so `nvrx-eks render` does not pay
+for importing torch and `nvrx-eks local` does not pay for importing aws-cdk-lib. User mistakes
+raise ConfigError and end here as one message with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from nvrx_eks.facts.errors import ConfigError
+
+app = typer.Typer(
+    name="nvrx-eks",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Fault-tolerant multi-node GPU training on AWS: EKS + p5/EFA + FSx, trained with NVIDIA Resiliency Extension.",
+)
+err_console = Console(stderr=True)
+
+#: The highest TCP port is 65535; `local` uses --port and --port + 1.
+MAX_TCP_PORT = 65535
+
+ProfileOption = typer.Option(None, "--profile", "-p", help="Profile name in infra/profiles (default: p5).")
+ConfigOption = typer.Option(None, "--config", "-c", help="Path to a deployment config YAML instead of a profile.")
+
+
+@app.command()
+def synth(profile: str | None = ProfileOption, config: str | None = ConfigOption) -> None:
+    """Synthesize a profile offline (with cdk-nag) and summarize what `cdk deploy` would create."""
+    from nvrx_eks.deploy.synth import run
+
+    run(profile, config, Console())
+
+
+@app.command()
+def plan(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    train_config: str | None = typer.Option(
+        None, "--train-config", help="Trainer config YAML: preset, batch, sequence length and checkpoint interval."
+    ),
+    nodes: int | None = typer.Option(None, min=1, help="GPU nodes (default: the profile's desired_size)."),
+    node_mtbf_hours: float | None = typer.Option(None, min=1, help="Mean time between failures of one node."),
+    sync_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of a synchronous save."),
+    async_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of an NVRx async save."),
+    step_time_s: float | None = typer.Option(None, min=0, help="Measured time of one training step."),
+    node_loss_share: float | None = typer.Option(
+        None, help="Share of faults that lose a node and its local checkpoints (default 0.78)."
+    ),
+) -> None:
+    """Optimal checkpoint interval (Young/Daly), expected goodput and the cost of lost time."""
+    from nvrx_eks.ops.plan import DEFAULT_NODE_LOSS_SHARE, run
+
+    if step_time_s == 0:
+        raise ConfigError("--step-time-s must be above 0; give the measured seconds of one training step")
+    if node_loss_share is not None and not 0 < node_loss_share < 1:
+        raise ConfigError(f"--node-loss-share {node_loss_share:g}: give a fraction above 0 and below 1, e.g. 0.5")
+
+    run(
+        profile,
+        config,
+        train_config,
+        nodes,
+        node_mtbf_hours,
+        sync_stall_s,
+        async_stall_s,
+        step_time_s,
+        Console(),
+        node_loss_share=DEFAULT_NODE_LOSS_SHARE if node_loss_share is None else node_loss_share,
+    )
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="A trainer run directory (holds events/rank*.jsonl)."),
+    png: Path | None = typer.Option(None, "--png", help="Timeline image (default: RUN_DIR/timeline.png)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the breakdown as JSON."),
+) -> None:
+    """Where a run's time went (productive, stalls, lost, recovery per fault) and a timeline PNG."""
+    from nvrx_eks.local.report import run
+
+    run(run_dir, png, json_out, Console())
+
+
+@app.command()
+def demo(
+    run_dir: Path | None = typer.Option(
+        None, "--run-dir", help="Where the training run goes (default: runs/demo-<time>)."
+    ),
+) -> None:
+    """The offline demo: synthesize the default profile, render and validate the 4-node job, train on CPU
+    through an exception, a hang and a SIGKILL, and report how each was recovered."""
+    from nvrx_eks.local.demo import run
+
+    raise typer.Exit(run(run_dir, Console()))
+
+
+# ----- training jobs: render, validate, submit, follow, delete -------------------------------
+
+NodesOption = typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes (default: the profile's desired_size).")
+ApiOption = typer.Option("jobset", "--api", help="jobset (default) or pytorchjob (needs the training operator).")
+FabricTestOption = typer.Option(
+    False, "--fabric-test", help="The NCCL/EFA nccl-tests all_reduce smoke job instead of training."
+)
+NameOption = typer.Option(None, "--name", help="Job name (default: train, or nccl-test with --fabric-test).")
+ImageOption = typer.Option(
+    None,
+    "--image",
+    help="Container image. Offline default: the profile's image.uri, else a localhost/ placeholder; live: the stack's.",
+)
+TrainConfigOption = typer.Option(None, "--train-config", help="Trainer config YAML (default: the trainer's defaults).")
+SetOption = typer.Option(None, "--set", help="Trainer config override KEY=VALUE (repeatable), e.g. steps=500.")
+DataOption = typer.Option(
+    None, "--data", help="Token shards for the job (a `data prepare` directory, relative paths under /fsx)."
+)
+FaultsOption = typer.Option(None, "--faults", help="Fault-injection spec passed to the trainer, e.g. sigkill@50:3.")
+MaxRestartsOption = typer.Option(3, "--max-restarts", min=0, help="Whole-job restarts by Kubernetes (layer 3).")
+SpareNodesOption = typer.Option(
+    0, "--spare-nodes", min=0, help="Hot spare nodes beyond --nodes (JobSet): they replace a lost node in process."
+)
+MaxStepTimeOption = typer.Option(
+    None,
+    "--max-step-time-s",
+    help="Longest healthy training step; sizes the job's deadline (default: the trainer's step section timeout).",
+)
+LiveOption = typer.Option(False, "--live", help="Take namespace, claim, image and versions from the deployed stack.")
+OutputOption = typer.Option(None, "--output", "-o", help="Write one file per object into this directory.")
+
+
+def _job_options(
+    nodes,
+    api,
+    fabric_test,
+    name,
+    image,
+    train_config,
+    overrides,
+    faults,
+    max_restarts,
+    max_step_time_s=None,
+    data=None,
+    spare_nodes=0,
+):
+    from nvrx_eks.jobs.commands import JobOptions
+
+    return JobOptions(
+        nodes,
+        api,
+        fabric_test,
+        name,
+        image,
+        train_config,
+        list(overrides or []) + _data_overrides(data),
+        faults,
+        max_restarts,
+        max_step_time_s,
+        spare_nodes,
+    )
+
+
+def _data_overrides(data: str | None) -> list[str]:
+    """--data PATH: train on the token shards there (the trainer checks them against its manifest)."""
+    return [] if data is None else ["data.source=memmap", f"data.path={data}"]
+
+
+def _deployment(profile: str | None, config: str | None):
+    from nvrx_eks.deploy.deployment import load_deployment
+
+    return load_deployment(profile, config)
+
+
+@app.command()
+def render(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    nodes: int | None = NodesOption,
+    api: str = ApiOption,
+    fabric_test: bool = FabricTestOption,
+    name: str | None = NameOption,
+    image: str | None = ImageOption,
+    train_config: str | None = TrainConfigOption,
+    overrides: list[str] | None = SetOption,
+    faults: str | None = FaultsOption,
+    max_restarts: int = MaxRestartsOption,
+    max_step_time_s: float | None = MaxStepTimeOption,
+    data: str | None = DataOption,
+    spare_nodes: int = SpareNodesOption,
+    live: bool = LiveOption,
+    output: Path | None = OutputOption,
+) -> None:
+    """Render the training job (JobSet or PyTorchJob + trainer ConfigMap + NetworkPolicy) to stdout or a directory."""
+    from nvrx_eks.jobs import commands as job_commands
+
+    options = _job_options(
+        nodes,
+        api,
+        fabric_test,
+        name,
+        image,
+        train_config,
+        overrides,
+        faults,
+        max_restarts,
+        max_step_time_s,
+        data,
+        spare_nodes,
+    )
+    job_commands.render(_deployment(profile, config), options, live=live, output=output, out=Console(), err=err_console)
+
+
+@app.command()
+def validate(
+    path: str | None = typer.Argument(None, help="Manifest file, or - for stdin (default: render with the flags)."),
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    nodes: int | None = NodesOption,
+    api: str = ApiOption,
+    fabric_test: bool = FabricTestOption,
+    name: str | None = NameOption,
+    image: str | None = ImageOption,
+    train_config: str | None = TrainConfigOption,
+    overrides: list[str] | None = SetOption,
+    faults: str | None = FaultsOption,
+    max_restarts: int = MaxRestartsOption,
+    max_step_time_s: float | None = MaxStepTimeOption,
+    spare_nodes: int = SpareNodesOption,
+    live: bool = LiveOption,
+) -> None:
+    """Validate manifests offline: strict Kubernetes schemas, the JobSet/PyTorchJob CRDs, project rules."""
+    from nvrx_eks.jobs import commands as job_commands
+
+    options = _job_options(
+        nodes,
+        api,
+        fabric_test,
+        name,
+        image,
+        train_config,
+        overrides,
+        faults,
+        max_restarts,
+        max_step_time_s,
+        None,
+        spare_nodes,
+    )
+    job_commands.validate(_deployment(profile, config), options, path=path, live=live, console=Console())
+
+
+@app.command()
+def submit(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    nodes: int | None = NodesOption,
+    api: str = ApiOption,
+    fabric_test: bool = FabricTestOption,
+    name: str | None = NameOption,
+    image: str | None = ImageOption,
+    train_config: str | None = TrainConfigOption,
+    overrides: list[str] | None = SetOption,
+    faults: str | None = FaultsOption,
+    max_restarts: int = MaxRestartsOption,
+    max_step_time_s: float | None = MaxStepTimeOption,
+    data: str | None = DataOption,
+    spare_nodes: int = SpareNodesOption,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Render and validate offline and print; no cluster needed."),
+) -> None:
+    """Render, validate, server-side dry-run, then create the job on the deployed cluster."""
+    from nvrx_eks.jobs import commands as job_commands
+
+    options = _job_options(
+        nodes,
+        api,
+        fabric_test,
+        name,
+        image,
+        train_config,
+        overrides,
+        faults,
+        max_restarts,
+        max_step_time_s,
+        data,
+        spare_nodes,
+    )
+    job_commands.submit(_deployment(profile, config), options, dry_run=dry_run, out=Console(), err=err_console)
+
+
+@app.command()
+def status(
+    name: str | None = typer.Argument(None, help="Job name (default: list this project's jobs)."),
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Job phase, pods, restarts per resilience layer."""
+    from nvrx_eks.jobs import commands as job_commands
+
+    job_commands.status(_deployment(profile, config), name, Console())
+
+
+@app.command()
+def logs(
+    name: str = typer.Argument(..., help="Job name."),
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the pods end."),
+    node: int | None = typer.Option(None, "--node", min=0, help="Only this node's pod (0 hosts the rendezvous)."),
+    rank: int | None = typer.Option(None, "--rank", min=0, help="Only this global rank's lines."),
+    tail: int | None = typer.Option(None, "--tail", min=0, help="Only the last N lines of each pod."),
+) -> None:
+    """Logs of all pods (prefixed by node), one node, or one rank."""
+    from nvrx_eks.jobs import commands as job_commands
+
+    job_commands.logs(
+        _deployment(profile, config), name, node=node, rank=rank, follow=follow, tail=tail, console=Console()
+    )
+
+
+@app.command()
+def delete(
+    name: str = typer.Argument(..., help="Job name."),
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    wait: bool = typer.Option(False, "--wait", help="Wait until the job's pods are gone."),
+) -> None:
+    """Delete a training job and its ConfigMap (checkpoints on FSx stay)."""
+    from nvrx_eks.jobs import commands as job_commands
+
+    job_commands.delete(_deployment(profile, config), name, wait=wait, console=Console())
+
+
+@app.command()
+def token(profile: str | None = ProfileOption, config: str | None = ConfigOption) -> None:
+    """Print an EKS ExecCredential (as `aws eks get-token` does), for kubectl."""
+    from nvrx_eks.jobs import commands as job_commands
+
+    job_commands.token(_deployment(profile, config))
+
+
+@app.command()
+def kubeconfig(profile: str | None = ProfileOption, config: str | None = ConfigOption) -> None:
+    """Print a kubeconfig for the deployed cluster that authenticates through `nvrx-eks token`."""
+    from nvrx_eks.jobs import commands as job_commands
+
+    job_commands.kubeconfig(_deployment(profile, config))
+
+
+@app.command()
+def preflight(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    nodes: int | None = typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes to plan for (default: max_size)."),
+) -> None:
+    """Before deploying: credentials, vCPU quota, instance offering, reservation, FSx quota, EKS version."""
+    from nvrx_eks.ops import preflight as checks
+
+    checks.run(_deployment(profile, config), nodes, Console())
+
+
+@app.command()
+def teardown(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before deleting."),
+    delete_data: bool = typer.Option(False, "--delete-data", help="Also delete the data bucket, FSx and its backups."),
+    skip_kubernetes: bool = typer.Option(
+        False, "--skip-kubernetes", help="Do not delete jobs and the FSx claim first (API unreachable)."
+    ),
+) -> None:
+    """Delete jobs, the FSx claim, the stacks (cdk destroy), then sweep leftovers. Keeps data by default."""
+    from nvrx_eks.ops.teardown import teardown as run_teardown
+
+    result = run_teardown(
+        _deployment(profile, config),
+        yes=yes,
+        delete_data=delete_data,
+        skip_kubernetes=skip_kubernetes,
+        console=Console(),
+        confirm=lambda question: typer.confirm(question, default=False),
+    )
+    if result.aborted:
+        raise typer.Exit(1)
+
+
+@app.command()
+def local(
+    nproc: int = typer.Option(2, "--nproc", help="CPU ranks (gloo) per simulated node."),
+    nodes: int = typer.Option(1, "--nodes", help="Simulated nodes: one ft_launcher each, own local checkpoint root."),
+    spare_nodes: int = typer.Option(
+        0, "--spare-nodes", min=0, help="Of --nodes, how many wait as hot spares (active world: the rest)."
+    ),
+    local_interval: int | None = typer.Option(
+        None,
+        "--local-interval",
+        min=1,
+        help="Steps between node-local checkpoints, replicated to another node (default off).",
+    ),
+    steps: int = typer.Option(60, help="Training steps."),
+    faults: str = typer.Option("", help='Faults to inject, e.g. "exception@20:1,sigkill@40:0".'),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Default: runs/local-<time>."),
+    preset: str = typer.Option("tiny", help="Model preset: tiny, small, 1b, 8b."),
+    checkpoint_interval: int = typer.Option(10, "--checkpoint-interval", help="Steps between FSx-tier saves."),
+    backend: str = typer.Option("nvrx", help="Checkpoint backend: nvrx, dcp-async, sync, none."),
+    resume: bool = typer.Option(False, help="Continue the run already in --run-dir."),
+    overrides: list[str] = typer.Option([], "--set", help="TrainConfig override key=value (repeatable)."),
+    port: int | None = typer.Option(None, help="Rendezvous port (P and P+1 are used). Default: a free one."),
+    data: Path | None = typer.Option(None, "--data", help="Train on the token shards of a `data prepare` directory."),
+) -> None:
+    """Run the trainer under ft_launcher on this machine, inject faults, print how it recovered."""
+    from nvrx_eks.local.runner import run_local
+
+    if run_dir is not None and run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} is a file; give a directory (new, or a run's with --resume)")
+    if data is not None and not data.is_dir():
+        raise ConfigError(f"--data {data} is not a directory; give the --out directory of `nvrx-eks data prepare`")
+    if port is not None and not 1 <= port < MAX_TCP_PORT:
+        raise ConfigError(f"--port {port}: give a TCP port from 1 to {MAX_TCP_PORT - 1} (the run also uses port + 1)")
+
+    code = run_local(
+        nproc=nproc,
+        steps=steps,
+        faults=faults,
+        run_dir=run_dir,
+        preset=preset,
+        checkpoint_interval=checkpoint_interval,
+        backend=backend,
+        resume=resume,
+        overrides=list(overrides) + _data_overrides(str(data.resolve()) if data else None),
+        port=port,
+        console=Console(),
+        nodes=nodes,
+        local_interval=local_interval,
+        spare_nodes=spare_nodes,
+    )
+    raise typer.Exit(code)
+
+
+@app.command()
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="Fewer repetitions and steps: ~9 min on 2 CPU cores (full: ~21)"),
+    out: Path | None = typer.Option(None, "--out", help="Results directory (default: runs/bench-<time>)."),
+    scenarios: str = typer.Option(
+        "p1,p2,p3,p4",
+        "--scenarios",
+        help="Comma-separated subset of p1,p2,p3,p4,p5,p6,p7 (p5: checkpoint tiers, p6: hot spares, p7: gloo release).",
+    ),
+    repeats: int | None = typer.Option(
+        None, "--repeats", min=1, help="P1 runs per backend, P2 faults per kind, P3 faults per recovery path."
+    ),
+    preset: str | None = typer.Option(None, "--preset", help="Model for P1 and P4 (default: small)."),
+    recovery_preset: str | None = typer.Option(None, "--recovery-preset", help="Model for P2 and P3."),
+    interval: int | None = typer.Option(None, "--interval", min=1, help="Checkpoint every N steps (default: 2)."),
+    nproc: int | None = typer.Option(None, "--nproc", min=1, help="Ranks: CPU processes, or GPUs on a GPU node."),
+    p4_steps: int | None = typer.Option(None, "--p4-steps", min=1, help="Steps of each P4 run."),
+    p4_faults: int | None = typer.Option(None, "--p4-faults", min=1, help="Faults in the P4 schedule."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the P4 fault schedule."),
+    dist_backend: str | None = typer.Option(
+        None, "--dist-backend", help="auto (NCCL when GPUs are visible, else gloo), gloo or nccl."
+    ),
+    overrides: list[str] = typer.Option([], "--set", help="Trainer config override key=value, every run (repeatable)."),
+) -> None:
+    """Benchmark the resilience layers side by side: checkpoint efficiency, soft- and hard-fault recovery, goodput."""
+    import shlex
+
+    from nvrx_eks.bench.suite import run_bench
+
+    result = run_bench(
+        quick=quick,
+        out=out,
+        scenarios=scenarios,
+        command=shlex.join(["nvrx-eks", *sys.argv[1:]]),
+        console=Console(),
+        repeats=repeats,
+        preset=preset,
+        recovery_preset=recovery_preset,
+        interval=interval,
+        nproc=nproc,
+        p4_steps=p4_steps,
+        p4_faults=p4_faults,
+        seed=seed,
+        dist_backend=dist_backend,
+        overrides=overrides,
+    )
+    if result["errors"]:
+        raise typer.Exit(1)
+
+
+@app.command("gpu-smoke")
+def gpu_smoke(
+    out: Path = typer.Option(..., "--out", help="A new directory for the runs and gpu_smoke.json."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="CPU, gloo, tiny preset: the same code path."),
+    preset: str | None = typer.Option(None, "--preset", help="Model preset (default: 1b on GPU, tiny dry)."),
+    nproc: int | None = typer.Option(None, "--nproc", min=1, help="Ranks (default: one per visible GPU)."),
+) -> None:
+    """On one GPU machine: NCCL, bf16, async checkpoints, faults recovered in process, resume, stall, memory."""
+    from nvrx_eks.ops.gpu_smoke import smoke
+
+    result = smoke(out_dir=out, dry_run=dry_run, preset=preset, nproc=nproc, console=Console())
+    raise typer.Exit(0 if result["ok"] else 1)
+
+
+data_app = typer.Typer(no_args_is_help=True, help="Turn text into the trainer's token shards and upload them.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("prepare")
+def data_prepare(
+    inputs: list[Path] = typer.Argument(..., help="Text, JSONL, .gz or .zst files, read in this order."),
+    out: Path = typer.Option(..., "--out", help="Directory for the shards and manifest.json (rerun to resume)."),
+    tokenizer: str = typer.Option(..., "--tokenizer", help="A Hugging Face tokenizer.json, or byte (vocabulary 256)."),
+    text_field: str = typer.Option("text", "--text-field", help="The JSONL field holding the text."),
+    shard_tokens: int | None = typer.Option(None, "--shard-tokens", min=2, help="Tokens per shard (default 64 Mi)."),
+    upload_to: str | None = typer.Option(None, "--upload", help="Then upload to s3://BUCKET/PREFIX (the data bucket)."),
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Tokenize text into token shards + manifest, streaming and resumable."""
+    from nvrx_eks.data.commands import prepare
+    from nvrx_eks.data.upload import parse_s3_url, pod_path, upload
+
+    deployment = None
+    if upload_to is not None:  # a wrong URL is refused before the work, not after
+        deployment = _deployment(profile, config).config
+        pod_path(deployment, parse_s3_url(upload_to)[1])
+    prepare(inputs, out, tokenizer, text_field, shard_tokens, Console())
+    if deployment is not None:
+        upload(deployment, out, upload_to, Console())
+
+
+@data_app.command("upload")
+def data_upload(
+    directory: Path = typer.Argument(..., help="A `data prepare` output directory."),
+    url: str = typer.Argument(..., help="s3://BUCKET/PREFIX under the data bucket's data prefix."),
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Upload a shard set to the data bucket; print where the pods will see it under /fsx."""
+    from nvrx_eks.data.upload import upload
+
+    upload(_deployment(profile, config).config, directory, url, Console())
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigError as e:
+        # Messages echo user input (paths, names, specs): escape it, or a '[' in it is read as markup.
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

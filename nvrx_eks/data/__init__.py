@@ -1,0 +1,1 @@
+"""Training data: text to token shards (`nvrx-eks data prepare`) and their upload to S3."""

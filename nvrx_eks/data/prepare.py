@@ -1,0 +1,272 @@
+"""`nvrx-eks data prepare`: text in, the trainer's token shards out (format: workloads.shards).
+
+Inputs are read in the order given, streaming: plain text line by line, JSONL record by record
+(the text in `text_field`), each optionally gzip (.gz) or Zstandard (.zst) compressed. Tokens
+collect in one shard-sized buffer, so memory is bounded by a shard whatever the corpus size.
+
+Units and documents: a plain-text line (with its newline) or a JSONL record is one unit; a JSONL
+record is followed by the tokenizer's end-of-document token. The position in the inputs is
+(source, unit, token offset within the unit); the manifest records it after every completed
+shard, so a rerun of the same command re-reads the inputs up to that position without
+tokenizing them and continues, producing exactly the shards an uninterrupted run would have.
+
+Tokenizers (no download anywhere):
+* `byte`: the UTF-8 bytes, vocabulary 256, no special tokens: a JSONL record ends with a
+  newline (byte 10). It fits every preset, including `tiny` (vocabulary 256).
+* a path to a Hugging Face `tokenizer.json`, loaded with the `tokenizers` library; the end of a
+  JSONL record is the first of END_OF_DOCUMENT_TOKENS the vocabulary has (none if it has none).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from nvrx_eks.facts.errors import ConfigError
+from workloads.shards import (
+    MANIFEST_FORMAT,
+    dtype_for_vocab,
+    file_sha256,
+    read_manifest,
+    shard_name,
+    write_manifest,
+)
+
+BYTE_TOKENIZER = "byte"
+BYTE_VOCAB_SIZE = 256
+BYTE_END_OF_DOCUMENT = ord("\n")
+#: End-of-document tokens of common tokenizer.json files (GPT-2/NeoX, Llama 2, Llama 3, Gemma).
+END_OF_DOCUMENT_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+#: 64 Mi tokens: 128 MiB shards in uint16, 256 MiB in uint32.
+DEFAULT_SHARD_TOKENS = 1 << 26
+#: Settings that must match between a run and its resumption (manifest key -> CLI flag).
+_RESUME_KEYS = {
+    "tokenizer": "--tokenizer",
+    "tokenizer_sha256": "--tokenizer",
+    "shard_tokens": "--shard-tokens",
+    "text_field": "--text-field",
+    "sources": "INPUT",
+}
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    name: str
+    sha256: str | None
+    vocab_size: int
+    end_of_document: int | None
+    encode: Callable[[str], list[int]]
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    if spec == BYTE_TOKENIZER:
+        return Tokenizer(
+            BYTE_TOKENIZER, None, BYTE_VOCAB_SIZE, BYTE_END_OF_DOCUMENT, lambda text: list(text.encode("utf-8"))
+        )
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(
+            f"--tokenizer: {spec} is not a file; give the path of a Hugging Face tokenizer.json or '{BYTE_TOKENIZER}'"
+        )
+    from tokenizers import Tokenizer as HfTokenizer
+
+    try:
+        tok = HfTokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 - the library raises plain Exceptions for bad files
+        raise ConfigError(
+            f"--tokenizer: {spec} is not a tokenizer.json the tokenizers library "
+            f"can load ({err}); give the tokenizer.json of your model"
+        ) from None
+    vocab = tok.get_vocab(with_added_tokens=True)
+    eod = next((vocab[t] for t in END_OF_DOCUMENT_TOKENS if t in vocab), None)
+    return Tokenizer(
+        str(path.resolve()),
+        file_sha256(path),
+        tok.get_vocab_size(with_added_tokens=True),
+        eod,
+        lambda text: tok.encode(text, add_special_tokens=False).ids,
+    )
+
+
+def _open_text(path: Path) -> tuple[IO[bytes], IO[str]]:
+    """(raw file, text stream): the raw file's position is the progress through the input."""
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
+    if path.suffix == ".gz":
+        stream: IO[bytes] = gzip.GzipFile(fileobj=raw)
+    elif path.suffix == ".zst":
+        import zstandard
+
+        stream = zstandard.ZstdDecompressor().stream_reader(raw)
+    else:
+        stream = raw
+    return raw, io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline="")
+
+
+def _is_jsonl(path: Path) -> bool:
+    stem = path.with_suffix("") if path.suffix in (".gz", ".zst") else path
+    return stem.suffix in (".jsonl", ".json", ".ndjson")
+
+
+def _units(path: Path, text_field: str, on_bytes: Callable[[int], None]) -> Iterator[tuple[str, bool]]:
+    """(text, ends_document) per unit of one input."""
+    jsonl = _is_jsonl(path)
+    raw, text = _open_text(path)
+    with raw, text:
+        last = 0
+        for number, line in enumerate(text, start=1):
+            if raw.tell() != last:
+                on_bytes(raw.tell() - last)
+                last = raw.tell()
+            if not jsonl:
+                yield line, False
+                continue
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ConfigError(
+                    f"INPUT: {path}:{number} is not a JSON object ({err.msg}); give "
+                    "JSONL, one object per line, or a plain-text file"
+                ) from None
+            value = record.get(text_field) if isinstance(record, dict) else None
+            if not isinstance(value, str):
+                raise ConfigError(
+                    f"--text-field: {path}:{number} has no string field "
+                    f"'{text_field}'; name the field that holds the text"
+                )
+            yield value, True
+
+
+class _ShardWriter:
+    def __init__(self, out: Path, manifest: dict[str, Any], on_shard: Callable[[dict], None]):
+        self.out, self.manifest, self.on_shard = out, manifest, on_shard
+        self.buffer = np.empty(manifest["shard_tokens"], dtype=manifest["dtype"])
+        self.fill = 0
+
+    def flush(self, resume: dict[str, int], complete: bool) -> None:
+        index = len(self.manifest["shards"])
+        path = self.out / shard_name(index)
+        tmp = self.out / f".{path.name}.tmp"
+        self.buffer[: self.fill].tofile(tmp)
+        os.replace(tmp, path)
+        shard = {"file": path.name, "tokens": self.fill, "sha256": file_sha256(path)}
+        self.manifest["shards"].append(shard)
+        self.manifest["total_tokens"] += self.fill
+        self.manifest["resume"], self.manifest["complete"] = resume, complete
+        write_manifest(self.out, self.manifest)
+        self.fill = 0
+        self.on_shard(shard)
+
+
+def _new_manifest(tok: Tokenizer, inputs: list[Path], shard_tokens: int, text_field: str) -> dict:
+    return {
+        "format": MANIFEST_FORMAT,
+        "tokenizer": tok.name,
+        "tokenizer_sha256": tok.sha256,
+        "vocab_size": tok.vocab_size,
+        "dtype": dtype_for_vocab(tok.vocab_size),
+        "shard_tokens": shard_tokens,
+        "text_field": text_field,
+        "sources": [{"path": str(p.resolve()), "bytes": p.stat().st_size} for p in inputs],
+        "shards": [],
+        "resume": {"source": 0, "unit": 0, "offset": 0},
+        "complete": False,
+        "total_tokens": 0,
+    }
+
+
+def _resumable(out: Path, fresh: dict[str, Any]) -> dict[str, Any]:
+    """The manifest to continue from: the one in `out` if its settings match this command."""
+    old = read_manifest(out)
+    if old is None:
+        return fresh
+    for key, flag in _RESUME_KEYS.items():
+        if old.get(key) != fresh[key]:
+            raise ConfigError(
+                f"{flag}: {out} was prepared with {key}={old.get(key)!r}, this "
+                f"command gives {fresh[key]!r}; rerun with the same settings to "
+                "resume, or choose another --out"
+            )
+    return old
+
+
+def check_arguments(inputs: list[Path], out: Path, tokenizer: str, shard_tokens: int) -> Tokenizer:
+    """Every argument, before any work: ConfigError naming the one at fault. Returns the tokenizer."""
+    for path in inputs:
+        if not path.is_file():
+            raise ConfigError(f"INPUT: {path} is not a file; give text, JSONL, .gz or .zst files")
+    if shard_tokens < 2:
+        raise ConfigError("--shard-tokens: must be at least 2")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} is a file; give a directory for the shards")
+    tok = load_tokenizer(tokenizer)
+    out.mkdir(parents=True, exist_ok=True)
+    return tok
+
+
+def prepare(
+    inputs: list[Path],
+    out: Path,
+    tokenizer: str,
+    *,
+    text_field: str = "text",
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    progress: Callable[[str, int], None] = lambda kind, n: None,
+    stop_after_shards: int | None = None,
+) -> dict[str, Any]:
+    """Tokenize `inputs` into shards in `out` and return the manifest.
+
+    progress(kind, n): kind "bytes" (input bytes read), "shard" (tokens of a shard written).
+    stop_after_shards: raise KeyboardInterrupt after that many new shards, as an interruption
+    by the user would (tests)."""
+    tok = check_arguments(inputs, out, tokenizer, shard_tokens)
+    manifest = _resumable(out, _new_manifest(tok, inputs, shard_tokens, text_field))
+    if manifest["complete"]:
+        return manifest
+    written = 0
+
+    def on_shard(shard: dict) -> None:
+        nonlocal written
+        written += 1
+        progress("shard", shard["tokens"])
+        if stop_after_shards is not None and written >= stop_after_shards:
+            raise KeyboardInterrupt
+
+    writer = _ShardWriter(out, manifest, on_shard)
+    resume = manifest["resume"]
+    for source_index, path in enumerate(inputs):
+        if source_index < resume["source"]:
+            progress("bytes", path.stat().st_size)
+            continue
+        for unit_index, (text, ends_document) in enumerate(_units(path, text_field, lambda n: progress("bytes", n))):
+            at_resume = source_index == resume["source"] and unit_index <= resume["unit"]
+            if at_resume and unit_index < resume["unit"]:
+                continue  # in a completed shard: read, not tokenized
+            ids = tok.encode(text)
+            if ends_document and tok.end_of_document is not None:
+                ids.append(tok.end_of_document)
+            offset = resume["offset"] if at_resume else 0
+            while offset < len(ids):
+                take = min(len(ids) - offset, len(writer.buffer) - writer.fill)
+                writer.buffer[writer.fill : writer.fill + take] = ids[offset : offset + take]
+                writer.fill, offset = writer.fill + take, offset + take
+                if writer.fill == len(writer.buffer):
+                    writer.flush({"source": source_index, "unit": unit_index, "offset": offset}, complete=False)
+    end = {"source": len(inputs), "unit": 0, "offset": 0}
+    if writer.fill:
+        writer.flush(end, complete=True)
+    else:
+        manifest["resume"], manifest["complete"] = end, True
+        write_manifest(out, manifest)
+    if not manifest["shards"]:
+        raise ConfigError("INPUT: the inputs hold no text; give non-empty files")
+    return manifest

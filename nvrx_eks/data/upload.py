@@ -1,0 +1,66 @@
+"""`nvrx-eks data upload DIR s3://BUCKET/PREFIX`: put a shard set where the pods will see it.
+
+The FSx data repository association (infra/storage.py) links `fsx.data_repository_path` in the
+file system to `s3://<data bucket>/<fsx.data_bucket_prefix>`, and imports new objects
+automatically: an object `<data_bucket_prefix>/REST` appears in every pod at
+`FSX_MOUNT_PATH + data_repository_path + /REST`. Shards go first and the manifest last, so a
+job that sees the manifest sees every shard it lists.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+from rich.console import Console
+
+from infra.config import DeploymentConfig
+from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.jobs.spec import FSX_MOUNT_PATH
+from workloads.shards import MANIFEST_NAME, read_manifest
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
+        raise ConfigError(
+            f"--upload: '{url}' is not an s3://BUCKET/PREFIX URL; give the data "
+            "bucket and a prefix under its data prefix, e.g. s3://my-bucket/data/corpus"
+        )
+    bucket, _, prefix = url[5:].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def pod_path(config: DeploymentConfig, prefix: str) -> str:
+    """Where objects under `prefix` in the data bucket appear in the pods."""
+    data_prefix = config.fsx.data_bucket_prefix.strip("/")
+    parts = PurePosixPath(prefix).parts
+    if data_prefix and tuple(parts[: len(PurePosixPath(data_prefix).parts)]) != PurePosixPath(data_prefix).parts:
+        raise ConfigError(
+            f"s3 URL: prefix '{prefix}' is outside '{data_prefix}/', the only prefix the FSx data "
+            f"repository association imports (fsx.data_bucket_prefix); use s3://BUCKET/{data_prefix}/NAME"
+        )
+    rest = PurePosixPath(*parts[len(PurePosixPath(data_prefix).parts) :]) if data_prefix else PurePosixPath(prefix)
+    return str(PurePosixPath(FSX_MOUNT_PATH) / config.fsx.data_repository_path.lstrip("/") / rest)
+
+
+def upload(config: DeploymentConfig, shard_dir: Path, url: str, console: Console, *, s3_client=None) -> str:
+    """Upload a complete shard set; returns the path the pods will read it at."""
+    manifest = read_manifest(shard_dir) if shard_dir.is_dir() else None
+    if manifest is None:
+        raise ConfigError(
+            f"DIR: {shard_dir} holds no {MANIFEST_NAME}; give the --out directory of `nvrx-eks data prepare`"
+        )
+    if not manifest.get("complete"):
+        raise ConfigError(f"DIR: {shard_dir} is only partly prepared; rerun the same `data prepare` command first")
+    bucket, prefix = parse_s3_url(url)
+    path_in_pods = pod_path(config, prefix)
+    if s3_client is None:
+        import boto3
+
+        s3_client = boto3.client("s3", region_name=config.region)
+    files = [shard_dir / s["file"] for s in manifest["shards"]] + [shard_dir / MANIFEST_NAME]
+    for index, file in enumerate(files, start=1):
+        key = f"{prefix}/{file.name}" if prefix else file.name
+        s3_client.upload_file(str(file), bucket, key)
+        console.print(f"[{index}/{len(files)}] s3://{bucket}/{key}", markup=False, highlight=False)
+    console.print(f"in the pods: {path_in_pods} (render/submit --data {path_in_pods})", markup=False, highlight=False)
+    return path_in_pods

@@ -1,0 +1,1 @@
+"""A deployed environment: the validated deployment, its stack outputs, the Kubernetes client, and offline synth."""

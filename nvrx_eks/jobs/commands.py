@@ -1,0 +1,317 @@
+"""The job commands behind the CLI: render, validate, submit, status, logs, delete, and the
+cluster credentials (token, kubeconfig). Each takes plain arguments, so the Typer layer in
+nvrx_eks/cli.py stays a list of flags.
+
+Offline vs live: `render`, `validate` and `submit --dry-run` need no AWS account and no cluster;
+they derive the namespace, claim, instance type and Kubernetes version from the deployment
+config (see nvrx_eks/jobs/spec.py for how the image is chosen). With `--live` (and always for
+`submit`, `status`, `logs`, `delete`) they come from the deployed cluster stack's outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from nvrx_eks.deploy.deployment import Deployment
+from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_session, read_stack_outputs
+from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.jobs.render import RenderedJob, render_job, write_documents
+from nvrx_eks.jobs.spec import JobSpec, build_jobspec, load_train_config
+from nvrx_eks.jobs.validate import Expectations, ValidationReport, load_documents, validate_documents
+
+DEFAULT_JOB_NAME = {"train": "train", "nccl-test": "nccl-test"}
+
+
+@dataclass
+class JobOptions:
+    """The flags shared by render, validate and submit."""
+
+    nodes: int | None = None
+    api: str = "jobset"
+    fabric_test: bool = False
+    name: str | None = None
+    image: str | None = None
+    train_config: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    faults: str | None = None
+    max_restarts: int = 3
+    max_step_time_s: float | None = None
+    spare_nodes: int = 0
+
+    @property
+    def workload(self) -> str:
+        return "nccl-test" if self.fabric_test else "train"
+
+
+def _check_api(api: str) -> str:
+    if api not in ("jobset", "pytorchjob"):
+        raise ConfigError(f"--api {api!r}: use jobset (default) or pytorchjob")
+    return api
+
+
+def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutputs | None) -> JobSpec:
+    api = _check_api(options.api)
+    if options.fabric_test and (options.train_config or options.overrides or options.faults):
+        raise ConfigError("--fabric-test runs nccl-tests, not the trainer: drop --train-config, --set and --faults")
+    if options.spare_nodes and (options.fabric_test or api != "jobset"):
+        raise ConfigError(
+            "--spare-nodes: hot spares are rendered for the training JobSet only; drop --spare-nodes "
+            "or use --api jobset without --fabric-test"
+        )
+    if options.train_config and Path(options.train_config).is_dir():
+        raise ConfigError(f"--train-config {options.train_config} is a directory; give a trainer config YAML file")
+    if options.train_config and not Path(options.train_config).exists():
+        raise ConfigError(f"--train-config {options.train_config} does not exist; give a trainer config YAML file")
+    nodes = options.nodes or (outputs.node_count if outputs else deployment.config.gpu_nodes.desired_size)
+    train = (
+        None
+        if options.fabric_test
+        else load_train_config(
+            options.train_config, options.overrides, options.faults, config=deployment.config, nodes=nodes
+        )
+    )
+    return build_jobspec(
+        deployment.config,
+        nodes=nodes,
+        name=options.name or DEFAULT_JOB_NAME[options.workload],
+        api=api,
+        workload=options.workload,
+        image=options.image,
+        train=train,
+        max_restarts=options.max_restarts,
+        max_step_time_s=options.max_step_time_s,
+        outputs=outputs,
+        spare_nodes=options.spare_nodes,
+    )
+
+
+def expectations(deployment: Deployment, outputs: StackOutputs | None) -> Expectations:
+    config = deployment.config
+    if outputs is not None:
+        return Expectations(
+            kubernetes_version=outputs.kubernetes_version,
+            namespace=outputs.namespace,
+            pvc_name=outputs.pvc_name,
+            instance_type=outputs.instance_type,
+            live=True,
+        )
+    from nvrx_eks.facts.names import FSX_PVC_NAME, TRAINING_NAMESPACE
+
+    return Expectations(config.kubernetes_version, TRAINING_NAMESPACE, FSX_PVC_NAME, config.gpu_nodes.instance_type)
+
+
+def print_report(report: ValidationReport, console: Console) -> None:
+    for message in report.skipped:
+        console.print(f"[yellow]note:[/] {escape(message)}")
+    if report.findings:
+        table = Table(title="Validation findings")
+        for column in ("severity", "layer", "object", "field", "problem"):
+            table.add_column(column, overflow="fold")
+        for f in report.findings:
+            style = "red" if f.severity == "error" else "yellow"
+            table.add_row(f"[{style}]{f.severity}[/]", f.layer, escape(f.document), escape(f.path), escape(f.message))
+        console.print(table)
+    layers = "kubernetes, project" + ("" if report.skipped else ", crd")
+    verdict = "[green]valid[/]" if report.ok else f"[red]{len(report.errors)} error(s)[/]"
+    console.print(f"{report.documents_checked} document(s) checked ({layers}): {verdict}")
+
+
+# ----- commands -----------------------------------------------------------------------------
+
+
+def render(deployment: Deployment, options: JobOptions, *, live: bool, output: Path | None, out: Console, err: Console):
+    if output is not None and output.exists() and not output.is_dir():
+        raise ConfigError(f"--output {output} is a file; give a directory (created if missing) for the manifests")
+    outputs = read_stack_outputs(deployment) if live else None
+    rendered = render_job(build_spec(deployment, options, outputs))
+    if output is None:
+        sys.stdout.write(rendered.text)
+    else:
+        for path in write_documents(rendered, output):
+            err.print(f"wrote {escape(str(path))}")
+    return rendered
+
+
+def validate(
+    deployment: Deployment,
+    options: JobOptions,
+    *,
+    path: str | None,
+    live: bool,
+    console: Console,
+) -> ValidationReport:
+    outputs = read_stack_outputs(deployment) if live else None
+    if path is None:
+        documents = render_job(build_spec(deployment, options, outputs)).documents
+    elif path == "-":
+        documents = load_documents(sys.stdin.read(), "standard input")
+    else:
+        file = Path(path)
+        if file.is_dir():
+            raise ConfigError(f"{path} is a directory; give a rendered manifest file, '-' for stdin, or no path")
+        if not file.is_file():
+            raise ConfigError(f"{path} does not exist; give a rendered manifest file, '-' for stdin, or no path")
+        try:
+            text = file.read_text()
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path} is not a text file (not UTF-8); give a rendered manifest YAML file") from None
+        except OSError as e:
+            raise ConfigError(f"cannot read {path}: {e.strerror}; check its permissions") from None
+        documents = load_documents(text, path)
+    report = validate_documents(documents, expectations(deployment, outputs))
+    print_report(report, console)
+    report.raise_for_errors("the manifests")
+    return report
+
+
+def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: Console, err: Console) -> RenderedJob:
+    if dry_run:
+        # No cluster and no credentials: render and validate offline, print what would be created.
+        rendered = render_job(build_spec(deployment, options, None))
+        report = validate_documents(rendered.documents, expectations(deployment, None))
+        print_report(report, err)
+        report.raise_for_errors("the rendered job")
+        sys.stdout.write(rendered.text)
+        err.print("dry run: nothing was sent to a cluster")
+        return rendered
+
+    outputs, client = connect(deployment, err)
+    rendered = render_job(build_spec(deployment, options, outputs))
+    report = validate_documents(rendered.documents, expectations(deployment, outputs))
+    print_report(report, err)
+    report.raise_for_errors("the rendered job")
+    if rendered.spec.nodes > outputs.node_count:
+        err.print(
+            f"[yellow]note:[/] the job needs {rendered.spec.nodes} nodes and the GPU node group runs "
+            f"{outputs.node_count}; pods wait in Pending until the node group is scaled up"
+        )
+    job = client.submit(rendered)
+    err.print(
+        f"created {job['kind']} {job['metadata']['name']} in {outputs.namespace} "
+        f"({rendered.spec.nodes} x {rendered.spec.instance_type}, world size {rendered.spec.world_size})"
+    )
+    err.print(f"follow it: nvrx-eks status {rendered.spec.name}   nvrx-eks logs {rendered.spec.name} -f")
+    return rendered
+
+
+def connect(deployment: Deployment, console: Console):
+    """(stack outputs, JobClient) for the deployed cluster, on one AWS session."""
+    from nvrx_eks.deploy.kube import api_client_for
+    from nvrx_eks.jobs.client import JobClient
+
+    session = aws_session(deployment.config)
+    outputs = read_stack_outputs(deployment, session)
+    client = JobClient(api_client_for(outputs, deployment.config, session), outputs.namespace, console)
+    return outputs, client
+
+
+def status(deployment: Deployment, name: str | None, console: Console):
+    outputs, client = connect(deployment, console)
+    if name is None:
+        table = Table(title=f"Training jobs in {outputs.namespace}")
+        for column in ("name", "kind", "created"):
+            table.add_column(column)
+        for kind, obj in client.list_jobs():
+            table.add_row(obj["metadata"]["name"], kind.kind, obj["metadata"].get("creationTimestamp", ""))
+        console.print(table)
+        return None
+    result = client.status(name)
+    result.render(console)
+    return result
+
+
+def logs(
+    deployment: Deployment,
+    name: str,
+    *,
+    node: int | None,
+    rank: int | None,
+    follow: bool,
+    tail: int | None,
+    console: Console,
+):
+    if node is not None and rank is not None:
+        raise ConfigError("give either --node or --rank, not both")
+    _, client = connect(deployment, console)
+    return client.logs(name, node=node, rank=rank, follow=follow, tail_lines=tail)
+
+
+def delete(deployment: Deployment, name: str, *, wait: bool, console: Console):
+    _, client = connect(deployment, console)
+    kind = client.delete(name, wait=wait)
+    console.print(
+        f"deleted {kind.kind} {name}" + (" and its pods" if wait else " (pods stop within their grace period)")
+    )
+
+
+def token(deployment: Deployment) -> dict:
+    """An ExecCredential, the same document `aws eks get-token` prints, for kubectl."""
+    import datetime
+
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from nvrx_eks.deploy.kube import eks_token
+    from nvrx_eks.deploy.stack_outputs import aws_error
+
+    config = deployment.config
+    try:
+        value = eks_token(boto3.Session(region_name=config.region), config.cluster_name, config.region).value
+    except (BotoCoreError, ClientError) as e:
+        raise aws_error(e, config, "signing the EKS token") from None
+    expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=14)
+    credential = {
+        "kind": "ExecCredential",
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "spec": {},
+        "status": {"expirationTimestamp": expires.strftime("%Y-%m-%dT%H:%M:%SZ"), "token": value},
+    }
+    sys.stdout.write(json.dumps(credential) + "\n")
+    return credential
+
+
+def kubeconfig(deployment: Deployment) -> dict:
+    """A kubeconfig for kubectl whose credentials come from `nvrx-eks token` (no aws CLI)."""
+    outputs = read_stack_outputs(deployment)
+    name = outputs.cluster_name
+    args = ["token", *(["--config", deployment.config_path] if deployment.config_path else [])]
+    if deployment.profile:
+        args += ["--profile", deployment.profile]
+    document = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": name,
+                "cluster": {
+                    "server": outputs.endpoint,
+                    "certificate-authority-data": outputs.certificate_authority_data,
+                },
+            }
+        ],
+        "users": [
+            {
+                "name": name,
+                "user": {
+                    "exec": {
+                        "apiVersion": "client.authentication.k8s.io/v1beta1",
+                        "command": "nvrx-eks",
+                        "args": args,
+                        "interactiveMode": "Never",
+                    }
+                },
+            }
+        ],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": outputs.namespace}}],
+        "current-context": name,
+    }
+    sys.stdout.write(yaml.safe_dump(document, sort_keys=False))
+    return document

@@ -1,0 +1,319 @@
+"""Render a JobSpec into Kubernetes manifests with the Jinja templates in templates/.
+
+Templates hold the shape of each manifest; this module computes what goes in it from the facts
+(instance table, conventions, TrainConfig, launch command) so no template restates a number. The
+environment uses StrictUndefined: a variable missing from the context is an error at render
+time, never an empty string in a manifest.
+
+Output is YAML text (what `render` prints and the golden files hold) plus the parsed documents
+(what validation and submission use).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from infra import pod_security
+from nvrx_eks.facts import names as conventions
+from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from nvrx_eks.facts.instances import InstanceFacts
+from nvrx_eks.jobs.spec import (
+    FSX_MOUNT_PATH,
+    JOBSET_REPLICATED_JOB,
+    RENDEZVOUS_PORT,
+    TRAIN_CONFIG_DIR,
+    TRAIN_CONFIG_KEY,
+    TRAIN_CONFIG_PATH,
+    JobSpec,
+)
+from nvrx_eks.resources import templates_dir
+from workloads import do_not_requeue
+from workloads.launch import build_ft_launcher_argv, build_preflight_argv, inprocess_store_port
+from workloads.process_env import NCCL_RESTART_ENV
+
+MANAGED_BY = "nvrx-eks"
+#: Label selecting everything this CLI created; teardown deletes jobs by it.
+MANAGED_BY_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+WORLD_SIZE_ANNOTATION = "nvrx-eks.io/world-size"
+
+#: How long a pod waits for the rendezvous host's DNS record before failing (and being retried).
+RENDEZVOUS_DNS_WAIT_S = 300
+#: nccl-tests: port of the per-pod sshd mpirun launches ranks through, how long pods wait for
+#: each other, the whole test's deadline, and where pods exchange the launcher's public key.
+NCCL_SSH_PORT = 2222
+NCCL_WAIT_S = 600
+NCCL_DEADLINE_S = 1800
+NCCL_EXCHANGE_ROOT = f"{FSX_MOUNT_PATH}/.nvrx-eks/nccl-tests"
+#: Open MPI as the EFA installer puts it in the nccl-tests image.
+MPIRUN = "/opt/amazon/openmpi/bin/mpirun"
+
+#: p5-class tuning from AWS's published nccl-tests manifests for p5 (8 MiB NCCL buffers, 512 KiB
+#: chunks for point-to-point over the network), which fit 3200 Gbps EFA across 16-32 NICs.
+_P5_CLASS = frozenset({"p5", "p5e", "p5en"})
+
+
+def fabric_env(facts: InstanceFacts, *, debug: str = "WARN") -> dict[str, str]:
+    """NCCL/libfabric environment for the instance family."""
+    env = {
+        # libfabric may use only its EFA provider. This does not stop NCCL from falling back to
+        # TCP sockets when the plugin fails: the trainer (workloads/transport.py) and the
+        # fabric test check NCCL's log for that.
+        "FI_PROVIDER": "efa",
+        "FI_EFA_USE_DEVICE_RDMA": "1" if facts.efa_rdma else "0",
+        # DataLoader workers fork after EFA memory registration; rdma-core must stay fork-safe.
+        "FI_EFA_FORK_SAFE": "1",
+        # libfabric 2.x ignores FI_EFA_FORK_SAFE on AL2023's kernels and tries 2 MiB huge pages
+        # for its buffers. The GPU nodes reserve none and pods request none, so say so instead
+        # of relying on the fallback to normal pages.
+        "FI_EFA_USE_HUGE_PAGE": "0",
+        # NCCL's bootstrap and socket fallback use the pod's primary interface, not loopback or
+        # the CNI's host-side links.
+        "NCCL_SOCKET_IFNAME": "^lo,docker,veth",
+        "NCCL_DEBUG": debug,
+    }
+    if facts.family in _P5_CLASS:
+        env["NCCL_BUFFSIZE"] = "8388608"
+        env["NCCL_P2P_NET_CHUNKSIZE"] = "524288"
+    return env
+
+
+def trainer_env(spec: JobSpec) -> dict[str, str]:
+    """The trainer container's environment: fabric, the NCCL/torch settings NVRx's in-process
+    restart needs (also in the image, but a job run with another image must keep them), NUMA
+    binding, unbuffered output (a rank killed by a fault must not take its last lines with it)."""
+    env = {**fabric_env(spec.facts), **NCCL_RESTART_ENV, "PYTHONUNBUFFERED": "1"}
+    if spec.facts.numa_nodes > 1:
+        # ft_launcher runs each rank under `numactl --cpunodebind <local_rank // N>`, so host
+        # memory for checkpoint staging and data comes from the socket next to the rank's GPU.
+        env["NVRX_GPUS_PER_NUMA"] = str(spec.facts.gpus // spec.facts.numa_nodes)
+    return env
+
+
+def trainer_entrypoint_args(spec: JobSpec) -> tuple[list[str], list[str]]:
+    """(preflight argv, ft_launcher argv) exactly as workloads/launch.py builds them."""
+    preflight = build_preflight_argv(config_path=TRAIN_CONFIG_PATH, world_size=spec.world_size)
+    launcher = build_ft_launcher_argv(
+        spec.train,
+        config_path=TRAIN_CONFIG_PATH,
+        nnodes=spec.launched_nodes,
+        nproc_per_node=spec.nproc_per_node,
+        rdzv_endpoint=spec.rendezvous_endpoint,
+        rdzv_id=spec.name,
+    )
+    return preflight, launcher
+
+
+#: Where a trainer pod learns which attempt of its job it belongs to (workloads.do_not_requeue):
+#: (env var, pod label read through the downward API) pairs, then the attempt id built from them
+#: with Kubernetes' $(VAR) expansion. A JobSet restart recreates every pod with the next
+#: restart-attempt label. The training operator recreates single pods of a PyTorchJob, never the
+#: whole job, and puts no job uid on its pods: the job name names the attempt, and the entrypoint
+#: ignores records older than itself (an earlier submission under the same name).
+ATTEMPT_ID_SOURCES: dict[str, tuple[list[tuple[str, str]], str]] = {
+    "jobset": (
+        [
+            ("JOBSET_UID", "jobset.sigs.k8s.io/jobset-uid"),
+            ("JOBSET_RESTART_ATTEMPT", "jobset.sigs.k8s.io/restart-attempt"),
+        ],
+        "$(JOBSET_UID)-$(JOBSET_RESTART_ATTEMPT)",
+    ),
+    "pytorchjob": ([("PYTORCHJOB_NAME", "training.kubeflow.org/job-name")], "$(PYTORCHJOB_NAME)"),
+}
+
+
+def _labels(spec: JobSpec) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "nvrx-eks-trainer" if spec.workload == "train" else "nvrx-eks-nccl-test",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def _quote(value) -> str:
+    """A YAML scalar for any string: JSON string syntax is valid YAML and never misread
+    (`"1.0"`, `"yes"`, `"0123"` stay strings)."""
+    return json.dumps(value)
+
+
+def _literal_block(text: str, indent: int) -> str:
+    """A YAML literal block scalar (`|`), its lines indented by `indent` spaces."""
+    lines = text.rstrip("\n").split("\n")
+    if lines and lines[0][:1] in (" ", "\t"):
+        raise ValueError("a literal block must not start with whitespace")
+    if any(line != line.rstrip() for line in lines):
+        raise ValueError("literal block lines must not end in whitespace (YAML would keep it)")
+    pad = " " * indent
+    return "|\n" + "\n".join(pad + line if line else "" for line in lines)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["q"] = _quote
+    env.filters["block"] = _literal_block
+    return env
+
+
+_ENV = _environment()
+
+
+def _common_context(spec: JobSpec) -> dict:
+    return {
+        "job": spec,
+        "labels": _labels(spec),
+        "annotations": {"world_size": WORLD_SIZE_ANNOTATION},
+        "replicated_job": JOBSET_REPLICATED_JOB,
+        "exit_do_not_requeue": EXIT_DO_NOT_REQUEUE,
+        "mount_path": FSX_MOUNT_PATH,
+        "node": {
+            "label_key": conventions.GPU_NODE_LABEL_KEY,
+            "label_value": conventions.GPU_NODE_LABEL_VALUE,
+            "instance_type_label_key": conventions.INSTANCE_TYPE_LABEL_KEY,
+            "taint_key": conventions.GPU_TAINT_KEY,
+            "taint_value": conventions.GPU_TAINT_VALUE,
+            "taint_effect": conventions.GPU_TAINT_EFFECT,
+        },
+        "resources": {"gpu": conventions.GPU_RESOURCE, "efa": conventions.EFA_RESOURCE},
+        "security": {
+            "seccomp_profile": pod_security.SECCOMP_PROFILE,
+            "trainer_capabilities": pod_security.TRAINER_CAPABILITIES,
+            "fabric_test_capabilities": pod_security.FABRIC_TEST_CAPABILITIES,
+        },
+    }
+
+
+#: Pod labels that tell one job's pods from every other pod: the NetworkPolicy selects by them.
+JOB_POD_SELECTOR_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
+
+
+def _network_policy(spec: JobSpec, context: dict) -> str:
+    if spec.workload == "nccl-test":
+        served = f"mpirun's sshd on {NCCL_SSH_PORT}"
+    else:
+        served = (
+            f"the rendezvous store on {RENDEZVOUS_PORT}, the in-process restart store on "
+            f"{inprocess_store_port(spec.rendezvous_endpoint)}"
+        )
+    return _ENV.get_template("networkpolicy.yaml.j2").render(
+        **context, ports_served=served, pod_selector_keys=JOB_POD_SELECTOR_KEYS
+    )
+
+
+@dataclass(frozen=True)
+class RenderedJob:
+    spec: JobSpec
+    #: One YAML text per document, as rendered (comments kept).
+    texts: list[str]
+    documents: list[dict]
+
+    @property
+    def text(self) -> str:
+        return "---\n".join(self.texts)
+
+    @property
+    def job_document(self) -> dict:
+        return next(d for d in self.documents if d["kind"] in ("JobSet", "PyTorchJob"))
+
+
+def render_job(spec: JobSpec) -> RenderedJob:
+    """All manifests of the job: the trainer ConfigMap then the JobSet/PyTorchJob, or the
+    fabric test JobSet alone; then the job's NetworkPolicy (submit creates it first)."""
+    context = _common_context(spec)
+    if spec.workload == "nccl-test":
+        # INFO for INIT and NET prints which network and libfabric provider NCCL chose on each node.
+        env = {**fabric_env(spec.facts, debug="INFO"), "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+        script = _ENV.get_template("scripts/nccl-tests.sh.j2").render(
+            **context,
+            env=env,
+            exchange_root=NCCL_EXCHANGE_ROOT,
+            wait_s=NCCL_WAIT_S,
+            ssh_port=NCCL_SSH_PORT,
+            mpirun=MPIRUN,
+            max_bytes=nccl_max_bytes(spec.facts),
+        )
+        texts = [
+            _ENV.get_template("nccl-tests.yaml.j2").render(
+                **context, env=env, entrypoint=script, ssh_port=NCCL_SSH_PORT, deadline_s=NCCL_DEADLINE_S
+            ),
+            _network_policy(spec, context),
+        ]
+    else:
+        preflight, launcher = trainer_entrypoint_args(spec)
+        entrypoint = _ENV.get_template("scripts/trainer-entrypoint.sh.j2").render(
+            map_exit_codes=spec.api == "pytorchjob",
+            exit_do_not_requeue=EXIT_DO_NOT_REQUEUE,
+            dns_wait_s=RENDEZVOUS_DNS_WAIT_S,
+            rendezvous_host=shlex.quote(spec.rendezvous_host),
+            preflight=shlex.join(preflight),
+            launcher=shlex.join(launcher),
+            attempt_env=do_not_requeue.ATTEMPT_ID_ENV,
+            record_check=shlex.join(do_not_requeue.check_argv(spec.train.run_dir)),
+        )
+        attempt_fields, attempt_value = ATTEMPT_ID_SOURCES[spec.api]
+        train_context = {
+            **context,
+            "env": trainer_env(spec),
+            "entrypoint": entrypoint,
+            "rendezvous_port": RENDEZVOUS_PORT,
+            "inprocess_store_port": inprocess_store_port(spec.rendezvous_endpoint),
+            # The training operator takes MASTER_PORT from the port with this name.
+            "rendezvous_port_name": "pytorchjob-port" if spec.api == "pytorchjob" else "rendezvous",
+            "config_dir": TRAIN_CONFIG_DIR,
+            "local_checkpoints": local_checkpoint_volume(spec),
+            "attempt_fields": attempt_fields,
+            "attempt_env": {do_not_requeue.ATTEMPT_ID_ENV: attempt_value},
+        }
+        config_map = _ENV.get_template("trainer-configmap.yaml.j2").render(
+            **context, config_key=TRAIN_CONFIG_KEY, config_path=TRAIN_CONFIG_PATH, train_yaml=spec.train.to_yaml()
+        )
+        job_template = "jobset.yaml.j2" if spec.api == "jobset" else "pytorchjob.yaml.j2"
+        texts = [
+            config_map,
+            _ENV.get_template(job_template).render(**train_context),
+            _network_policy(spec, context),
+        ]
+    documents = [yaml.safe_load(t) for t in texts]
+    return RenderedJob(spec, texts, documents)
+
+
+def local_checkpoint_volume(spec: JobSpec) -> dict | None:
+    """The node-local checkpoint tier's volume when the trainer config turns the tier on: a
+    hostPath of the reviewed root (infra.pod_security) with the job's own subdirectory mounted at
+    checkpoint.local.dir. hostPath rather than a local PersistentVolume: a local PV pins each pod
+    to one node through its claim, and a JobSet has no per-pod claims (no volumeClaimTemplates);
+    the tier is a cache that may vanish with its node, which is what the replicas and FSx cover."""
+    local = spec.train.checkpoint.local
+    if not local.enabled:
+        return None
+    return {"host_path": pod_security.LOCAL_CHECKPOINT_HOST_PATH, "mount_path": local.dir, "sub_path": spec.name}
+
+
+def nccl_max_bytes(facts: InstanceFacts) -> str:
+    """Largest all_reduce message: a power of two at most a quarter of GPU memory (send and
+    receive buffers plus NCCL's own), e.g. 16G on 80 GB H100s, 4G on 24 GB A10Gs."""
+    gib = 2 ** int(math.floor(math.log2(facts.gpu_memory_gib / 4)))
+    return f"{gib}G"
+
+
+def write_documents(rendered: RenderedJob, directory: Path) -> list[Path]:
+    """One file per document, named <kind>-<name>.yaml, for `render --output DIR`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for text, document in zip(rendered.texts, rendered.documents, strict=True):
+        path = directory / f"{document['kind'].lower()}-{document['metadata']['name']}.yaml"
+        path.write_text(text)
+        paths.append(path)
+    return paths

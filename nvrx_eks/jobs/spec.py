@@ -1,0 +1,394 @@
+"""JobSpec: everything a training job manifest depends on, validated once, then rendered.
+
+A JobSpec is built from facts stated elsewhere and never retyped here:
+- the deployment: DeploymentConfig (offline) or the cluster stack's outputs (live), for the
+  namespace, the FSx claim, the instance type and the Kubernetes version;
+- the instance facts table, for GPUs (= processes per node), EFA interfaces, CPU and memory;
+- nvrx_eks/facts/names.py, for node labels, taints and extended resource names;
+- the TrainConfig, for everything the trainer and ft_launcher need, including the timeouts that
+  size the pod's termination grace period.
+
+Offline image choice: a rendered manifest needs an image, but the trainer image is built and
+pushed by `cdk deploy`. Offline (no stack), the image is, in order: `--image`, the profile's
+`image.uri`, else OFFLINE_PLACEHOLDER_IMAGE, a tag under `localhost/` that no cluster can pull,
+so a manifest rendered offline validates but is never mistaken for a deployable one (validation
+warns, and live submission refuses it). `submit` without `--dry-run` takes the image from the
+stack output TrainerImageUri.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from infra.config import DeploymentConfig
+from nvrx_eks.deploy.stack_outputs import StackOutputs
+from nvrx_eks.facts.errors import ConfigError, describe_validation_error
+from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, facts_for
+from nvrx_eks.facts.names import FSX_PVC_NAME, TRAINING_NAMESPACE
+from nvrx_eks.jobs.backstop import active_deadline_s
+from workloads.config import JOB_PRESETS, TrainConfig
+from workloads.memory import check_fits
+
+#: Where the FSx claim is mounted in every pod: data, checkpoints and run directories live there.
+FSX_MOUNT_PATH = "/fsx"
+#: Where the node-local checkpoint tier's directory (infra.pod_security.LOCAL_CHECKPOINT_HOST_PATH,
+#: the job's subdirectory) is mounted in trainer pods: checkpoint.local.dir on EKS.
+LOCAL_CHECKPOINT_MOUNT_PATH = "/local-checkpoints"
+#: Where the trainer ConfigMap is mounted, and the key holding the TrainConfig YAML.
+TRAIN_CONFIG_DIR = "/etc/nvrx-eks"
+TRAIN_CONFIG_KEY = "train.yaml"
+TRAIN_CONFIG_PATH = f"{TRAIN_CONFIG_DIR}/{TRAIN_CONFIG_KEY}"
+
+#: The image of an offline render when nothing names one (see the module docstring).
+OFFLINE_PLACEHOLDER_IMAGE = "localhost/nvrx-eks-trainer:offline-render"
+#: nccl-tests built with Open MPI, libfabric/EFA and aws-ofi-nccl by AWS (awsome-distributed-ai
+#: micro-benchmarks/nccl-tests): CUDA 13.0.2, EFA installer 1.48.0, aws-ofi-nccl 1.19.0, NCCL
+#: 2.30.4, nccl-tests 2.18.3 (the trainer image uses the same CUDA and EFA installer). A tag,
+#: not `latest`, which moves; pin a digest (`--image ...@sha256:...`) for repeatable fabric baselines.
+NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:cuda13.0.2-efa1.48.0-ofiv1.19.0-ncclv2.30.4-1-testsv2.18.3"
+
+#: c10d rendezvous port on pod 0 (ft_launcher's store); the trainer's in-process store uses +1.
+RENDEZVOUS_PORT = 29500
+#: The replicated job / replica type that runs the trainer, and its container.
+JOBSET_REPLICATED_JOB = "worker"
+TRAINER_CONTAINER = "trainer"
+#: The training operator requires this container name in every PyTorchJob replica.
+PYTORCHJOB_CONTAINER = "pytorch"
+
+Api = Literal["jobset", "pytorchjob"]
+Workload = Literal["train", "nccl-test"]
+
+# Kubernetes object names here become DNS labels: pod hostnames are
+# `<name>-worker-<job>-<index>` (JobSet) or `<name>-worker-<index>` (PyTorchJob), which must fit 63.
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME_LENGTH = 40
+
+
+class JobSpec(BaseModel):
+    """The validated inputs of one rendered job (training or fabric smoke test)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    namespace: str = TRAINING_NAMESPACE
+    api: Api = "jobset"
+    workload: Workload = "train"
+    nodes: Annotated[int, Field(ge=1, le=1024)]
+    instance_type: str
+    image: str
+    pvc_name: str = FSX_PVC_NAME
+    kubernetes_version: str
+    #: Kubernetes-level restarts of the whole job (JobSet maxRestarts / PyTorchJob backoffLimit).
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    #: Hot spare nodes launched beyond `nodes` (workloads/spares.py); the active world stays `nodes`.
+    spare_nodes: Annotated[int, Field(ge=0, le=64)] = 0
+    #: Longest healthy training step; sizes the job's deadline (nvrx_eks/jobs/backstop.py).
+    max_step_time_s: Annotated[float, Field(gt=0)] | None = None
+    train: TrainConfig = TrainConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, name: str) -> str:
+        if len(name) > MAX_NAME_LENGTH or not _NAME_RE.match(name):
+            raise ValueError(
+                f"'{name}' must be lower-case letters, digits and '-', start with a letter, end with a "
+                f"letter or digit, and be at most {MAX_NAME_LENGTH} characters (pod host names derive "
+                "from it)"
+            )
+        return name
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known_instance(cls, instance_type: str) -> str:
+        facts_for(instance_type)
+        return instance_type
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, image: str) -> str:
+        if not image or image != image.strip() or " " in image:
+            raise ValueError(
+                "give a container image reference such as 123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0"
+            )
+        return image
+
+    @model_validator(mode="after")
+    def _api_for_workload(self) -> JobSpec:
+        if self.workload == "nccl-test" and self.api != "jobset":
+            raise ValueError("the NCCL/EFA fabric test is rendered as a JobSet only; drop --api pytorchjob")
+        return self
+
+    # ----- derived facts --------------------------------------------------------------------
+
+    @property
+    def facts(self) -> InstanceFacts:
+        return facts_for(self.instance_type)
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.facts.gpus
+
+    @property
+    def world_size(self) -> int:
+        """The active world: the ranks that train (spares wait outside it)."""
+        return self.nodes * self.nproc_per_node
+
+    @property
+    def launched_nodes(self) -> int:
+        return self.nodes + self.spare_nodes
+
+    @property
+    def rendezvous_host(self) -> str:
+        """Pod 0's stable DNS name: the JobSet headless service (subdomain = JobSet name) or the
+        per-replica service the training operator creates for the PyTorchJob master."""
+        if self.api == "jobset":
+            return f"{self.name}-{JOBSET_REPLICATED_JOB}-0-0.{self.name}"
+        return f"{self.name}-master-0"
+
+    @property
+    def rendezvous_endpoint(self) -> str:
+        return f"{self.rendezvous_host}:{RENDEZVOUS_PORT}"
+
+    @property
+    def config_map_name(self) -> str:
+        return f"{self.name}-config"
+
+    @property
+    def container_name(self) -> str:
+        return PYTORCHJOB_CONTAINER if self.api == "pytorchjob" else TRAINER_CONTAINER
+
+    @property
+    def cpu_request(self) -> int:
+        return self.facts.allocatable_vcpus
+
+    @property
+    def memory_request_gib(self) -> int:
+        return self.facts.allocatable_memory_gib
+
+    @property
+    def shm_size_gib(self) -> int:
+        """/dev/shm holds NCCL's intra-node buffers, DataLoader batches and NVRx's async-checkpoint
+        staging copy of this node's shards. Pages there count against the pod's memory, so cap it
+        at half the request: a runaway writer fails its own writes instead of OOM-killing ranks."""
+        return self.memory_request_gib // 2
+
+    @property
+    def termination_grace_period_s(self) -> int:
+        """Long enough for ft_launcher to forward SIGTERM and for ranks to finish the checkpoint in
+        flight (derived by the TrainConfig from its checkpoint finalize timeout)."""
+        return self.train.recommended_termination_grace_period_s()
+
+    @property
+    def active_deadline_s(self) -> int:
+        # A JobSet's recreated Jobs start their own deadlines; a PyTorchJob's spans every attempt.
+        restarts = self.max_restarts if self.api == "pytorchjob" else 0
+        return active_deadline_s(self.train, kubernetes_restarts=restarts, step_time_s=self.max_step_time_s)
+
+
+def resolve_train_paths(train: TrainConfig, job_name: str) -> TrainConfig:
+    """Place the run on the shared file system.
+
+    Pods are ephemeral, so every path the trainer writes or reads must be on the FSx claim:
+    relative paths in the TrainConfig are taken relative to FSX_MOUNT_PATH, and a run directory
+    left at its default becomes `runs/<job name>` so two jobs never share checkpoints.
+    """
+    run_dir = train.run_dir if "run_dir" in train.model_fields_set else f"runs/{job_name}"
+    data = train.model_dump(mode="json")
+    data["run_dir"] = _on_fsx(run_dir)
+    if train.checkpoint.dir:
+        data["checkpoint"]["dir"] = _on_fsx(train.checkpoint.dir)
+    if train.data.path:
+        data["data"]["path"] = _on_fsx(train.data.path)
+    if train.checkpoint.local.enabled:
+        # The node's instance store, not FSx: that is the point of the tier.
+        data["checkpoint"]["local"]["dir"] = LOCAL_CHECKPOINT_MOUNT_PATH
+    return TrainConfig.from_dict(data, source="the trainer config placed on FSx")
+
+
+#: On GPU nodes the local tier saves this many times per FSx interval unless the trainer config
+#: sets checkpoint.local.interval_steps (null turns it off). A starting point, not a measured
+#: optimum: `nvrx-eks plan` prints the optimal pair of intervals for the profile.
+LOCAL_SAVES_PER_FSX_INTERVAL = 10
+
+
+def with_local_tier(train: TrainConfig) -> TrainConfig:
+    """The node-local tier on by default on GPU nodes (each node has TBs of instance store)."""
+    local = train.checkpoint.local
+    if "interval_steps" in local.model_fields_set or train.checkpoint.backend == "none":
+        return train
+    interval = max(1, train.checkpoint.interval_steps // LOCAL_SAVES_PER_FSX_INTERVAL)
+    checkpoint = train.checkpoint.model_copy(update={"local": local.model_copy(update={"interval_steps": interval})})
+    return train.model_copy(update={"checkpoint": checkpoint})
+
+
+def require_efa_where_expected(train: TrainConfig, instance_type: str) -> TrainConfig:
+    """distributed.require_efa, unless set explicitly, follows the instance facts: on where NCCL
+    must run over EFA with RDMA (p5, p4d), off on the g5 rehearsal types, whose single EFA has no
+    RDMA (workloads/transport.py)."""
+    if "require_efa" in train.distributed.model_fields_set or instance_type not in INSTANCE_FACTS:
+        return train
+    distributed = train.distributed.model_copy(update={"require_efa": INSTANCE_FACTS[instance_type].efa_rdma})
+    return train.model_copy(update={"distributed": distributed})
+
+
+def peak_tflops_from_facts(train: TrainConfig, instance_type: str) -> TrainConfig:
+    """peak_tflops_per_gpu, unless set explicitly, is the GPU's dense bf16 peak from the instance
+    facts (None where none is published: MFU is then n/a): the trainer image has no infra/."""
+    if "peak_tflops_per_gpu" in train.model_fields_set or instance_type not in INSTANCE_FACTS:
+        return train
+    return train.model_copy(update={"peak_tflops_per_gpu": INSTANCE_FACTS[instance_type].peak_bf16_tflops})
+
+
+def _on_fsx(path: str) -> str:
+    p = PurePosixPath(path)
+    return str(p if p.is_absolute() else PurePosixPath(FSX_MOUNT_PATH) / p)
+
+
+def load_train_config(
+    path: str | None,
+    overrides: list[str],
+    faults: str | None,
+    *,
+    config: DeploymentConfig | None = None,
+    nodes: int | None = None,
+) -> TrainConfig:
+    """The TrainConfig from `--train-config` (default: the profile's default job, given `config`
+    and `nodes`; else the trainer's defaults), `--set` overrides and `--faults` (the
+    fault-injection spec passed through to the trainer for chaos runs)."""
+    overrides = list(overrides)
+    if faults is not None:
+        overrides.append(f"faults={faults}")
+    if path:
+        return TrainConfig.from_yaml(path, overrides=overrides)
+    if config is not None:
+        return default_job(config, nodes or config.gpu_nodes.desired_size, overrides)
+    return TrainConfig.from_dict({}, source="--set/--faults", overrides=overrides)
+
+
+def default_job(config: DeploymentConfig, nodes: int, overrides: list[str]) -> TrainConfig:
+    """The profile's default job (workloads.config.JOB_PRESETS[config.default_job]) on `nodes`,
+    with `--set` overrides on top. Unless an override sets them: data.grad_accum_steps reaches
+    the preset's global batch (the largest accumulation not above it, at least 1) and
+    checkpoint.interval_steps is the checkpoint-interval plan's optimum for this job
+    (nvrx_eks.ops.plan.optimal_interval_steps, the figure `nvrx-eks plan` prints)."""
+    from nvrx_eks.ops.plan import optimal_interval_steps
+
+    preset = JOB_PRESETS[config.default_job]
+    source = f"the {config.default_job} default job with --set/--faults"
+    train = TrainConfig.from_dict(preset.train, source=source, overrides=overrides)
+    given = {item.partition("=")[0].strip() for item in overrides}
+    derived = []
+    if preset.global_batch_tokens and "data.grad_accum_steps" not in given:
+        per_micro_step = nodes * config.gpu_nodes.facts.gpus * train.data.batch_size * train.data.seq_len
+        derived.append(f"data.grad_accum_steps={max(1, preset.global_batch_tokens // per_micro_step)}")
+        train = TrainConfig.from_dict(preset.train, source=source, overrides=[*overrides, *derived])
+    if preset.global_batch_tokens and "checkpoint.interval_steps" not in given:
+        derived.append(f"checkpoint.interval_steps={optimal_interval_steps(config, train, nodes)}")
+        train = TrainConfig.from_dict(preset.train, source=source, overrides=[*overrides, *derived])
+    return train
+
+
+def build_jobspec(
+    config: DeploymentConfig,
+    *,
+    nodes: int,
+    name: str,
+    api: Api = "jobset",
+    workload: Workload = "train",
+    image: str | None = None,
+    train: TrainConfig | None = None,
+    max_restarts: int = 3,
+    max_step_time_s: float | None = None,
+    outputs: StackOutputs | None = None,
+    spare_nodes: int = 0,
+) -> JobSpec:
+    """A JobSpec for `config`: from live stack outputs when given, else derived offline.
+
+    Raises ConfigError naming the flag to fix.
+    """
+    if outputs is not None:
+        namespace, pvc_name = outputs.namespace, outputs.pvc_name
+        instance_type, k8s_version = outputs.instance_type, outputs.kubernetes_version
+        default_image = outputs.image_uri
+    else:
+        namespace, pvc_name = TRAINING_NAMESPACE, FSX_PVC_NAME
+        instance_type, k8s_version = config.gpu_nodes.instance_type, config.kubernetes_version
+        default_image = config.image.uri or OFFLINE_PLACEHOLDER_IMAGE
+    if workload == "nccl-test":
+        default_image = NCCL_TESTS_IMAGE
+    train = require_efa_where_expected(train or TrainConfig(), instance_type)
+    if spare_nodes:
+        train = TrainConfig.from_dict(
+            train.model_dump(mode="json"), source="--spare-nodes", overrides=[f"distributed.spare_nodes={spare_nodes}"]
+        )
+    train = for_gpu_nodes(resolve_train_paths(with_local_tier(peak_tflops_from_facts(train, instance_type)), name))
+    try:
+        spec = JobSpec(
+            name=name,
+            namespace=namespace,
+            api=api,
+            workload=workload,
+            nodes=nodes,
+            instance_type=instance_type,
+            image=image or default_image,
+            pvc_name=pvc_name,
+            kubernetes_version=k8s_version,
+            max_restarts=max_restarts,
+            max_step_time_s=max_step_time_s,
+            spare_nodes=spare_nodes,
+            train=train,
+        )
+    except ValidationError as e:
+        raise _flag_error(e) from None
+    if workload == "train":
+        facts = spec.facts
+        problem = check_fits(
+            spec.train,
+            spec.world_size,
+            facts.gpu_memory_gib,
+            f"{facts.gpu_model} ({spec.instance_type})",
+            ranks_per_node=spec.nproc_per_node,
+        )
+        if problem:
+            raise ConfigError(f"--train-config/--set: {problem}")
+    return spec
+
+
+def for_gpu_nodes(train: TrainConfig) -> TrainConfig:
+    """Every instance type this project deploys has GPUs: the pod's trainer must use them. An
+    explicit `backend: nccl` (rather than auto) makes a pod that cannot see its GPUs (device
+    plugin, driver, NVIDIA_VISIBLE_DEVICES) fail at start-up instead of silently training on
+    CPU with gloo; an explicitly chosen backend is kept."""
+    if train.distributed.backend != "auto":
+        return train
+    data = train.model_dump(mode="json")
+    data["distributed"]["backend"] = "nccl"
+    return TrainConfig.from_dict(data, source="the trainer config for GPU nodes")
+
+
+#: JobSpec field -> the CLI flag that sets it, so errors name what the user typed.
+_FLAGS = {
+    "name": "--name",
+    "nodes": "--nodes",
+    "image": "--image",
+    "api": "--api",
+    "max_restarts": "--max-restarts",
+    "max_step_time_s": "--max-step-time-s",
+    "instance_type": "the profile's gpu_nodes.instance_type",
+}
+
+
+def _flag_error(err: ValidationError) -> ConfigError:
+    lines = []
+    for e in err.errors():
+        field = str(e["loc"][0]) if e["loc"] else ""
+        where = _FLAGS.get(field, field or "job")
+        message = e["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where}: {message}")
+    if not lines:
+        return describe_validation_error(err, "job spec")
+    return ConfigError("invalid job options:\n" + "\n".join(lines))

@@ -1,0 +1,1 @@
+"""The trainer on this machine: `nvrx-eks local`, the run report, and the offline demo."""

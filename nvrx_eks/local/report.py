@@ -1,0 +1,281 @@
+"""`nvrx-eks report RUN_DIR`: where the wall time of a run went, and a timeline of it.
+
+Reads the trainer's JSONL events (a local run directory, or the events copied from FSx) through
+`workloads.events`, splits the wall time into productive steps, checkpoint stalls, replayed
+(lost) steps, recovery from each fault and the rest (start-up, launcher restarts), prints that
+breakdown with one line per injected fault and the layer that recovered it, and draws a
+timeline PNG with steps, checkpoints (stall and background write), faults and restarts per rank,
+and the throughput (tokens/s, step time, MFU) with a loss/throughput PNG next to the timeline.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.local.throughput_chart import plot_throughput
+from workloads.events import RunEvents, events_dir, load_run, summarize
+from workloads.metrics import format_mfu, summarize_throughput
+
+
+@dataclass(frozen=True)
+class FaultRecovery:
+    label: str  # KIND@STEP:RANK
+    t: float  # seconds since the run started
+    layer: str | None  # "inprocess" | "launcher" | None (not interrupting, or not recovered)
+    detect_and_restart_s: float | None  # fault -> training process ready again
+    first_step_after_s: float | None  # fault -> first completed step after it
+    resumed_from_step: int | None
+    lost_steps: int
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    wall_s: float
+    productive_s: float
+    checkpoint_stall_s: float
+    replayed_s: float
+    recovery_s: float
+    other_s: float  # start-up, launcher restarts, shutdown
+    goodput: float
+    final_step: int
+    saves: int
+    median_stall_s: float | None
+    restarts: dict[str, int]
+    faults: list[FaultRecovery]
+    #: workloads.metrics.summarize_throughput of the rank's steps (None fields on older runs).
+    throughput: dict[str, Any]
+
+
+def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
+    """The breakdown as seen by `rank` (rank 0 by default; every rank steps in lockstep)."""
+    if not run.events:
+        raise ConfigError("the run directory has no events (expected events/rank*.jsonl); is it a trainer run dir?")
+    summary = summarize(run, rank)
+    start = run.events[0]["t"]
+    step_ends = run.of("step_end", rank=rank)
+    last_time: dict[int, float] = {}
+    replayed_s = 0.0
+    for e in step_ends:
+        if e["step"] in last_time:
+            replayed_s += last_time[e["step"]]
+        last_time[e["step"]] = e["step_s"]
+    stalls = [e["stall_s"] for e in run.of("checkpoint_stall", rank=rank)]
+
+    faults = []
+    for outcome in summary.fault_outcomes():
+        recovered_s = outcome.get("recovered_s")
+        first_step_after = None
+        if recovered_s is not None:
+            after = [e for e in step_ends if e["t"] > outcome["t"] + recovered_s]
+            first_step_after = after[0]["t"] - outcome["t"] if after else None
+        faults.append(
+            FaultRecovery(
+                label=outcome["fault"],
+                t=outcome["t"] - start,
+                layer=outcome.get("layer"),
+                detect_and_restart_s=recovered_s,
+                first_step_after_s=first_step_after,
+                resumed_from_step=outcome.get("resumed_from_step"),
+                lost_steps=outcome.get("lost_steps", 0),
+            )
+        )
+    # Identical faults injected on several ranks are one event for the run.
+    unique = {f.label: f for f in faults}.values()
+    recovery_s = sum(f.detect_and_restart_s or 0.0 for f in unique)
+    productive_s = summary.productive_s
+    stall_s = sum(stalls)
+    other_s = max(0.0, summary.wall_s - productive_s - stall_s - replayed_s - recovery_s)
+    return Breakdown(
+        wall_s=summary.wall_s,
+        productive_s=productive_s,
+        checkpoint_stall_s=stall_s,
+        replayed_s=replayed_s,
+        recovery_s=recovery_s,
+        other_s=other_s,
+        goodput=summary.goodput,
+        final_step=summary.final_step,
+        saves=len(stalls),
+        median_stall_s=statistics.median(stalls) if stalls else None,
+        restarts=summary.restarts_by_layer(),
+        faults=sorted(unique, key=lambda f: f.t),
+        throughput=summarize_throughput(step_ends),
+    )
+
+
+def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> None:
+    b = breakdown
+    table = Table(title=f"Where the time went: {escape(str(run_dir))}")
+    table.add_column("")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    for name, seconds in (
+        ("productive steps", b.productive_s),
+        ("checkpoint stalls", b.checkpoint_stall_s),
+        ("replayed (lost) steps", b.replayed_s),
+        ("fault detection + restart", b.recovery_s),
+        ("start-up, launcher restarts, other", b.other_s),
+    ):
+        table.add_row(name, f"{seconds:.1f}", f"{seconds / b.wall_s:.1%}" if b.wall_s else "-")
+    table.add_row("[bold]wall time[/]", f"[bold]{b.wall_s:.1f}[/]", "")
+    console.print(table)
+    stall = f"median {b.median_stall_s * 1000:.0f} ms over {b.saves} saves" if b.median_stall_s is not None else "none"
+    console.print(
+        f"final step {b.final_step}, goodput {b.goodput:.1%}, checkpoint stall {stall}, restarts "
+        f"in-process {b.restarts['inprocess']} / launcher {b.restarts['launcher']}"
+    )
+    print_throughput(b.throughput, console)
+    if b.faults:
+        faults = Table(
+            title="Faults and their recovery (restart: fault to training ready; 1st step: to the next completed step; "
+            "resumed: checkpoint step loaded; lost: steps redone)"
+        )
+        for column in ("fault", "at", "recovered by", "restart", "1st step", "resumed", "lost"):
+            left = column in ("fault", "recovered by")
+            faults.add_column(column, justify="left" if left else "right", no_wrap=left)
+        for f in b.faults:
+            faults.add_row(
+                f.label,
+                f"{f.t:.1f} s",
+                {"inprocess": "in-process", "launcher": "ft_launcher"}.get(f.layer or "", "-"),
+                f"{f.detect_and_restart_s:.1f} s" if f.detect_and_restart_s is not None else "-",
+                f"{f.first_step_after_s:.1f} s" if f.first_step_after_s is not None else "-",
+                str(f.resumed_from_step) if f.resumed_from_step is not None else "-",
+                str(f.lost_steps),
+            )
+        console.print(faults)
+
+
+def print_throughput(t: dict[str, Any], console: Console) -> None:
+    if t["tokens_per_s"] is None:
+        console.print("throughput: none recorded (the run's step events carry no throughput fields)")
+        return
+    table = Table(title="Throughput (median over steps after the first)")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    table.add_row("tokens/s (all ranks)", f"{t['tokens_per_s']:,.0f}")
+    table.add_row("tokens/s per rank (GPU)", f"{t['tokens_per_s_per_gpu']:,.0f}")
+    table.add_row("step time", f"{t['step_time_s']:.3f} s")
+    table.add_row("MFU", format_mfu(t["mfu"]))
+    table.add_row("loss first -> last", f"{t['first_loss']:.4f} -> {t['last_loss']:.4f}")
+    console.print(table)
+
+
+def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]:
+    """One lane per rank: steps (kept / replayed), checkpoint stalls and background writes,
+    faults, and restart windows shaded by the layer that recovered them. Returns the labels of
+    the faults marked on the plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    start = run.events[0]["t"]
+    ranks = run.ranks
+    fig, ax = plt.subplots(figsize=(13, 2.2 + 0.8 * len(ranks)))
+    colors = {
+        "kept": "#4c9a2a",
+        "replayed": "#b0b0b0",
+        "stall": "#d62728",
+        "write": "#ff9f40",
+        "inprocess": "#9467bd",
+        "launcher": "#1f77b4",
+        "setup": "#c6dbef",
+    }
+    for lane, rank in enumerate(ranks):
+        y = lane
+        ends = run.of("step_end", rank=rank)
+        last_index = {e["step"]: i for i, e in enumerate(ends)}
+        for i, e in enumerate(ends):
+            kept = last_index[e["step"]] == i
+            ax.broken_barh(
+                [(e["t"] - e["step_s"] - start, e["step_s"])],
+                (y - 0.3, 0.6),
+                facecolors=colors["kept" if kept else "replayed"],
+                linewidth=0,
+            )
+        for e in run.of("setup_end", rank=rank):
+            ax.broken_barh([(e["t"] - e["setup_s"] - start, e["setup_s"])], (y - 0.3, 0.6), facecolors=colors["setup"])
+        # An in-process restart can save the same step again in the same process: key by iteration too.
+        stalls = {(e["pid"], e["iteration"], e["step"]): e for e in run.of("checkpoint_stall", rank=rank)}
+        for e in stalls.values():
+            ax.broken_barh([(e["t"] - e["stall_s"] - start, e["stall_s"])], (y - 0.3, 0.6), facecolors=colors["stall"])
+        for e in run.of("checkpoint_write_end", rank=rank):
+            stall = stalls.get((e["pid"], e["iteration"], e["step"]))
+            begin = stall["t"] if stall else e["t"] - e["write_s"]
+            ax.broken_barh([(begin - start, e["t"] - begin)], (y + 0.32, 0.12), facecolors=colors["write"])
+        for r in run.restarts(rank):
+            ax.axvspan(r.begin_t - start, r.end_t - start, ymin=0, ymax=1, color=colors[r.layer], alpha=0.12)
+    marked = []
+    for f in run.of("fault_injected"):
+        marked.append(f"{f['kind']}@{f['step']}:{f['target_rank']}")
+        lane = ranks.index(f["target_rank"]) if f["target_rank"] in ranks else 0
+        ax.plot(f["t"] - start, lane, marker="X", markersize=13, color="black", zorder=5)
+        ax.annotate(
+            f"{f['kind']}@{f['step']}", (f["t"] - start, lane + 0.45), ha="center", fontsize=8, fontweight="bold"
+        )
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_ylim(-0.7, len(ranks) - 0.2 + 0.5)
+    ax.set_xlabel("seconds since start")
+    ax.set_title(
+        f"goodput {breakdown.goodput:.1%} - steps, checkpoints, faults and restarts "
+        f"(in-process {breakdown.restarts['inprocess']}, launcher {breakdown.restarts['launcher']})"
+    )
+    fig.legend(
+        handles=[
+            Patch(color=colors["setup"], label="start-up / checkpoint load"),
+            Patch(color=colors["kept"], label="step (kept)"),
+            Patch(color=colors["replayed"], label="step (replayed after a fault)"),
+            Patch(color=colors["stall"], label="checkpoint stall"),
+            Patch(color=colors["write"], label="checkpoint background write"),
+            Patch(color=colors["inprocess"], alpha=0.3, label="in-process restart"),
+            Patch(color=colors["launcher"], alpha=0.3, label="ft_launcher restart"),
+            plt.Line2D([], [], marker="X", color="black", linestyle="", label="fault injected"),
+        ],
+        loc="lower center",
+        ncol=4,
+        fontsize=8,
+        frameon=False,
+    )
+    fig.tight_layout(rect=(0, 0.17, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return marked
+
+
+def run(run_dir: Path, png: Path | None, json_path: Path | None, console: Console) -> Breakdown:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{run_dir} is a file; give a trainer run directory (the one holding events/rank*.jsonl)")
+    if not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} does not exist; give the --run-dir of a trainer run")
+    events = load_run(run_dir)
+    if not events.events and events.unreadable_lines:
+        raise ConfigError(
+            f"{events_dir(run_dir)} holds {events.unreadable_lines} line(s) but none is a readable event; "
+            "the event files are damaged (a run writes one JSON object per line)"
+        )
+    breakdown = analyze(events)
+    print_breakdown(breakdown, run_dir, console)
+    png = png or run_dir / "timeline.png"
+    plot_timeline(events, breakdown, png)
+    console.print(f"timeline: {escape(str(png))}")
+    throughput_png = png.with_name("throughput.png")
+    if plot_throughput(events, throughput_png):
+        console.print(f"loss and throughput: {escape(str(throughput_png))}")
+    if json_path is not None:
+        json_path.write_text(json.dumps(_jsonable(breakdown), indent=1))
+    return breakdown
+
+
+def _jsonable(breakdown: Breakdown) -> dict[str, Any]:
+    return asdict(breakdown)

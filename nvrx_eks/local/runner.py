@@ -1,0 +1,483 @@
+"""`nvrx-eks local`: the trainer under ft_launcher on this machine (CPU ranks, gloo).
+
+The same launcher command the Kubernetes manifests render (workloads.launch), with a CPU profile
+of short timeouts so faults recover in seconds. Afterwards it prints what happened, from the
+run's event log, and makes sure no process of the run is left: the launcher's process group
+(ranks, checkpoint workers) and the NVRx in-process monitor daemons (their own sessions, found
+through the pidfiles the trainer asks NVRx to write).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from workloads import do_not_requeue
+from workloads.config import TrainConfig
+from workloads.events import RunEvents, load_run, summarize
+from workloads.faults import parse_fault_spec
+from workloads.launch import build_ft_launcher_argv
+
+# Short timeouts for CPU runs: a hang is noticed in seconds, gloo (which cannot be aborted) gives
+# up on a dead peer at the soft timeout, and ft_launcher's timeouts stay above what the
+# in-process layer may spend (hard + barrier), as TrainConfig enforces.
+LOCAL_CPU_PROFILE: dict[str, Any] = {
+    "data": {"seq_len": 64, "batch_size": 8},
+    "optimizer": {"lr": 3e-3, "warmup_steps": 5},
+    "checkpoint": {"keep": 2, "finalize_timeout_s": 60},
+    "distributed": {"backend": "gloo"},
+    "inprocess": {
+        "soft_timeout_s": 5,
+        "hard_timeout_s": 12,
+        "barrier_timeout_s": 30,
+        "completion_timeout_s": 30,
+        "heartbeat_interval_s": 0.5,
+        "heartbeat_timeout_s": 10,
+        "monitor_interval_s": 0.5,
+        "progress_watchdog_interval_s": 0.5,
+        "last_call_wait_s": 0.3,
+        "termination_grace_s": 2,
+    },
+    "fault_tolerance": {
+        "max_restarts": 5,
+        "monitor": "sections",
+        "section_timeouts_s": {"setup": 120, "step": 30},
+        "out_of_section_timeout_s": 60,
+        "workers_stop_timeout_s": 5,
+        "workload_check_interval_s": 1,
+    },
+}
+
+
+def local_config(
+    *,
+    run_dir: Path,
+    steps: int,
+    faults: str,
+    preset: str,
+    checkpoint_interval: int,
+    backend: str,
+    overrides: list[str] | tuple[str, ...] = (),
+    local_interval: int | None = None,
+    local_dir: Path | None = None,
+) -> TrainConfig:
+    data = {**LOCAL_CPU_PROFILE, "run_dir": str(run_dir), "steps": steps, "faults": faults, "model": {"preset": preset}}
+    data["checkpoint"] = {**LOCAL_CPU_PROFILE["checkpoint"], "backend": backend, "interval_steps": checkpoint_interval}
+    if local_interval is not None:
+        data["checkpoint"]["local"] = {"interval_steps": local_interval, "dir": str(local_dir) if local_dir else None}
+    return TrainConfig.from_dict(data, source="nvrx-eks local", overrides=overrides)
+
+
+def node_local_dir(run_dir: Path, node: int) -> Path:
+    """A simulated node's own local checkpoint root: no other node can read it, as on EKS."""
+    return run_dir / f"local-node{node}"
+
+
+def _port_pair_free(port: int) -> bool:
+    for p in (port, port + 1):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                return False
+    return True
+
+
+#: How long the survivors' launchers may take to exit on their own after a run with a lost node
+#: completed, before they are told to stop waiting for it.
+EXIT_BARRIER_GRACE_S = 5.0
+
+
+def free_port_pair(low: int = 20000, high: int = 32000) -> int:
+    """A port P with P and P+1 free, below Linux's ephemeral range (where ft_launcher picks
+    MASTER_PORT), so it cannot collide with a port the launcher picks."""
+    for _ in range(200):
+        port = random.randrange(low, high - 1)
+        if _port_pair_free(port):
+            return port
+    raise RuntimeError("no free port pair found")
+
+
+class ProcessTracker:
+    """Every process of a run, by pid and start time (so a recycled pid is never mistaken for
+    ours): the launcher's descendants, sampled while it runs (ft_launcher starts each rank in its
+    own session, so a process group does not cover them), and the NVRx monitor daemons, which
+    detach on purpose and are found through the pidfiles the trainer asks NVRx to write."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.seen: dict[int, float] = {}
+
+    def _remember(self, proc: psutil.Process) -> None:
+        try:
+            self.seen.setdefault(proc.pid, proc.create_time())
+        except psutil.NoSuchProcess:
+            pass
+
+    def sample(self, launcher_pid: int) -> None:
+        try:
+            launcher = psutil.Process(launcher_pid)
+            self._remember(launcher)
+            for child in launcher.children(recursive=True):
+                self._remember(child)
+        except psutil.NoSuchProcess:
+            pass
+        for pidfile in sorted((self.run_dir / "pids").glob("*.pid")):
+            try:
+                self._remember(psutil.Process(int(pidfile.read_text().strip())))
+            except (ValueError, psutil.NoSuchProcess, FileNotFoundError):
+                continue
+
+    def alive(self) -> list[psutil.Process]:
+        procs = []
+        for pid, created in self.seen.items():
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                    procs.append(proc)
+            except psutil.NoSuchProcess:
+                continue
+        return procs
+
+    def reap(self, grace_s: float) -> list[int]:
+        """Wait up to grace_s for the run's processes to exit on their own (NVRx monitor daemons
+        leave after their barrier timeout), then SIGKILL the rest by pid. Returns killed pids."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and self.alive():
+            time.sleep(0.25)
+        killed = []
+        for proc in self.alive():
+            try:
+                proc.kill()
+                killed.append(proc.pid)
+            except psutil.NoSuchProcess:
+                continue
+        return killed
+
+
+def run_local(
+    *,
+    nproc: int,
+    steps: int,
+    faults: str,
+    run_dir: Path | None,
+    preset: str,
+    checkpoint_interval: int,
+    backend: str,
+    resume: bool = False,
+    overrides: list[str] | tuple[str, ...] = (),
+    port: int | None = None,
+    console: Console | None = None,
+    print_summary: bool = True,
+    nodes: int = 1,
+    local_interval: int | None = None,
+    spare_nodes: int = 0,
+) -> int:
+    """`nodes` launchers (simulated nodes, one rendezvous, each with its own local checkpoint
+    root) of `nproc` ranks each; the last `spare_nodes` of them are hot spares (workloads.spares)."""
+    console = console or Console()
+    if nproc < 1:
+        raise ConfigError("--nproc: must be at least 1")
+    if nodes < 1:
+        raise ConfigError("--nodes: must be at least 1")
+    if not 0 <= spare_nodes < nodes:
+        raise ConfigError(
+            f"--spare-nodes: {spare_nodes} leaves no active node of --nodes {nodes}; use fewer spare nodes than nodes"
+        )
+    if spare_nodes:
+        overrides = [*overrides, f"distributed.spare_nodes={spare_nodes}"]
+    run_dir = (run_dir or Path("runs") / time.strftime("local-%Y%m%d-%H%M%S")).resolve()
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+        raise ConfigError(
+            f"--run-dir: {run_dir} already holds a run; pass --resume to continue it or choose another directory"
+        )
+    configs = [
+        local_config(
+            run_dir=run_dir,
+            steps=steps,
+            faults=faults,
+            preset=preset,
+            checkpoint_interval=checkpoint_interval,
+            backend=backend,
+            overrides=overrides,
+            local_interval=local_interval,
+            local_dir=node_local_dir(run_dir, n) if nodes > 1 else None,
+        )
+        for n in range(nodes)
+    ]
+    cfg = configs[0]
+    world = (nodes - spare_nodes) * nproc  # the active ranks: faults name one of these
+    for fault in parse_fault_spec(cfg.faults):
+        if fault.kind == "node-loss" and fault.rank >= nodes - spare_nodes:
+            raise ConfigError(
+                f"--faults: {fault.label} targets node {fault.rank}; with --nodes "
+                f"{nodes} --spare-nodes {spare_nodes} use a node below "
+                f"{nodes - spare_nodes}"
+            )
+        if fault.kind != "node-loss" and fault.rank >= world:
+            raise ConfigError(
+                f"--faults: {fault.label} targets rank {fault.rank}; with "
+                f"--nodes {nodes} --nproc {nproc} --spare-nodes {spare_nodes} use an "
+                f"active rank below {world}"
+            )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port_pair()
+    argvs = []
+    for n, node_cfg in enumerate(configs):
+        config_path = run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")
+        config_path.write_text(node_cfg.to_yaml())
+        argvs.append(
+            build_ft_launcher_argv(
+                node_cfg,
+                config_path=str(config_path),
+                nnodes=nodes,
+                nproc_per_node=nproc,
+                rdzv_endpoint=f"127.0.0.1:{port}",
+                rdzv_id=f"local-{port}",
+                launcher=str(Path(sys.executable).parent / "ft_launcher"),
+            )
+        )
+    # A fresh attempt id per run: a do-not-requeue record left by an earlier run in a resumed
+    # directory is not this run's.
+    attempt = f"local-{uuid.uuid4().hex}"
+    env = {
+        **os.environ,
+        "TORCH_CPP_LOG_LEVEL": "ERROR",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        do_not_requeue.ATTEMPT_ID_ENV: attempt,
+    }
+    if nodes > 1:
+        # ft_launcher's barrier rendezvous closes itself when two launchers share a host, unless
+        # told the nodes are simulated.
+        env["NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE"] = "1"
+    log_path = run_dir / "launcher.log"
+    console.print(f"run dir {run_dir}\nlauncher log {log_path}")
+    started = time.monotonic()
+    started_at = time.time()  # events and summary.json newer than this belong to this run
+    tracker = ProcessTracker(run_dir)
+    launchers = []
+    for n, argv in enumerate(argvs):
+        with open(log_path if n == 0 else run_dir / f"launcher-node{n}.log", "ab") as log_file:
+            launchers.append(
+                subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            )
+        if n == 0 and nodes > 1:
+            # The first launcher to bind the rendezvous port hosts the store every launcher
+            # needs to the end; on EKS that is node 0 (the endpoint's pod). Make it node 0 here
+            # too, so that a lost simulated node > 0 does not take the store with it.
+            _wait_for_listener(port, launchers[0])
+    completed_at = None  # with a lost node: when the survivors completed the run
+    released = 0  # with a lost node: how many nodes were lost when the survivors were released
+    try:
+        with console.status("starting") as status:
+            while any(p.poll() is None for p in launchers):
+                for p in launchers:
+                    tracker.sample(p.pid)
+                lost = [p for p in launchers if p.poll() not in (None, 0)]
+                if 0 < len(lost) <= spare_nodes and _completed(run_dir, started_at, steps):
+                    # The survivors' launchers now wait in torch elastic's exit barrier for every
+                    # node of the rendezvous, the lost one too, for 300 s (not configurable
+                    # through ft_launcher, and deaf to SIGTERM there); their ranks have exited and
+                    # the run is complete, so end the wait: SIGKILL the launchers' process trees.
+                    completed_at = completed_at or time.monotonic()
+                    if time.monotonic() - completed_at > EXIT_BARRIER_GRACE_S and not released:
+                        for p in launchers:
+                            if p.poll() is None:
+                                _kill_tree(p.pid)
+                        released = len(lost)
+                ends = load_run(run_dir).of("step_end", rank=0)
+                if ends:
+                    status.update(f"step {ends[-1]['step']}/{steps}  loss {ends[-1]['loss']:.3f}")
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        # Like an eviction: SIGTERM lets the ranks finish their in-flight checkpoint.
+        for p in launchers:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        while any(p.poll() is None for p in launchers):
+            for p in launchers:
+                tracker.sample(p.pid)
+            time.sleep(0.2)
+    # The run's code: the first node's that is not 0 (every launcher ends the same rendezvous).
+    # With spare nodes, up to spare_nodes launchers may end on a lost node (killed, or leaving
+    # after its rank died) while the rest finish: the run's code is theirs.
+    failed = [p.returncode for p in launchers if p.returncode != 0]
+    lost_nodes = len(failed) if len(failed) <= spare_nodes else 0
+    code = launcher_code = failed[lost_nodes] if len(failed) > lost_nodes else 0
+    if released:  # the survivors completed the run; their launchers' end was ours
+        lost_nodes, code = released, 0
+    ended_at = time.time()  # the launchers' end; reaping what they left comes after
+    # A rank decided that no restart can fix this run and shut the workload down: a launcher
+    # exits 1 (or 0 on a node whose ranks did not fail), the run's result is 93
+    # (workloads.do_not_requeue).
+    record = do_not_requeue.read_record(run_dir, attempt)
+    if record is not None:
+        code = EXIT_DO_NOT_REQUEUE
+    for p in launchers:
+        tracker.sample(p.pid)
+    killed = tracker.reap(grace_s=cfg.inprocess.barrier_timeout_s + 10)
+    wall_s = time.monotonic() - started
+    (run_dir / "local_run.json").write_text(
+        json.dumps(
+            {
+                "exit_code": code,
+                "wall_s": wall_s,
+                "started_at": started_at,
+                "processes_seen": len(tracker.seen),
+                "killed_after_exit": killed,
+                "launcher_exit_code": launcher_code,
+                "lost_nodes": lost_nodes,
+                "launcher_ended_at": ended_at,
+                "stopped_by": record["reason"] if record else stop_reason(load_run(run_dir), started_at),
+            },
+            indent=1,
+        )
+    )
+    if print_summary:
+        print_report(
+            console,
+            run_dir,
+            code,
+            wall_s,
+            killed,
+            started_at,
+            stopped=do_not_requeue.describe(record) if record else None,
+        )
+    elif killed:
+        console.print(f"[red]processes had to be killed after the launcher exited: {killed}[/]")
+    return code
+
+
+def _wait_for_listener(port: int, launcher: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and launcher.poll() is None:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+
+
+def _kill_tree(pid: int) -> None:
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue
+
+
+def _completed(run_dir: Path, since: float, steps: int) -> bool:
+    """This run's summary.json (written at completion) shows the last step."""
+    path = run_dir / "summary.json"
+    try:
+        return path.stat().st_mtime >= since and json.loads(path.read_text())["final_step"] == steps
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def stop_reason(run: RunEvents, since: float) -> str | None:
+    """Why a rank of this run ended it on an error no restart can fix (the newest such event)."""
+    stops = [e for e in run.of("unrecoverable") if e["t"] >= since]
+    return stops[-1]["reason"] if stops else None
+
+
+def restart_counts(run: RunEvents) -> dict[str, int]:
+    """Restarts begun, recovered or not: in-process ones from restart_begin (the busiest rank's
+    count; every rank records each one), launcher ones from the highest launcher cycle seen."""
+    per_rank: dict[int, int] = {}
+    for e in run.of("restart_begin"):
+        per_rank[e["rank"]] = per_rank.get(e["rank"], 0) + 1
+    return {
+        "inprocess": max(per_rank.values(), default=0),
+        "launcher": max((e["cycle"] for e in run.events), default=0),
+    }
+
+
+def print_report(
+    console: Console,
+    run_dir: Path,
+    code: int,
+    wall_s: float,
+    killed: list[int],
+    started_at: float = 0.0,
+    stopped: str | None = None,
+) -> None:
+    """The run's outcome from its own events: a resumed run directory also holds the events and
+    summary.json of earlier runs, which must not be reported as this one's."""
+    run = RunEvents([e for e in load_run(run_dir).events if e["t"] >= started_at])
+    report = summarize(run)
+    # With a do-not-requeue record the run's code (93) is not the launcher's (1, closed rendezvous).
+    title = f"exit {code}, {wall_s:.1f}s" if stopped else f"launcher exit {code}, {wall_s:.1f}s"
+    table = Table(title=f"nvrx-eks local: {title}", show_header=False)
+    table.add_column(no_wrap=True)  # labels stay greppable on narrow terminals
+    table.add_column(overflow="fold")
+    reason = stopped or stop_reason(run, started_at)
+    if reason is not None:
+        table.add_row("stopped", escape(reason))
+    table.add_row("final step", str(report.final_step))
+    ends = run.of("step_end", rank=0)
+    if ends:
+        table.add_row("loss first -> last", f"{ends[0]['loss']:.3f} -> {ends[-1]['loss']:.3f}")
+    counts = restart_counts(run)
+    table.add_row("restarts", f"in-process {counts['inprocess']}, launcher {counts['launcher']}")
+    for outcome in report.fault_outcomes():
+        if "layer" in outcome:
+            text = (
+                f"recovered by {outcome['layer']} in {outcome['recovered_s']:.1f}s, resumed "
+                f"from step {outcome['resumed_from_step']} ({outcome['lost_steps']} steps lost)"
+            )
+        else:
+            text = "injected (no restart needed)"
+        table.add_row(f"fault {outcome['fault']}", text)
+    for rebuilt in run.of("checkpoint_pointer_rebuilt", rank=0)[:1]:
+        table.add_row("checkpoint pointer", escape(rebuilt["reason"]))
+    for fb in run.of("checkpoint_fallback", rank=0):
+        table.add_row("checkpoint fallback", escape(f"{Path(fb['path']).name}: {fb['reason']}"))
+    restores = run.of("local_restore")
+    if restores or run.of("local_save"):
+        via = [e["source"] for e in restores]
+        table.add_row(
+            "local tier",
+            f"{len(run.of('local_save', rank=0))} saves; restores by rank: "
+            f"{via.count('local')} own copy, {via.count('replica')} replica; "
+            f"FSx loads {len(run.of('checkpoint_load'))}",
+        )
+    skips = {(e["origin_rank"], e["step"]): e for e in run.of("local_copy_skipped")}
+    for skipped in skips.values():
+        table.add_row(
+            "local copy skipped", escape(f"rank {skipped['origin_rank']} step {skipped['step']}: {skipped['reason']}")
+        )
+    if report.stalls_s:
+        table.add_row(
+            "checkpoint stall",
+            f"median {report.median_stall_s * 1000:.1f} ms, max "
+            f"{max(report.stalls_s) * 1000:.1f} ms over {len(report.stalls_s)} saves",
+        )
+    table.add_row("goodput", f"{report.goodput:.1%} (replayed steps: {report.lost_steps})")
+    summary = run_dir / "summary.json"
+    if summary.is_file() and summary.stat().st_mtime >= started_at:
+        table.add_row("state_sha256", json.loads(summary.read_text())["state_sha256"][:16] + "…")
+    table.add_row("processes left", "none" if not killed else f"killed {killed}")
+    console.print(table)

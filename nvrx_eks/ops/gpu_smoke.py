@@ -1,0 +1,253 @@
+"""`nvrx-eks gpu-smoke`: the GPU path end to end on one machine, before it meets a cluster.
+
+On a machine with one or more GPUs it runs the real trainer under ft_launcher, one rank per GPU,
+with the NCCL backend and bf16 compute, and checks, printing the numbers and writing a JSON:
+
+1. faults:  an exception (rank 0) and a hang (last rank) both recovered in process (same pids),
+            async NVRx checkpoints committed along the way;
+2. resume:  a second launch on the same run directory continues from the last committed step;
+3. stall:   the median checkpoint stall of the async (nvrx) backend against a synchronous run;
+4. memory:  each rank's GPU high-water mark (torch.cuda.max_memory_reserved) against
+            workloads.memory's estimate for the same job.
+
+`--dry-run` runs the same code path on CPU (gloo, the tiny preset, 2 ranks, no memory figures):
+the test suite runs it, so the script is known to work before a GPU is at hand. No figure in the
+JSON is ever filled in by anything but a measurement of this run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from nvrx_eks.facts.errors import ConfigError
+
+#: Timeouts for the GPU runs: the local CPU profile's are sized for a tiny model on CPU; a GPU
+#: run's setup (CUDA context, NCCL communicator, a 1B model) needs more, and TrainConfig's rules
+#: (ft timeouts above the in-process recovery bound, which on GPU counts the CUDA checks) hold.
+GPU_OVERRIDES = (
+    "distributed.backend=nccl",
+    "inprocess.soft_timeout_s=20",
+    "inprocess.hard_timeout_s=40",
+    "inprocess.barrier_timeout_s=60",
+    "inprocess.completion_timeout_s=60",
+    "inprocess.heartbeat_timeout_s=30",
+    "inprocess.cuda_timeout_s=10",
+    "fault_tolerance.section_timeouts_s.step=60",
+    "fault_tolerance.out_of_section_timeout_s=200",
+)
+
+
+@dataclass(frozen=True)
+class SmokePlan:
+    nproc: int
+    preset: str
+    seq_len: int
+    batch_size: int
+    steps: int
+    interval: int
+    gpu: bool
+
+    @property
+    def overrides(self) -> list[str]:
+        base = [f"data.seq_len={self.seq_len}", f"data.batch_size={self.batch_size}"]
+        return base + (list(GPU_OVERRIDES) if self.gpu else [])
+
+    @property
+    def faults(self) -> str:
+        return f"exception@{self.interval + 2}:0,hang@{2 * self.interval + 2}:{self.nproc - 1}"
+
+
+def plan_for(dry_run: bool, preset: str | None, nproc: int | None) -> SmokePlan:
+    if dry_run:
+        return SmokePlan(
+            nproc=nproc or 2, preset=preset or "tiny", seq_len=64, batch_size=8, steps=20, interval=5, gpu=False
+        )
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < 1:
+        raise ConfigError(
+            "gpu-smoke: no CUDA GPU is visible; run it on a GPU machine, or pass --dry-run "
+            "to exercise the same path on CPU"
+        )
+    if nproc is not None and nproc > gpus:
+        raise ConfigError(f"--nproc: {nproc} ranks need {nproc} GPUs; this machine has {gpus}")
+    # nproc 1 leaves no second rank to hang; the hang then targets rank 0 after its exception.
+    return SmokePlan(
+        nproc=nproc or gpus, preset=preset or "1b", seq_len=2048, batch_size=2, steps=30, interval=5, gpu=True
+    )
+
+
+def _run(
+    plan: SmokePlan, run_dir: Path, *, steps: int, faults: str, backend: str, resume: bool, console: Console
+) -> dict[str, Any]:
+    from nvrx_eks.local.runner import run_local
+    from workloads.events import load_run
+
+    code = run_local(
+        nproc=plan.nproc,
+        steps=steps,
+        faults=faults,
+        run_dir=run_dir,
+        preset=plan.preset,
+        checkpoint_interval=plan.interval,
+        backend=backend,
+        resume=resume,
+        overrides=plan.overrides,
+        console=console,
+        print_summary=False,
+    )
+    run = load_run(run_dir)
+    summary_path = run_dir / "summary.json"
+    return {
+        "exit_code": code,
+        "run": run,
+        "summary": json.loads(summary_path.read_text()) if summary_path.is_file() else None,
+    }
+
+
+def smoke(
+    *,
+    out_dir: Path,
+    dry_run: bool = False,
+    preset: str | None = None,
+    nproc: int | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Run the checks; returns (and writes to out_dir/gpu_smoke.json) the measured results."""
+    from workloads.config import TrainConfig
+    from workloads.memory import GIB, estimate_for
+
+    console = console or Console()
+    plan = plan_for(dry_run, preset, nproc)
+    out_dir = out_dir.resolve()
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ConfigError(f"--out: {out_dir} is not empty; choose a new directory")
+    checks: dict[str, Any] = {}
+
+    # 1. Faults recovered in process, with async checkpoints.
+    faulted_dir = out_dir / "faulted"
+    faulted = _run(
+        plan, faulted_dir, steps=plan.steps, faults=plan.faults, backend="nvrx", resume=False, console=console
+    )
+    run = faulted["run"]
+    restarts = [r for r in run.restarts(0) if r.layer == "inprocess"]
+    same_pids = all(r.pids[0] == r.pids[1] for r in restarts)
+    start = run.of("run_start", rank=0)[0]
+    checks["faults"] = {
+        "ok": faulted["exit_code"] == 0 and len(restarts) == 2 and same_pids,
+        "exit_code": faulted["exit_code"],
+        "inprocess_restarts": len(restarts),
+        "recovered_s": [round(r.end_t - r.begin_t, 2) for r in restarts],
+        "same_pids": same_pids,
+        "backend": start.get("backend"),
+        "commits": len(run.of("checkpoint_commit", rank=0)),
+    }
+
+    # 2. Resume: a new launch continues from the last committed step.
+    resumed = _run(
+        plan,
+        faulted_dir,
+        steps=plan.steps + plan.interval,
+        faults=plan.faults,
+        backend="nvrx",
+        resume=True,
+        console=console,
+    )
+    cycle_starts = [e for e in resumed["run"].of("setup_end", rank=0) if e["t"] > run.events[-1]["t"]]
+    resumed_from = cycle_starts[0]["resumed_from_step"] if cycle_starts else None
+    checks["resume"] = {
+        "ok": resumed["exit_code"] == 0 and resumed_from == plan.steps,
+        "exit_code": resumed["exit_code"],
+        "resumed_from_step": resumed_from,
+    }
+
+    # 3. Stall: async (from the faulted run) against synchronous saves.
+    sync = _run(
+        plan, out_dir / "sync", steps=2 * plan.interval, faults="", backend="sync", resume=False, console=console
+    )
+    async_stall = (faulted["summary"] or {}).get("checkpoints", {}).get("median_stall_s")
+    sync_stall = (sync["summary"] or {}).get("checkpoints", {}).get("median_stall_s")
+    checks["stall"] = {
+        "ok": sync["exit_code"] == 0 and async_stall is not None and sync_stall is not None,
+        "async_median_s": None if async_stall is None else round(async_stall, 4),
+        "sync_median_s": None if sync_stall is None else round(sync_stall, 4),
+    }
+
+    # 4. Memory: the high-water mark of each rank against the model's estimate.
+    train = TrainConfig.from_yaml(faulted_dir / "config.yaml")
+    estimate = estimate_for(train, plan.nproc, bf16=plan.gpu)
+    peaks = [e.get("gpu_peak_reserved_bytes") for e in faulted["run"].of("run_end")]
+    measured = max((p for p in peaks if p is not None), default=None)
+    checks["memory"] = {
+        "estimate_gib": round(estimate.total / GIB, 2),
+        "estimate_components_gib": {name: round(b / GIB, 3) for name, b in estimate.components()},
+        "peak_reserved_gib": None if measured is None else round(measured / GIB, 2),
+        "ratio": None if measured is None else round(measured / estimate.total, 3),
+        # On CPU there is no GPU memory to measure: the check is the estimate's presence.
+        "ok": measured is None if not plan.gpu else measured <= estimate.total,
+    }
+    result = {
+        "mode": "gpu" if plan.gpu else "dry-run (cpu, gloo)",
+        "nproc": plan.nproc,
+        "preset": plan.preset,
+        "bf16": plan.gpu,
+        "seq_len": plan.seq_len,
+        "batch_size": plan.batch_size,
+        "checks": checks,
+        "ok": all(c["ok"] for c in checks.values()),
+    }
+    if plan.gpu:
+        import torch
+
+        result["device"] = torch.cuda.get_device_name(0)
+        result["torch"] = torch.__version__
+        result["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "gpu_smoke.json").write_text(json.dumps(result, indent=1))
+    _print(result, console)
+    return result
+
+
+def _print(result: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"GPU smoke: {result['mode']}, {result['nproc']} rank(s), preset {result['preset']}")
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("numbers")
+    for name, check in result["checks"].items():
+        numbers = ", ".join(f"{k}={v}" for k, v in check.items() if k not in ("ok", "estimate_components_gib"))
+        table.add_row(name, "[green]ok[/]" if check["ok"] else "[red]FAILED[/]", numbers)
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m nvrx_eks.ops.gpu_smoke",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", required=True, type=Path, help="a new directory for the runs and gpu_smoke.json")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny preset: the same code path")
+    parser.add_argument("--preset", default=None, help="model preset (default: 1b on GPU, tiny dry)")
+    parser.add_argument("--nproc", type=int, default=None, help="ranks (default: one per visible GPU)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    try:
+        result = smoke(out_dir=args.out, dry_run=args.dry_run, preset=args.preset, nproc=args.nproc)
+    except ConfigError as err:
+        print(f"error: {err}")
+        return 2
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,438 @@
+"""`nvrx-eks plan`: the checkpoint interval that maximizes goodput, and what lost time costs.
+
+Model (Young 1974, Daly 2006): checkpoints every tau seconds of training cost a stall delta each;
+failures arrive with mean time between failures M for the whole job (per-node MTBF / nodes); each
+failure costs the recovery time R plus, on average, half an interval of lost work. Then
+
+    goodput(tau) = tau / (tau + delta) * (1 - (R + (tau + delta) / 2) / M)
+    tau_young    = sqrt(2 delta M)
+    tau_daly     = sqrt(2 delta M) * (1 + sqrt(delta / (2M)) / 3 + delta / (18 M)) - delta   (delta < 2M)
+
+Two strategies are compared for the profile's job: synchronous checkpoints with a Kubernetes pod
+restart after every fault (the baseline), and the layered NVRx configuration (async checkpoints,
+in-process restart). Stalls are estimated from the model's state size unless measured ones are
+given (`nvrx-eks bench` measures them); every assumption is printed next to the result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from infra.config import DeploymentConfig
+from nvrx_eks.facts.instances import PEAK_BF16_DENSE_TFLOPS
+from workloads.config import MODEL_PRESETS
+from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, GIB, MemoryEstimate, parameter_count
+
+#: Per-node MTBF: Llama 3 (Meta, 2024, "The Llama 3 Herd of Models", sec. 3.3.4) saw 419
+#: unexpected interruptions in 54 days on 16,384 H100 GPUs (2,048 8-GPU nodes):
+#: 54 * 24 * 2048 / 419 = 6,335 node-hours between failures.
+DEFAULT_NODE_MTBF_HOURS = 54 * 24 * 2048 / 419
+#: Recovery time after a fault. A Kubernetes pod restart: ~270 s, the published NVRx/EKS figure
+#: this project reproduces. An NVRx in-process restart: a fixed part (abort the process groups,
+#: finalize, health check, regroup, a new NCCL communicator, rebuild the model: the published
+#: ~10 s) plus reloading the checkpoint, modelled in inprocess_recovery_s.
+POD_RESTART_RECOVERY_S = 270.0
+INPROCESS_FIXED_S = 10.0
+#: Host-side copy bandwidth per GPU for the async snapshot. NVRx's cpu_shm staging copies into
+#: pageable shared memory (not a pinned DMA, filesystem_async.py), with a device sync every 8
+#: tensors: a conservative 10 GB/s, half of the ~20 GB/s a pinned copy reaches in practice.
+DEFAULT_D2H_GBPS = 10.0
+#: Sustained bf16 throughput per H100 for a Llama-8B FSDP run: 40% MFU of the dense peak.
+DEFAULT_EFFECTIVE_TFLOPS_PER_GPU = 0.40 * PEAK_BF16_DENSE_TFLOPS["H100"]
+
+
+def inprocess_recovery_s(state_bytes: int, fsx_bytes_per_s: float) -> float:
+    """In-process restart: the fixed part plus every rank reading its shard of the newest
+    checkpoint, all ranks at once, bounded by the file system's throughput. Verification adds no
+    reads: an in-process restart trusts the digests of the shards the same process wrote and
+    verified at commit (Checkpointer.load_latest), so only the load reads the data. (Re-hashing
+    another rank's shard first doubled the reads: ~20 s more for the 8b preset on the p5
+    profile's 4.7 GB/s.)"""
+    return INPROCESS_FIXED_S + state_bytes / fsx_bytes_per_s
+
+
+def young_interval(delta: float, mtbf: float) -> float:
+    return math.sqrt(2 * delta * mtbf)
+
+
+def daly_interval(delta: float, mtbf: float) -> float:
+    if delta >= 2 * mtbf:
+        return mtbf
+    root = math.sqrt(delta / (2 * mtbf))
+    return math.sqrt(2 * delta * mtbf) * (1 + root / 3 + delta / (18 * mtbf)) - delta
+
+
+def expected_goodput(interval: float, delta: float, mtbf: float, recovery: float) -> float:
+    """Fraction of wall time spent on productive training, first-order in 1/M."""
+    return max(0.0, interval / (interval + delta) * (1 - (recovery + (interval + delta) / 2) / mtbf))
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    stall_s: float
+    recovery_s: float
+
+
+@dataclass(frozen=True)
+class StrategyPlan:
+    strategy: Strategy
+    optimal_interval_s: float
+    goodput_at_optimal: float
+    configured_interval_s: float
+    goodput_at_configured: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    nodes: int
+    gpus: int
+    node_mtbf_h: float
+    job_mtbf_s: float
+    state_bytes: int
+    step_time_s: float
+    usd_per_hour: float | None
+    strategies: list[StrategyPlan]
+    #: Per-GPU training memory of the job (workloads.memory), when the job is known.
+    memory: MemoryEstimate | None = None
+    #: The FSx file system's throughput: how fast a checkpoint can be written at best.
+    fsx_bytes_per_s: float = 0.0
+
+    def lost_cost_per_day(self, plan: StrategyPlan, at_optimal: bool = True) -> float | None:
+        if self.usd_per_hour is None:
+            return None
+        goodput = plan.goodput_at_optimal if at_optimal else plan.goodput_at_configured
+        return (1 - goodput) * self.usd_per_hour * 24
+
+
+def make_plan(
+    config: DeploymentConfig,
+    *,
+    nodes: int | None = None,
+    preset: str = "8b",
+    tokens_per_step: int,
+    interval_steps: int,
+    node_mtbf_hours: float = DEFAULT_NODE_MTBF_HOURS,
+    sync_stall_s: float | None = None,
+    async_stall_s: float | None = None,
+    step_time_s: float | None = None,
+    memory: MemoryEstimate | None = None,
+) -> Plan:
+    facts = config.gpu_nodes.facts
+    nodes = nodes or config.gpu_nodes.desired_size
+    gpus = nodes * facts.gpus
+    params = parameter_count(MODEL_PRESETS[preset])
+    state_bytes = params * CHECKPOINT_BYTES_PER_PARAM
+    if step_time_s is None:
+        # 6 FLOPs per parameter per token (forward + backward), spread over every GPU.
+        step_time_s = 6 * params * tokens_per_step / (gpus * DEFAULT_EFFECTIVE_TFLOPS_PER_GPU * 1e12)
+    if sync_stall_s is None:
+        # Every rank writes its shard to Lustre and waits: bounded by the file system's throughput.
+        sync_stall_s = state_bytes / (config.fsx.throughput_mbps * 1e6)
+    if async_stall_s is None:
+        # The loop waits only for the copy of this GPU's shard into host memory.
+        async_stall_s = state_bytes / gpus / (DEFAULT_D2H_GBPS * 1e9)
+    job_mtbf_s = node_mtbf_hours * 3600 / nodes
+    configured_s = interval_steps * step_time_s
+    strategies = [
+        Strategy("sync + pod restart", sync_stall_s, POD_RESTART_RECOVERY_S),
+        Strategy(
+            "NVRx async + in-process",
+            async_stall_s,
+            inprocess_recovery_s(state_bytes, config.fsx.throughput_mbps * 1e6),
+        ),
+    ]
+    plans = []
+    for s in strategies:
+        tau = daly_interval(s.stall_s, job_mtbf_s)
+        plans.append(
+            StrategyPlan(
+                strategy=s,
+                optimal_interval_s=tau,
+                goodput_at_optimal=expected_goodput(tau, s.stall_s, job_mtbf_s, s.recovery_s),
+                configured_interval_s=configured_s,
+                goodput_at_configured=expected_goodput(configured_s, s.stall_s, job_mtbf_s, s.recovery_s),
+            )
+        )
+    price = facts.on_demand_usd_per_hour
+    return Plan(
+        nodes=nodes,
+        gpus=gpus,
+        node_mtbf_h=node_mtbf_hours,
+        job_mtbf_s=job_mtbf_s,
+        state_bytes=state_bytes,
+        step_time_s=step_time_s,
+        usd_per_hour=None if price is None else price * nodes,
+        strategies=plans,
+        memory=memory,
+        fsx_bytes_per_s=config.fsx.throughput_mbps * 1e6,
+    )
+
+
+def interval_steps(plan: Plan, strategy: StrategyPlan) -> int:
+    """A strategy's optimal checkpoint interval in whole training steps."""
+    return max(1, round(strategy.optimal_interval_s / plan.step_time_s))
+
+
+def plan_for_job(config: DeploymentConfig, train, nodes: int, **assumptions) -> Plan:
+    """The plan of a TrainConfig's job on `nodes` of the deployment (assumptions: make_plan's
+    measured or assumed figures)."""
+    from workloads.memory import estimate_for
+
+    gpus = nodes * config.gpu_nodes.facts.gpus
+    data = train.data
+    return make_plan(
+        config,
+        nodes=nodes,
+        preset=train.model.preset,
+        tokens_per_step=gpus * data.batch_size * data.seq_len * data.grad_accum_steps,
+        interval_steps=train.checkpoint.interval_steps,
+        memory=estimate_for(train, gpus, ranks_per_node=config.gpu_nodes.facts.gpus),
+        **assumptions,
+    )
+
+
+def optimal_interval_steps(config: DeploymentConfig, train, nodes: int) -> int:
+    """checkpoint.interval_steps of a default job: the NVRx strategy's optimum under the default
+    assumptions (the number `nvrx-eks plan` prints in its table)."""
+    plan = plan_for_job(config, train, nodes)
+    return interval_steps(plan, plan.strategies[-1])
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Console) -> None:
+    facts = config.gpu_nodes.facts
+    console.print(
+        f"[bold]{config.name}[/]: {plan.nodes}x {facts.instance_type} ({plan.gpus} GPUs), model preset {preset}: "
+        f"{plan.state_bytes / 1e9:.0f} GB of checkpointed state, ~{plan.step_time_s:.2f} s per step"
+    )
+    console.print(
+        f"Failures: node MTBF {plan.node_mtbf_h:,.0f} h -> job MTBF {_duration(plan.job_mtbf_s)} "
+        f"over {plan.nodes} nodes"
+    )
+    table = Table(title="Checkpoint interval plan (Young/Daly)")
+    for column in ("strategy", "stall/save", "recovery", "optimal interval", "goodput", "configured", "goodput"):
+        table.add_column(column, justify="right" if column != "strategy" else "left")
+    if plan.usd_per_hour is not None:
+        table.add_column("lost $/day", justify="right")
+    for p in plan.strategies:
+        steps = interval_steps(plan, p)
+        row = [
+            p.strategy.name,
+            _duration(p.strategy.stall_s),
+            _duration(p.strategy.recovery_s),
+            f"{_duration(p.optimal_interval_s)} (~{steps} steps)",
+            f"{p.goodput_at_optimal:.2%}",
+            _duration(p.configured_interval_s),
+            f"{p.goodput_at_configured:.2%}",
+        ]
+        if plan.usd_per_hour is not None:
+            row.append(f"{plan.lost_cost_per_day(p):,.0f}")
+        table.add_row(*row)
+    console.print(table)
+    if plan.usd_per_hour is not None:
+        for p in plan.strategies:
+            console.print(
+                f"  {p.strategy.name}: lost ${plan.lost_cost_per_day(p, at_optimal=False):,.0f}/day at the "
+                f"configured interval, ${plan.lost_cost_per_day(p):,.0f}/day at the optimal one"
+            )
+    if plan.usd_per_hour is not None:
+        console.print(
+            f"Cost: ${plan.usd_per_hour:,.2f}/h, ${plan.usd_per_hour * 24:,.0f}/day at the on-demand price "
+            "(nvrx_eks/facts/instances.py, us-east-1, read 2026-11)"
+        )
+    else:
+        console.print(f"Cost: {facts.instance_type} has no on-demand price (Capacity Blocks only)")
+    console.print(
+        "[dim]Stalls are estimates (sync: state / FSx throughput; async: shard / "
+        f"{DEFAULT_D2H_GBPS:g} GB/s host copy) unless "
+        "given with --sync-stall-s/--async-stall-s; recoveries are the published ~270 s pod restart and "
+        f"an in-process restart of ~{INPROCESS_FIXED_S:g} s plus reading the checkpoint from FSx. Measure yours "
+        "with `nvrx-eks bench`.[/]"
+    )
+
+
+def print_memory(memory: MemoryEstimate, config: DeploymentConfig, train, world_size: int, console: Console) -> None:
+    facts = config.gpu_nodes.facts
+    verdict = "fits" if memory.total <= facts.gpu_memory_gib * GIB else "does NOT fit"
+    console.print(
+        f"Memory per GPU ({train.model.preset}, {train.data.batch_size} x {train.data.seq_len} tokens per "
+        f"micro-batch, {train.data.grad_accum_steps} per step: global batch "
+        f"{world_size * train.data.batch_size * train.data.seq_len * train.data.grad_accum_steps:,} tokens, "
+        f"activation checkpointing {'on' if train.model.checkpoint_activations else 'off'}, "
+        f"world {world_size}): {memory.total / GIB:.1f} GiB of {facts.gpu_memory_gib} GiB "
+        f"({facts.gpu_model}): {verdict}"
+    )
+    for name, nbytes in memory.components():
+        console.print(f"  {name:<44} {nbytes / GIB:6.1f} GiB")
+    console.print(f"  [dim]host memory for checkpoint staging: {memory.host_staging / GIB:.1f} GiB per rank[/]")
+
+
+def print_scaling(config: DeploymentConfig, plan_for_nodes, node_counts: list[int], console: Console) -> None:
+    """Goodput at each strategy's optimal interval as the job grows: failures scale with nodes."""
+    table = Table(title="The same job at scale (optimal interval per strategy)")
+    table.add_column("nodes", justify="right")
+    table.add_column("job MTBF", justify="right")
+    plans = [plan_for_nodes(n) for n in node_counts]
+    for p in plans[0].strategies:
+        table.add_column(p.strategy.name, justify="right")
+    for n, plan in zip(node_counts, plans, strict=True):
+        table.add_row(str(n), _duration(plan.job_mtbf_s), *[f"{p.goodput_at_optimal:.2%}" for p in plan.strategies])
+    console.print(table)
+
+
+#: Share of faults that take a node with them (hardware: GPU, HBM, NIC, host), so that the node's
+#: local checkpoint tier is gone and the restore falls back to FSx. Llama 3 (sec. 3.3.4): ~78% of
+#: the unexpected interruptions were confirmed or suspected hardware issues. Conservative for this
+#: project's tier: a lost node's shards survive as replicas on a peer node, so only a fault that
+#: takes both copies forces FSx; the planner charges every hardware fault to FSx.
+DEFAULT_NODE_LOSS_SHARE = 0.78
+#: Read bandwidth of one node's instance-store RAID0 when every rank reloads its local shard. An
+#: assumption (p5: 8 NVMe drives; not measured here), stated so it can be replaced.
+DEFAULT_LOCAL_READ_GBPS_PER_NODE = 10.0
+
+
+@dataclass(frozen=True)
+class TwoTierPlan:
+    """Local tier every local_interval_s, FSx every fsx_interval_s. A fault keeps the local tier
+    with probability 1 - node_loss_share (recovery local_recovery_s, half a local interval lost)
+    and otherwise falls back to FSx (fsx_recovery_s, half an FSx interval lost). Waste per second,
+    first order in 1/M:
+
+        W = dL/tL + dF/tF + ((1-q)(RL + tL/2) + q(RF + tF/2)) / M
+
+    minimized per tier: tL = sqrt(2 dL M / (1-q)), tF = sqrt(2 dF M / q)."""
+
+    node_loss_share: float
+    local_stall_s: float
+    fsx_stall_s: float
+    local_recovery_s: float
+    fsx_recovery_s: float
+    local_interval_s: float
+    fsx_interval_s: float
+    goodput: float
+    #: The single-tier NVRx strategy at its own optimum, for comparison.
+    single_tier_goodput: float
+
+    @property
+    def pays_off(self) -> bool:
+        """A local tier saved less often than FSx, or one that gains nothing, is not worth its stalls."""
+        return self.local_interval_s < self.fsx_interval_s and self.goodput > self.single_tier_goodput
+
+
+def two_tier_goodput(
+    local_interval: float, fsx_interval: float, *, dl: float, df: float, rl: float, rf: float, q: float, mtbf: float
+) -> float:
+    overhead = dl / local_interval + df / fsx_interval
+    lost = (1 - q) * (rl + local_interval / 2) + q * (rf + fsx_interval / 2)
+    return max(0.0, (1 - overhead) * (1 - lost / mtbf))
+
+
+def two_tier_plan(plan: Plan, node_loss_share: float = DEFAULT_NODE_LOSS_SHARE) -> TwoTierPlan:
+    """The optimal pair of intervals for the layered strategy of `plan` (its async stall and
+    FSx-reading in-process recovery) with a local tier added. The local save stalls for the same
+    host copy as the FSx one (the copy floor); its recovery reads the shard from local NVMe."""
+    if not 0 < node_loss_share < 1:
+        raise ValueError("node loss share must be between 0 and 1 (exclusive)")
+    layered = plan.strategies[1]
+    q, mtbf = node_loss_share, plan.job_mtbf_s
+    dl = df = layered.strategy.stall_s
+    rf = layered.strategy.recovery_s
+    rl = INPROCESS_FIXED_S + plan.state_bytes / plan.nodes / (DEFAULT_LOCAL_READ_GBPS_PER_NODE * 1e9)
+    tl = math.sqrt(2 * dl * mtbf / (1 - q))
+    # One FSx save in flight at a time: the next cannot start before the previous one is written.
+    tf = max(math.sqrt(2 * df * mtbf / q), plan.state_bytes / plan.fsx_bytes_per_s)
+    return TwoTierPlan(
+        node_loss_share=q,
+        local_stall_s=dl,
+        fsx_stall_s=df,
+        local_recovery_s=rl,
+        fsx_recovery_s=rf,
+        local_interval_s=tl,
+        fsx_interval_s=tf,
+        goodput=two_tier_goodput(tl, tf, dl=dl, df=df, rl=rl, rf=rf, q=q, mtbf=mtbf),
+        single_tier_goodput=layered.goodput_at_optimal,
+    )
+
+
+def print_two_tier(plan: Plan, tiers: TwoTierPlan, console: Console) -> None:
+    def steps(seconds: float) -> int:
+        return max(1, round(seconds / plan.step_time_s))
+
+    console.print(
+        f"Two tiers (NVRx async + in-process, local tier replicated to a peer node), optimal pair: local every "
+        f"{_duration(tiers.local_interval_s)} (~{steps(tiers.local_interval_s)} steps, "
+        f"checkpoint.local.interval_steps), FSx every {_duration(tiers.fsx_interval_s)} "
+        f"(~{steps(tiers.fsx_interval_s)} steps, checkpoint.interval_steps): goodput {tiers.goodput:.2%} "
+        f"vs {tiers.single_tier_goodput:.2%} with FSx alone"
+    )
+    if not tiers.pays_off:
+        console.print(
+            "  The local tier does not pay off at this node loss share: a local save stalls as long as an "
+            "FSx one (the host copy), and too few faults leave it usable. It pays off when most faults "
+            "are soft (exceptions, hangs, killed ranks) or when FSx saves stall longer than the copy."
+        )
+    console.print(
+        f"[dim]  {tiers.node_loss_share:.0%} of faults assumed to destroy the local tier (node loss share, "
+        f"--node-loss-share); local recovery ~{_duration(tiers.local_recovery_s)} "
+        f"({DEFAULT_LOCAL_READ_GBPS_PER_NODE:g} GB/s per node local read, assumed), FSx recovery "
+        f"~{_duration(tiers.fsx_recovery_s)}.[/]"
+    )
+
+
+def run(
+    profile: str | None,
+    config_path: str | None,
+    train_config_path: str | None,
+    nodes: int | None,
+    node_mtbf_hours: float | None,
+    sync_stall_s: float | None,
+    async_stall_s: float | None,
+    step_time_s: float | None,
+    console: Console,
+    node_loss_share: float = DEFAULT_NODE_LOSS_SHARE,
+) -> Plan:
+    """Without a trainer config: the profile's default job (what `render` trains), sized for
+    the same number of nodes."""
+    from infra.config import resolve_config
+    from nvrx_eks.jobs.spec import default_job
+    from workloads.config import TrainConfig
+
+    config = resolve_config(profile, config_path)
+    job_nodes = nodes or config.gpu_nodes.desired_size
+    if train_config_path:
+        train = TrainConfig.from_yaml(train_config_path)
+    else:
+        train = default_job(config, job_nodes, [])
+
+    def plan_for(n: int) -> Plan:
+        return plan_for_job(
+            config,
+            train,
+            n,
+            node_mtbf_hours=node_mtbf_hours or DEFAULT_NODE_MTBF_HOURS,
+            sync_stall_s=sync_stall_s,
+            async_stall_s=async_stall_s,
+            step_time_s=step_time_s,
+        )
+
+    result = plan_for(job_nodes)
+    print_plan(result, config, train.model.preset, console)
+    print_two_tier(result, two_tier_plan(result, node_loss_share), console)
+    print_memory(result.memory, config, train, result.gpus, console)
+    print_scaling(config, plan_for, [result.nodes, 16, 128, 1024, 2048], console)
+    from nvrx_eks.ops.plan_spares import print_spares, spares_table  # it builds on this module
+
+    print_spares(spares_table(plan_for, [2, 8, 32, 128, 512, 1024]), console)
+    return result

@@ -1,0 +1,409 @@
+"""`nvrx-eks preflight`: what must be true in the AWS account before `cdk deploy` can succeed.
+
+Each check is one small function over a boto3 session that returns a CheckResult with the fix
+when it fails, so a user learns about a missing quota or an expired reservation in seconds
+instead of after a 40-minute rollback. The checks only read (Describe/Get/List).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from infra.addon_catalog import managed_addons
+from infra.config import DeploymentConfig
+from nvrx_eks.deploy.deployment import Deployment
+from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts
+
+PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
+
+#: Service Quotas codes of the On-Demand vCPU limits, by the instance class letter.
+#: L-417A185B "Running On-Demand P instances"; L-DB2E81BA "Running On-Demand G and VT instances".
+ON_DEMAND_VCPU_QUOTAS = {
+    "p": ("L-417A185B", "Running On-Demand P instances"),
+    "g": ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+}
+#: EKS version states in which new clusters can be created.
+_EKS_VERSION_OK = {"STANDARD_SUPPORT", "EXTENDED_SUPPORT"}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class PreflightContext:
+    config: DeploymentConfig
+    nodes: int
+    session: boto3.Session
+
+    @property
+    def facts(self) -> InstanceFacts:
+        return self.config.gpu_nodes.facts
+
+    def client(self, service: str):
+        return self.session.client(service, region_name=self.config.region)
+
+
+def _denied(e: ClientError) -> bool:
+    return e.response.get("Error", {}).get("Code", "") in {
+        "AccessDenied",
+        "AccessDeniedException",
+        "UnauthorizedOperation",
+    }
+
+
+def _error_result(name: str, e: Exception, permission: str) -> CheckResult:
+    if isinstance(e, ClientError) and _denied(e):
+        return CheckResult(name, FAIL, f"not allowed: {e.response['Error'].get('Message', '')}", f"grant {permission}")
+    return CheckResult(name, FAIL, f"could not check: {e}", "retry; if it persists, check the AWS service health page")
+
+
+# ----- the checks ---------------------------------------------------------------------------
+
+
+def check_credentials(ctx: PreflightContext) -> CheckResult:
+    name = "AWS credentials"
+    try:
+        identity = ctx.client("sts").get_caller_identity()
+    except NoCredentialsError:
+        return CheckResult(
+            name,
+            FAIL,
+            "no credentials found",
+            "set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or run `aws sso login`",
+        )
+    except (ClientError, BotoCoreError) as e:
+        return CheckResult(name, FAIL, f"the credentials do not work: {e}", "refresh or replace them")
+    if identity["Account"] != ctx.config.account:
+        return CheckResult(
+            name,
+            FAIL,
+            f"credentials are for account {identity['Account']}, the profile deploys to {ctx.config.account}",
+            "use credentials for the profile's account, or fix `account` in the profile",
+        )
+    return CheckResult(name, PASS, f"{identity['Arn']} in {identity['Account']}")
+
+
+def _quota_value(ctx: PreflightContext, service: str, code: str) -> float:
+    quotas = ctx.client("service-quotas")
+    try:
+        return quotas.get_service_quota(ServiceCode=service, QuotaCode=code)["Quota"]["Value"]
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") != "NoSuchResourceException":
+            raise
+    # Never raised by the account: the default applies.
+    return quotas.get_aws_default_service_quota(ServiceCode=service, QuotaCode=code)["Quota"]["Value"]
+
+
+def _vcpus_in_use(ctx: PreflightContext, instance_class: str) -> int:
+    """vCPUs of running/pending instances of the same quota class (P or G) in the region."""
+    ec2 = ctx.client("ec2")
+    unknown: dict[str, int] = {}
+    used = 0
+    paginator = ec2.get_paginator("describe_instances")
+    filters = [{"Name": "instance-state-name", "Values": ["pending", "running"]}]
+    for page in paginator.paginate(Filters=filters):
+        for reservation in page["Reservations"]:
+            for instance in reservation["Instances"]:
+                instance_type = instance["InstanceType"]
+                if not instance_type.startswith(instance_class):
+                    continue
+                if instance_type in INSTANCE_FACTS:
+                    used += INSTANCE_FACTS[instance_type].vcpus
+                else:
+                    unknown[instance_type] = unknown.get(instance_type, 0) + 1
+    if unknown:
+        described = ec2.describe_instance_types(InstanceTypes=sorted(unknown))["InstanceTypes"]
+        for item in described:
+            used += item["VCpuInfo"]["DefaultVCpus"] * unknown[item["InstanceType"]]
+    return used
+
+
+def check_vcpu_quota(ctx: PreflightContext, reservation: dict | None = None) -> CheckResult:
+    facts = ctx.facts
+    instance_class = facts.family[0]
+    code, quota_name = ON_DEMAND_VCPU_QUOTAS[instance_class]
+    name = f"vCPU quota: {quota_name}"
+    needed = ctx.nodes * facts.vcpus
+    if reservation is not None and reservation.get("AvailableInstanceCount", 0) >= ctx.nodes:
+        return CheckResult(
+            name, PASS, f"{ctx.nodes} instances covered by capacity reservation {reservation['CapacityReservationId']}"
+        )
+    try:
+        limit = _quota_value(ctx, "ec2", code)
+        used = _vcpus_in_use(ctx, instance_class)
+    except (ClientError, BotoCoreError) as e:
+        return _error_result(name, e, "servicequotas:GetServiceQuota and ec2:DescribeInstances")
+    free = limit - used
+    detail = f"need {needed} ({ctx.nodes} x {facts.vcpus}), quota {limit:g}, in use {used}"
+    if free >= needed:
+        return CheckResult(name, PASS, detail)
+    return CheckResult(
+        name,
+        FAIL,
+        detail,
+        f"request a quota increase to at least {math.ceil(used + needed)} vCPUs (Service Quotas > Amazon EC2 > "
+        f"{quota_name}, code {code}) or use a capacity reservation",
+    )
+
+
+def check_instance_offered(ctx: PreflightContext) -> CheckResult:
+    instance_type, az = ctx.facts.instance_type, ctx.config.gpu_availability_zone
+    name = f"{instance_type} offered in {az}"
+    try:
+        offerings = ctx.client("ec2").describe_instance_type_offerings(
+            LocationType="availability-zone",
+            Filters=[{"Name": "instance-type", "Values": [instance_type]}],
+        )["InstanceTypeOfferings"]
+    except (ClientError, BotoCoreError) as e:
+        return _error_result(name, e, "ec2:DescribeInstanceTypeOfferings")
+    zones = sorted(o["Location"] for o in offerings)
+    if az in zones:
+        return CheckResult(name, PASS, f"offered in {', '.join(zones)}")
+    return CheckResult(
+        name,
+        FAIL,
+        f"not offered in {az}"
+        + (f"; offered in {', '.join(zones)}" if zones else f" nor anywhere in {ctx.config.region}"),
+        f"set gpu_availability_zone to one of {', '.join(zones)}"
+        if zones
+        else "choose another region or instance type",
+    )
+
+
+def describe_reservation(ctx: PreflightContext) -> tuple[dict | None, CheckResult]:
+    reservation_id = ctx.config.gpu_nodes.capacity_reservation_id
+    name = "capacity reservation"
+    if reservation_id is None:
+        return None, CheckResult(name, SKIP, "none configured (on-demand capacity)")
+    name = f"capacity reservation {reservation_id}"
+    try:
+        found = ctx.client("ec2").describe_capacity_reservations(CapacityReservationIds=[reservation_id])[
+            "CapacityReservations"
+        ]
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in {
+            "InvalidCapacityReservationId.NotFound",
+            "InvalidCapacityReservationId.Malformed",
+        }:
+            found = []
+        else:
+            return None, _error_result(name, e, "ec2:DescribeCapacityReservations")
+    except BotoCoreError as e:
+        return None, _error_result(name, e, "ec2:DescribeCapacityReservations")
+    if not found:
+        return None, CheckResult(
+            name,
+            FAIL,
+            f"does not exist in {ctx.config.region}",
+            "check gpu_nodes.capacity_reservation_id and the region",
+        )
+    reservation = found[0]
+    problems = []
+    if reservation["InstanceType"] != ctx.facts.instance_type:
+        problems.append(f"is for {reservation['InstanceType']}, not {ctx.facts.instance_type}")
+    if reservation["AvailabilityZone"] != ctx.config.gpu_availability_zone:
+        problems.append(f"is in {reservation['AvailabilityZone']}, not {ctx.config.gpu_availability_zone}")
+    state = reservation["State"]
+    # A purchased Capacity Block is `scheduled` until its start time; nodes launch once it is active.
+    acceptable = {"active"} | ({"scheduled"} if ctx.config.gpu_nodes.capacity_type == "capacity-block" else set())
+    if state not in acceptable:
+        problems.append(f"is {state}")
+    available = reservation.get("AvailableInstanceCount", 0)
+    if available < ctx.nodes:
+        problems.append(
+            f"has {available} of {reservation.get('TotalInstanceCount', '?')} instances available, need {ctx.nodes}"
+        )
+    if problems:
+        return reservation, CheckResult(
+            name,
+            FAIL,
+            "; ".join(problems),
+            "use a reservation that is active (or a scheduled Capacity Block), in the GPU AZ, for this "
+            "instance type and with enough free instances; or remove capacity_reservation_id",
+        )
+    note = f" (starts {reservation.get('StartDate')})" if state == "scheduled" else ""
+    return reservation, CheckResult(
+        name,
+        PASS,
+        f"{state}{note}, {available} x {reservation['InstanceType']} available in {reservation['AvailabilityZone']}",
+    )
+
+
+def _lustre_storage_quota(ctx: PreflightContext) -> dict | None:
+    """The account's FSx for Lustre SSD storage quota, found by name: FSx publishes one per
+    deployment type ("... Persistent_2 ..." for this project's file systems)."""
+    paginator = ctx.client("service-quotas").get_paginator("list_service_quotas")
+    candidates = []
+    for page in paginator.paginate(ServiceCode="fsx"):
+        for quota in page["Quotas"]:
+            text = quota["QuotaName"].lower().replace(" ", "_")
+            if "lustre" in text and "storage" in text and "backup" not in text:
+                candidates.append(quota)
+    persistent_2 = [q for q in candidates if "persistent_2" in q["QuotaName"].lower().replace(" ", "_")]
+    return (persistent_2 or candidates or [None])[0]
+
+
+def check_fsx_quota(ctx: PreflightContext) -> CheckResult:
+    name = "FSx for Lustre storage quota"
+    needed = ctx.config.fsx.storage_gib
+    try:
+        quota = _lustre_storage_quota(ctx)
+        used = 0
+        for page in ctx.client("fsx").get_paginator("describe_file_systems").paginate():
+            used += sum(fs["StorageCapacity"] for fs in page["FileSystems"] if fs["FileSystemType"] == "LUSTRE")
+    except (ClientError, BotoCoreError) as e:
+        return _error_result(name, e, "servicequotas:ListServiceQuotas and fsx:DescribeFileSystems")
+    if quota is None:
+        return CheckResult(
+            name, WARN, "no Lustre storage quota found in Service Quotas", "check Service Quotas > Amazon FSx by hand"
+        )
+    limit = quota["Value"]
+    detail = f"need {needed} GiB, quota {limit:g} GiB ({quota['QuotaName']}), in use {used} GiB"
+    if used + needed <= limit:
+        return CheckResult(name, PASS, detail)
+    return CheckResult(
+        name,
+        FAIL,
+        detail,
+        f"request an increase of '{quota['QuotaName']}' (code {quota['QuotaCode']}) to at least {used + needed} GiB, "
+        "or lower fsx.storage_gib",
+    )
+
+
+def check_kubernetes_version(ctx: PreflightContext) -> CheckResult:
+    version = ctx.config.kubernetes_version
+    name = f"EKS offers Kubernetes {version}"
+    try:
+        versions = ctx.client("eks").describe_cluster_versions(clusterVersions=[version])["clusterVersions"]
+    except (ClientError, BotoCoreError) as e:
+        return _error_result(name, e, "eks:DescribeClusterVersions")
+    usable = [v for v in versions if v.get("clusterVersion") == version and v.get("versionStatus") in _EKS_VERSION_OK]
+    if usable:
+        return CheckResult(name, PASS, f"{usable[0]['versionStatus'].replace('_', ' ').lower()}")
+    status = versions[0].get("versionStatus") if versions else "not offered"
+    return CheckResult(
+        name,
+        FAIL,
+        f"{version} is {status} in {ctx.config.region}",
+        "set kubernetes_version to a version EKS offers (aws eks describe-cluster-versions)",
+    )
+
+
+def _offered_addon_versions(ctx: PreflightContext, addon: str) -> tuple[list[str], str | None]:
+    """Builds EKS offers of `addon` for the profile's Kubernetes minor, and its default build."""
+    minor = ctx.config.kubernetes_version
+    offered, default = [], None
+    paginator = ctx.client("eks").get_paginator("describe_addon_versions")
+    for page in paginator.paginate(kubernetesVersion=minor, addonName=addon):
+        for item in page["addons"]:
+            for version in item["addonVersions"]:
+                for compatibility in version.get("compatibilities", []):
+                    if compatibility.get("clusterVersion") == minor:
+                        offered.append(version["addonVersion"])
+                        if compatibility.get("defaultVersion"):
+                            default = version["addonVersion"]
+    return offered, default
+
+
+def check_addon_versions(ctx: PreflightContext) -> CheckResult:
+    """Every EKS managed add-on the stacks install, at its pinned build, must be offered for the
+    profile's Kubernetes minor; CloudFormation would otherwise fail mid-deploy with "Addon version
+    specified is not supported"."""
+    minor = ctx.config.kubernetes_version
+    name = f"EKS add-on versions for {minor}"
+    problems, fixes, pinned = [], [], []
+    try:
+        for addon in managed_addons(ctx.config):
+            offered, default = _offered_addon_versions(ctx, addon.name)
+            if not offered:
+                problems.append(f"{addon.name} is not offered for Kubernetes {minor}")
+                fixes.append(
+                    "check kubernetes_version and the add-on "
+                    f"(aws eks describe-addon-versions --addon-name {addon.name})"
+                )
+            elif addon.version is None:
+                pinned.append(f"{addon.name} (EKS default {default or '?'})")
+            elif addon.version not in offered:
+                problems.append(
+                    f"{addon.name} {addon.version} is not offered for Kubernetes {minor} "
+                    f"(EKS default: {default or 'none'})"
+                )
+                fixes.append(
+                    f"set addons.versions.{addon.config_field}: {default or offered[0]} in the profile "
+                    "(or update the pin in nvrx_eks/facts/kubernetes_versions.py)"
+                )
+            else:
+                pinned.append(f"{addon.name} {addon.version}")
+    except (ClientError, BotoCoreError) as e:
+        return _error_result(name, e, "eks:DescribeAddonVersions")
+    if problems:
+        return CheckResult(name, FAIL, "; ".join(problems), "; ".join(fixes))
+    return CheckResult(name, PASS, ", ".join(pinned))
+
+
+# ----- the run ------------------------------------------------------------------------------
+
+
+def run_checks(config: DeploymentConfig, nodes: int, session: boto3.Session) -> list[CheckResult]:
+    ctx = PreflightContext(config, nodes, session)
+    results = [check_credentials(ctx)]
+    if results[0].status == FAIL:
+        skipped = (
+            "vCPU quota",
+            "instance offered",
+            "capacity reservation",
+            "FSx storage quota",
+            "EKS version",
+            "EKS add-on versions",
+        )
+        return results + [CheckResult(n, SKIP, "needs working credentials") for n in skipped]
+    reservation, reservation_result = describe_reservation(ctx)
+    checks: list[Callable[[], CheckResult]] = [
+        lambda: check_vcpu_quota(ctx, reservation if reservation_result.status == PASS else None),
+        lambda: check_instance_offered(ctx),
+        lambda: reservation_result,
+        lambda: check_fsx_quota(ctx),
+        lambda: check_kubernetes_version(ctx),
+        lambda: check_addon_versions(ctx),
+    ]
+    return results + [check() for check in checks]
+
+
+def print_results(results: list[CheckResult], console: Console) -> None:
+    styles = {PASS: "green", FAIL: "bold red", WARN: "yellow", SKIP: "dim"}
+    table = Table(title="Preflight", show_lines=False)
+    for column in ("check", "result", "detail", "fix"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(escape(r.name), f"[{styles[r.status]}]{r.status}[/]", escape(r.detail), escape(r.fix))
+    console.print(table)
+
+
+def run(
+    deployment: Deployment, nodes: int | None, console: Console, session: boto3.Session | None = None
+) -> list[CheckResult]:
+    config = deployment.config
+    nodes = nodes or config.gpu_nodes.max_size
+    results = run_checks(config, nodes, session or boto3.Session(region_name=config.region))
+    print_results(results, console)
+    failed = [r for r in results if r.status == FAIL]
+    if failed:
+        raise ConfigError(
+            f"{len(failed)} preflight check(s) failed ({', '.join(r.name for r in failed)}); "
+            f"fix them before `{deployment.deploy_command}`"
+        )
+    return results

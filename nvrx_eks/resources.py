@@ -1,0 +1,31 @@
+"""Where the project's files are: the Jinja templates (package data) and the checkout.
+
+The templates travel with the package, so `nvrx-eks render` works from an installed wheel. A few
+commands drive the CDK app and need the checkout itself (cdk.json, node_modules, the Dockerfile's
+build context): they find it with `checkout_root()`, which says how to fix it when absent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nvrx_eks.facts.errors import ConfigError
+
+#: The repository root when running from a checkout (editable install or PYTHONPATH).
+_SOURCE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def templates_dir() -> Path:
+    """The folder of Jinja templates for the job manifests."""
+    return _SOURCE_ROOT / "templates"
+
+
+def checkout_root() -> Path:
+    """The repository checkout that holds cdk.json, for commands that run the CDK app."""
+    if not (_SOURCE_ROOT / "cdk.json").is_file():
+        raise ConfigError(
+            f"this command needs the nvrx-eks repository checkout (cdk.json, app.py, node_modules), "
+            f"but the package runs from {_SOURCE_ROOT}; run it from a clone of the repository "
+            f"after `make setup`"
+        )
+    return _SOURCE_ROOT

@@ -1,1 +1,0 @@
-"""The operator CLI, `nvrx-eks`: one console script, one module per command group."""

@@ -1,0 +1,246 @@
+"""`nvrx-eks bench`: the derived numbers on event logs whose answers are known, the fault
+schedules, the option errors, and one small real scenario (P3) through the whole command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from nvrx_eks.bench.analysis import (
+    IncompleteRun,
+    checkpoint_cost,
+    fault_recoveries,
+    goodput,
+    recovery_medians,
+    summarize_backends,
+)
+from nvrx_eks.bench.scenarios import seeded_schedule, spaced_schedule
+from tests.support.trainer_fixtures import REPO, exclusive_trainer_runs, port_pair, processes_mentioning
+from workloads.events import RunEvents
+from workloads.faults import parse_fault_spec
+
+
+class Log:
+    """Builds a RunEvents by hand: `at(t, rank, event, pid, **fields)`."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+
+    def at(self, t, rank, event, pid=100, cycle=0, iteration=0, **fields):
+        self.events.append(
+            {
+                "v": 1,
+                "t": t,
+                "event": event,
+                "rank": rank,
+                "pid": pid + rank,
+                "host": "h",
+                "cycle": cycle,
+                "iteration": iteration,
+                **fields,
+            }
+        )
+
+    def run(self) -> RunEvents:
+        return RunEvents(sorted(self.events, key=lambda e: e["t"]))
+
+
+def _checkpointing_run(
+    step_s: float, save_gap_s: float, handoff_s: float | None, first_gap_s: float, interval: int = 2, steps: int = 9
+) -> RunEvents:
+    """One rank, steps of `step_s` with 0.01 s of loop bookkeeping between them; after each save
+    the loop is blocked `save_gap_s` (the first save: `first_gap_s`), of which the save call
+    took `handoff_s` (None: no checkpointing, no stall events)."""
+    log, t = Log(), 0.0
+    log.at(t, 0, "run_start")
+    for step in range(1, steps + 1):
+        log.at(t, 0, "step_start", step=step)
+        t += step_s
+        log.at(t, 0, "step_end", step=step, step_s=step_s, loss=1.0)
+        if step % interval == 0:
+            gap = first_gap_s if step == interval else save_gap_s
+            if handoff_s is not None:
+                log.at(t + handoff_s, 0, "checkpoint_stall", step=step, stall_s=handoff_s, backend="x")
+            t += gap
+        else:
+            t += 0.01
+    return log.run()
+
+
+def test_checkpoint_cost_measures_the_steady_state_cycles():
+    # k=2, 9 steps: cycle 0 = steps 1-2 (first save), steady cycles 1..3 = steps 3-4, 5-6, 7-8.
+    cost = checkpoint_cost(_checkpointing_run(1.0, 0.5, 0.2, first_gap_s=3.0), 2, "nvrx")
+    assert cost.cycles == 3
+    assert cost.blocked_s == pytest.approx([0.51] * 3)  # save gap + one bookkeeping gap
+    assert cost.handoff_s == pytest.approx([0.2] * 3)
+    assert cost.first_blocked_s == pytest.approx(3.0) and cost.first_handoff_s == pytest.approx(0.2)
+    assert cost.steps_per_s == pytest.approx(6 / (3 * 2.51))
+    with pytest.raises(IncompleteRun, match="at least 5 steps"):
+        checkpoint_cost(_checkpointing_run(1.0, 0.5, 0.2, 3.0, steps=4), 2, "nvrx")
+
+
+def test_backends_are_compared_with_the_run_without_checkpoints_and_the_copy_floor():
+    none = checkpoint_cost(_checkpointing_run(1.0, 0.01, None, 0.01), 2, "none")
+    sync = checkpoint_cost(_checkpointing_run(1.0, 1.0, 1.0, 1.0), 2, "sync")
+    # Async: short stall but slower steps (background writes compete for the cores).
+    nvrx = checkpoint_cost(_checkpointing_run(1.25, 0.05, 0.04, 3.0), 2, "nvrx")
+    rows = {b.backend: b for b in summarize_backends([none, sync, nvrx], copy_s=0.02)}
+    assert rows["none"].efficiency == 1.0
+    assert rows["sync"].efficiency == pytest.approx(2.02 / 3.01)
+    assert rows["nvrx"].efficiency == pytest.approx(2.02 / 2.56)
+    assert rows["nvrx"].step_slowdown == pytest.approx(1.25)
+    assert rows["nvrx"].floor_ratio == pytest.approx(0.04 / 0.02)  # the stall: the save call
+    assert rows["nvrx"].blocked_s == pytest.approx(0.06)  # + one bookkeeping gap
+    assert rows["none"].handoff_s is None and rows["none"].floor_ratio is None
+    assert rows["nvrx"].first_blocked_s == pytest.approx(3.0)
+    with pytest.raises(IncompleteRun, match="backend none"):
+        summarize_backends([sync], copy_s=0.02)
+
+
+def _faulted_run() -> RunEvents:
+    """Two ranks. exception@5:1 at t=10, recovered in process: restart_begin 1.0 s later on rank 0
+    (1.2 s on rank 1), ready at 3.0/3.5 s, first step ends at 4.5 s, resumed from step 4.
+    sigkill@9:0 at t=30: new pids start at 36/37 s, ready at 39 s, first step ends at 40 s,
+    resumed from step 6."""
+    log = Log()
+    for rank in (0, 1):
+        log.at(0.0, rank, "run_start")
+        log.at(1.0, rank, "setup_end", resumed_from_step=0, setup_s=1.0)
+        log.at(9.0, rank, "step_end", step=4, step_s=1.0)
+    log.at(10.0, 1, "fault_injected", kind="exception", step=5, target_rank=1)
+    log.at(11.0, 0, "restart_begin", layer="inprocess")
+    log.at(11.2, 1, "restart_begin", layer="inprocess")
+    log.at(13.0, 0, "setup_end", iteration=1, resumed_from_step=4, setup_s=1.5)
+    log.at(13.5, 1, "setup_end", iteration=1, resumed_from_step=4, setup_s=1.5)
+    log.at(14.5, 0, "step_end", iteration=1, step=5, step_s=1.0)
+    log.at(30.0, 0, "fault_injected", iteration=1, kind="sigkill", step=9, target_rank=0)
+    for rank, start in ((0, 36.0), (1, 37.0)):
+        log.at(start, rank, "run_start", pid=200, cycle=1)
+        log.at(39.0, rank, "setup_end", pid=200, cycle=1, resumed_from_step=6, setup_s=2.0)
+    log.at(40.0, 0, "step_end", pid=200, cycle=1, step=7, step_s=1.0)
+    return log.run()
+
+
+def test_recoveries_time_each_fault_along_the_path_it_took():
+    exception, sigkill = fault_recoveries(_faulted_run())
+    assert (exception.path, exception.fault) == ("inprocess", "exception@5:1")
+    assert exception.detect_s == pytest.approx(1.0) and exception.respawn_s is None
+    assert exception.restart_s == pytest.approx(3.5) and exception.first_step_s == pytest.approx(4.5)
+    assert (exception.resumed_from_step, exception.lost_steps) == (4, 0)
+    assert sigkill.path == "new processes" and sigkill.detect_s is None
+    assert sigkill.respawn_s == pytest.approx(7.0)  # the last rank's new process
+    assert sigkill.restart_s == pytest.approx(9.0) and sigkill.first_step_s == pytest.approx(10.0)
+    assert sigkill.lost_steps == 2  # steps 7 and 8 ran before the kill and again after it
+    medians = recovery_medians([exception, sigkill])
+    assert medians["n"] == 2 and medians["first_step_s"] == pytest.approx(7.25)
+    assert fault_recoveries(_faulted_run(), ("hang",)) == []
+
+
+def test_a_fault_nobody_recovered_from_is_an_incomplete_run():
+    log = Log()
+    log.at(0.0, 0, "run_start")
+    log.at(1.0, 0, "fault_injected", kind="sigkill", step=3, target_rank=0)
+    with pytest.raises(IncompleteRun, match="not every rank was ready"):
+        fault_recoveries(log.run())
+
+
+def test_goodput_splits_the_wall_time():
+    log = Log()
+    log.at(0.0, 0, "run_start")
+    for step, end in ((1, 3.0), (2, 4.0), (2, 9.0), (3, 10.0)):  # step 2 replayed
+        log.at(end, 0, "step_end", step=step, step_s=1.0)
+    log.at(10.5, 0, "checkpoint_stall", step=3, stall_s=0.5)
+    g = goodput(log.run())
+    assert (g.final_step, g.lost_steps, g.saves) == (3, 1, 1)
+    assert g.wall_s == pytest.approx(10.5) and g.productive_s == pytest.approx(3.0)
+    assert g.replayed_s == pytest.approx(1.0) and g.checkpoint_stall_s == pytest.approx(0.5)
+    assert g.other_s == pytest.approx(6.0) and g.goodput == pytest.approx(3.0 / 10.5)
+
+
+def test_seeded_fault_schedule_is_reproducible_spaced_and_mixed():
+    spec = seeded_schedule(7, steps=40, faults=4, interval=2, nproc=2)
+    assert spec == seeded_schedule(7, steps=40, faults=4, interval=2, nproc=2)
+    assert spec != seeded_schedule(8, steps=40, faults=4, interval=2, nproc=2)
+    faults = parse_fault_spec(spec)
+    steps = [f.step for f in faults]
+    assert {f.kind for f in faults} == {"exception", "hang", "sigkill"}
+    assert steps == sorted(steps) and steps[0] >= 4 and steps[-1] <= 38
+    assert all(b - a >= 4 for a, b in zip(steps, steps[1:], strict=False))
+    assert all(f.rank in (0, 1) for f in faults)
+    spec, total = spaced_schedule(["exception", "hang"], first_step=5, spacing=6, nproc=2)
+    assert (spec, total) == ("exception@5:0,hang@11:1", 17)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scenarios", "p1,p9"], "--scenarios: p9 is not a scenario"),
+        (["--preset", "huge"], "--preset: unknown model preset 'huge'"),
+        (["--dist-backend", "mpi"], "--dist-backend: 'mpi' is not a backend"),
+        (["--p4-steps", "8", "--p4-faults", "3"], "--p4-steps: 8 steps cannot hold 3 faults"),
+        (["--set", "checkpoint.keep=1"], "--set: "),
+    ],
+)
+def test_option_mistakes_exit_2_naming_the_option(tmp_path, args, message):
+    done = subprocess.run(
+        [sys.executable, "-m", "nvrx_eks.cli", "bench", "--quick", "--out", str(tmp_path / "out"), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert message in " ".join(done.stderr.split())
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("trainer_runs")
+def test_p3_through_the_command_ft_launcher_against_a_full_relaunch(tmp_path, tmp_path_factory):
+    """One sigkill, once recovered by ft_launcher and once by relaunching the whole job: both
+    recoveries are found in the real event logs, the relaunch really was a new job (new launcher,
+    restart count 0 again), and the JSON, chart and acceptance lines are written."""
+    from nvrx_eks.bench.suite import run_bench
+    from workloads.events import load_run
+
+    out = tmp_path / "bench"
+    with exclusive_trainer_runs(tmp_path_factory), open(os.devnull, "w") as sink:
+        # One rank and synchronous checkpoints (no checkpoint worker to start with each
+        # process): the cheapest runs that still take both recovery paths.
+        result = run_bench(
+            quick=True,
+            out=out,
+            scenarios="p3",
+            command="test",
+            repeats=1,
+            nproc=1,
+            overrides=["checkpoint.backend=sync"],
+            console=Console(file=sink),
+            ports=port_pair,
+        )
+    assert result["errors"] == {}
+    p3 = json.loads((out / "bench.json").read_text())["p3"]
+    assert (out / "p3.png").stat().st_size > 10_000
+    assert p3["relaunches"] == 1
+    for side in ("ft_launcher", "full_relaunch"):
+        (recovery,) = p3[side]["recoveries"]
+        assert recovery["path"] == "new processes" and recovery["fault"] == p3["schedule"]
+        assert 0 < recovery["respawn_s"] < recovery["restart_s"] < recovery["first_step_s"]
+        assert recovery["resumed_from_step"] >= 1  # resumed from a checkpoint, not from scratch
+    cycles = {e["cycle"] for e in load_run(out / "runs" / "p3-ft-launcher").of("run_start")}
+    assert cycles == {0, 1}  # the launcher restarted its workers
+    relaunched = load_run(out / "runs" / "p3-full-relaunch").of("run_start")
+    assert {e["cycle"] for e in relaunched} == {0} and len({e["pid"] for e in relaunched}) == 2
+    assert p3["ratio"] == pytest.approx(
+        p3["full_relaunch"]["medians"]["first_step_s"] / p3["ft_launcher"]["medians"]["first_step_s"]
+    )
+    checks = {c["condition"]: c for c in result["checks"]}
+    assert "P3: ft_launcher recovery faster than a full relaunch" in checks
+    assert checks["no process left behind"]["ok"]
+    assert processes_mentioning(str(out)) == []
+    assert not list((out / "runs").glob("*/checkpoints"))  # dropped after the analysis

@@ -1,0 +1,1 @@
+"""Tests of Bad input at the CLI: named field, exit 2, no traceback."""

@@ -1,0 +1,1 @@
+"""Tests of CDK stacks, add-ons, versions and security gates."""

@@ -1,0 +1,180 @@
+"""Pod security of the training namespace, checked on the synthesized cluster manifests: the
+namespace's Pod Security labels and the ValidatingAdmissionPolicy ("baseline except IPC_LOCK"),
+whose CEL expressions are evaluated offline with cel-python against pods that must be rejected
+and the project's own rendered pods, which must pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import celpy
+import pytest
+import yaml
+
+from nvrx_eks.facts.names import TRAINING_NAMESPACE
+from tests.support import REPO_ROOT
+
+pytestmark = [pytest.mark.synth, pytest.mark.xdist_group("synth")]
+
+GOLDEN = REPO_ROOT / "tests" / "golden"
+
+
+def cluster_manifests(synthesized) -> list[dict]:
+    """Every manifest the cluster stack applies. A manifest holding deploy-time values (the file
+    system id) is an Fn::Join: those values are read as the string TOKEN."""
+    documents = []
+    for resource in synthesized.resources("cluster", "Custom::AWSCDK-EKS-KubernetesResource").values():
+        manifest = resource["Properties"]["Manifest"]
+        if isinstance(manifest, dict):
+            separator, parts = manifest["Fn::Join"]
+            manifest = separator.join(p if isinstance(p, str) else "TOKEN" for p in parts)
+        documents.extend(json.loads(manifest))
+    return documents
+
+
+@pytest.fixture(scope="module")
+def manifests(synth):
+    return cluster_manifests(synth("p5"))
+
+
+@pytest.fixture(scope="module")
+def policy(manifests):
+    (found,) = [m for m in manifests if m["kind"] == "ValidatingAdmissionPolicy"]
+    return found
+
+
+def violations(policy: dict, pod: dict) -> list[str]:
+    """Messages of the policy's validations that fail for this pod (an evaluation error counts as
+    a failure, as failurePolicy Fail makes the API server treat it)."""
+    environment = celpy.Environment()
+    activation = {"object": celpy.json_to_cel(pod)}
+    failed = []
+    for validation in policy["spec"]["validations"]:
+        program = environment.program(environment.compile(validation["expression"]))
+        try:
+            result = program.evaluate(activation)
+        except celpy.CELEvalError as e:
+            failed.append(f"{validation['message']} (evaluation error: {e})")
+            continue
+        if isinstance(result, celpy.CELEvalError) or not bool(result):
+            failed.append(validation["message"])
+    return failed
+
+
+def trainer_pod() -> dict:
+    """A pod like the trainer's: IPC_LOCK added, the FSx claim mounted, nothing else special."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "trainer", "namespace": TRAINING_NAMESPACE},
+        "spec": {
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "example.com/trainer:1",
+                    "ports": [{"containerPort": 29500}],
+                    "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}},
+                }
+            ],
+            "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-lustre"}}],
+        },
+    }
+
+
+def _with(pod: dict, change) -> dict:
+    pod = copy.deepcopy(pod)
+    change(pod["spec"])
+    return pod
+
+
+REJECTED = {
+    "privileged": lambda s: s["containers"][0]["securityContext"].update(privileged=True),
+    "hostNetwork": lambda s: s.update(hostNetwork=True),
+    "hostPID": lambda s: s.update(hostPID=True),
+    "hostIPC": lambda s: s.update(hostIPC=True),
+    "hostPath": lambda s: s["volumes"].append({"name": "root", "hostPath": {"path": "/"}}),
+    "hostPort": lambda s: s["containers"][0]["ports"].append({"containerPort": 22, "hostPort": 22}),
+    "SYS_ADMIN": lambda s: s["containers"][0]["securityContext"]["capabilities"]["add"].append("SYS_ADMIN"),
+    "NET_ADMIN in an init container": lambda s: s.update(
+        initContainers=[
+            {"name": "init", "image": "busybox:1", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}
+        ]
+    ),
+    "seccomp Unconfined": lambda s: s.update(securityContext={"seccompProfile": {"type": "Unconfined"}}),
+}
+
+
+def test_namespace_warns_and_audits_restricted(manifests):
+    (namespace,) = [m for m in manifests if m["kind"] == "Namespace"]
+    assert namespace["metadata"]["name"] == TRAINING_NAMESPACE
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+    assert labels["pod-security.kubernetes.io/audit"] == "restricted"
+    # PSA cannot exempt IPC_LOCK from baseline, so it does not enforce; the policy below does.
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_policy_is_bound_to_the_training_namespace_and_denies(manifests, policy):
+    (binding,) = [m for m in manifests if m["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": TRAINING_NAMESPACE}
+    }
+    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert "pods" in rule["resources"] and set(rule["operations"]) == {"CREATE", "UPDATE"}
+
+
+def test_a_trainer_like_pod_with_ipc_lock_is_admitted(policy):
+    assert violations(policy, trainer_pod()) == []
+
+
+@pytest.mark.parametrize("violation", sorted(REJECTED))
+def test_each_baseline_violation_is_rejected(policy, violation):
+    assert len(violations(policy, _with(trainer_pod(), REJECTED[violation]))) == 1
+
+
+def test_the_reviews_privileged_hostpath_pod_is_rejected(policy):
+    """The manifest of the security review: privileged, hostPID, hostNetwork, hostPath / and
+    SYS_ADMIN."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "evil", "namespace": TRAINING_NAMESPACE},
+        "spec": {
+            "hostPID": True,
+            "hostNetwork": True,
+            "containers": [
+                {
+                    "name": "x",
+                    "image": "busybox:1",
+                    "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}},
+                    "volumeMounts": [{"name": "root", "mountPath": "/host"}],
+                }
+            ],
+            "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+        },
+    }
+    assert len(violations(policy, pod)) == 4  # privileged, host namespaces, hostPath, capability
+
+
+def _pod_specs(node) -> list[dict]:
+    if isinstance(node, dict):
+        if "containers" in node:
+            return [node]
+        return [spec for value in node.values() for spec in _pod_specs(value)]
+    if isinstance(node, list):
+        return [spec for value in node for spec in _pod_specs(value)]
+    return []
+
+
+@pytest.mark.parametrize("golden", ["p5-jobset-2n.yaml", "p5-pytorchjob-2n.yaml", "p5-fabric-2n.yaml"])
+def test_the_rendered_job_pods_are_admitted(policy, golden):
+    specs = [spec for doc in yaml.safe_load_all((GOLDEN / golden).read_text()) if doc for spec in _pod_specs(doc)]
+    assert specs
+    for spec in specs:
+        assert violations(policy, {"apiVersion": "v1", "kind": "Pod", "spec": spec}) == []

@@ -1,0 +1,1 @@
+"""Tests of Local runs, reports, data preparation and the demo."""

@@ -1,0 +1,132 @@
+"""`nvrx-eks report`: the time breakdown and the timeline, on a run whose events are known."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvrx_eks.local.report import analyze, plot_timeline
+from tests.support import REPO_ROOT
+from workloads.events import load_run
+
+ROOT = REPO_ROOT
+
+
+def _write_run(run_dir: Path) -> None:
+    """Two ranks, 1 s steps, a checkpoint every 4 steps (0.5 s stall), an exception at step 6
+    on rank 1 recovered in process (resume from 4), a SIGKILL at step 10 recovered by the
+    launcher (new pids, resume from 8)."""
+    events: dict[int, list[dict]] = {0: [], 1: []}
+
+    def emit(rank, t, event, pid, cycle=0, iteration=0, **fields):
+        events[rank].append(
+            {"v": 1, "t": t, "event": event, "rank": rank, "pid": pid, "host": "h", "cycle": cycle,
+             "iteration": iteration, **fields}
+        )  # fmt: skip
+
+    for rank in (0, 1):
+        pid = 100 + rank
+        t = 0.0
+        emit(rank, t, "run_start", pid, world_size=2)
+        t = 5.0
+        emit(rank, t, "setup_end", pid, resumed_from_step=0, setup_s=5.0)
+
+        def steps(first, last, t, pid, cycle=0, iteration=0, rank=rank):
+            for step in range(first, last + 1):
+                emit(rank, t, "step_start", pid, cycle, iteration, step=step)
+                t += 1.0
+                emit(rank, t, "step_end", pid, cycle, iteration, step=step, loss=1.0, step_s=1.0)
+                if step % 4 == 0:
+                    t += 0.5
+                    emit(rank, t, "checkpoint_stall", pid, cycle, iteration, step=step, stall_s=0.5)
+                    emit(rank, t + 0.3, "checkpoint_write_end", pid, cycle, iteration, step=step, write_s=0.3)
+            return t
+
+        t = steps(1, 5, t, pid)  # 5 steps + 1 save = 10.5 s
+        if rank == 1:
+            emit(rank, t, "fault_injected", pid, kind="exception", step=6, target_rank=1)
+        emit(rank, t + 1.0, "restart_begin", pid, layer="inprocess")
+        t += 3.0  # detect + restart: 3 s after the fault
+        emit(rank, t, "restart_end", pid, iteration=1, layer="inprocess", resumed_from_step=4)
+        t = steps(5, 9, t, pid, iteration=1)  # step 5 replayed
+        if rank == 1:
+            emit(rank, t, "fault_injected", pid, iteration=1, kind="sigkill", step=10, target_rank=1)
+        new_pid = 200 + rank
+        t += 8.0  # launcher restart: 8 s
+        emit(rank, t - 2.0, "run_start", new_pid, cycle=1, world_size=2)
+        emit(rank, t, "restart_end", new_pid, cycle=1, layer="launcher", resumed_from_step=8)
+        t = steps(9, 12, t, new_pid, cycle=1)  # step 9 replayed
+        emit(rank, t, "run_end", new_pid, cycle=1, status="completed", final_step=12)
+    (run_dir / "events").mkdir(parents=True)
+    for rank, lines in events.items():
+        (run_dir / "events" / f"rank{rank}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    _write_run(tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_breakdown_accounts_for_every_second(run_dir):
+    b = analyze(load_run(run_dir))
+    assert b.final_step == 12
+    assert b.productive_s == pytest.approx(12.0)  # each step counted once, at its last execution
+    assert b.replayed_s == pytest.approx(2.0)  # steps 5 and 9 ran twice
+    assert b.checkpoint_stall_s == pytest.approx(0.5 * 3)  # saves at steps 4, 8 and 12
+    assert b.saves == 3 and b.median_stall_s == pytest.approx(0.5)
+    assert b.restarts == {"inprocess": 1, "launcher": 1}
+    total = b.productive_s + b.checkpoint_stall_s + b.replayed_s + b.recovery_s + b.other_s
+    assert total == pytest.approx(b.wall_s)
+    assert b.goodput == pytest.approx(b.productive_s / b.wall_s)
+
+
+def test_each_fault_has_its_layer_and_lost_steps(run_dir):
+    exception, sigkill = analyze(load_run(run_dir)).faults
+    assert (exception.label, exception.layer, exception.resumed_from_step) == ("exception@6:1", "inprocess", 4)
+    assert exception.detect_and_restart_s == pytest.approx(3.0)
+    assert exception.lost_steps == 1  # step 5 was done and lost
+    assert exception.first_step_after_s == pytest.approx(4.0)
+    assert (sigkill.label, sigkill.layer, sigkill.resumed_from_step) == ("sigkill@10:1", "launcher", 8)
+    assert sigkill.detect_and_restart_s == pytest.approx(8.0)
+    assert sigkill.lost_steps == 1
+
+
+def test_timeline_marks_every_fault(run_dir, tmp_path):
+    run = load_run(run_dir)
+    png = tmp_path / "timeline.png"
+    marked = plot_timeline(run, analyze(run), png)
+    assert marked == ["exception@6:1", "sigkill@10:1"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_command(run_dir, tmp_path):
+    out_json = tmp_path / "breakdown.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "nvrx_eks.cli", "report", str(run_dir), "--json", str(out_json)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "in-process" in result.stdout and "ft_launcher" in result.stdout
+    assert (run_dir / "timeline.png").exists()
+    assert json.loads(out_json.read_text())["restarts"] == {"inprocess": 1, "launcher": 1}
+
+
+def test_report_on_a_missing_directory_exits_2(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "nvrx_eks.cli", "report", str(tmp_path / "nope")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "does not exist" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,1 @@
+"""Tests of Preflight, teardown, planning and the GPU smoke test."""

@@ -1,0 +1,101 @@
+"""`nvrx-eks plan`: the Young/Daly interval, the goodput model, and the command's output."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+
+from infra.config import resolve_config
+from nvrx_eks.ops.plan import (
+    INPROCESS_FIXED_S,
+    daly_interval,
+    expected_goodput,
+    make_plan,
+    young_interval,
+)
+from tests.support import REPO_ROOT
+from workloads.config import MODEL_PRESETS
+from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, parameter_count
+
+ROOT = REPO_ROOT
+
+
+def test_young_and_daly_agree_when_checkpoints_are_cheap():
+    delta, mtbf = 1.0, 24 * 3600.0
+    assert young_interval(delta, mtbf) == pytest.approx(math.sqrt(2 * delta * mtbf))
+    assert daly_interval(delta, mtbf) == pytest.approx(young_interval(delta, mtbf), rel=0.01)
+    # Expensive checkpoints relative to the MTBF: Daly's bound is the MTBF itself.
+    assert daly_interval(3 * mtbf, mtbf) == mtbf
+
+
+def test_optimal_interval_maximizes_the_goodput_model():
+    delta, mtbf, recovery = 20.0, 50 * 3600.0, 270.0
+    tau = daly_interval(delta, mtbf)
+    best = expected_goodput(tau, delta, mtbf, recovery)
+    for other in (tau / 4, tau / 2, tau * 2, tau * 4):
+        assert expected_goodput(other, delta, mtbf, recovery) < best
+
+
+def test_parameter_count_matches_the_model_the_trainer_builds():
+    torch = pytest.importorskip("torch")
+    from workloads.model import Transformer
+
+    for preset in ("tiny", "small"):
+        shape = MODEL_PRESETS[preset]
+        with torch.device("meta"):
+            model = Transformer(shape)
+        assert parameter_count(shape) == sum(p.numel() for p in model.parameters()), preset
+    assert 7.9e9 < parameter_count(MODEL_PRESETS["8b"]) < 8.1e9
+
+
+def test_layered_strategy_beats_the_baseline_for_the_default_profile():
+    plan = make_plan(resolve_config("p5"), tokens_per_step=16 * 2 * 8192, interval_steps=50)
+    baseline, layered = plan.strategies
+    assert layered.strategy.stall_s < baseline.strategy.stall_s
+    assert layered.goodput_at_configured > baseline.goodput_at_configured
+    assert layered.goodput_at_optimal > baseline.goodput_at_optimal
+    assert plan.lost_cost_per_day(layered) < plan.lost_cost_per_day(baseline)
+
+
+def test_capacity_block_only_type_has_no_price():
+    config = resolve_config("p5").model_copy(
+        update={"gpu_nodes": resolve_config("p5").gpu_nodes.model_copy(update={"instance_type": "p5e.48xlarge"})}
+    )
+    assert make_plan(config, tokens_per_step=1, interval_steps=1, step_time_s=1.0).usd_per_hour is None
+
+
+def test_plan_command_prints_interval_and_goodput_for_the_default_profile():
+    result = subprocess.run(
+        [sys.executable, "-m", "nvrx_eks.cli", "plan"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "optimal interval" in out and "goodput" in out
+    assert "2x p5.48xlarge" in out and "lost $" in out
+    # Issue 14, acceptance 2: the per-GPU memory of the p5 default job, below an H100's 80 GB.
+    match = re.search(
+        r"Memory per GPU \(8b, 2 x 8192 tokens per micro-batch, 4 per step: global batch 1,048,576 tokens, "
+        r"activation checkpointing on, world 16\): "
+        r"([\d.]+) GiB of 80 GiB \(H100\): fits",
+        " ".join(out.split()),
+    )
+    assert match, out
+    assert float(match.group(1)) < 80
+
+
+def test_inprocess_recovery_includes_reading_the_checkpoint():
+    config = resolve_config("p5")
+    plan = make_plan(config, tokens_per_step=16 * 2 * 8192, interval_steps=50)
+    layered = plan.strategies[1].strategy
+    state = parameter_count(MODEL_PRESETS["8b"]) * CHECKPOINT_BYTES_PER_PARAM
+    assert layered.recovery_s == pytest.approx(INPROCESS_FIXED_S + state / (config.fsx.throughput_mbps * 1e6))
+    assert layered.recovery_s > 25  # 96 GB from a 4.7 GB/s file system: not the old 10 s constant

@@ -1,0 +1,387 @@
+"""preflight against moto: every check passes on a ready account and fails, with its fix, when
+the account is not ready. Operations moto does not implement are answered through tests/support/aws_gaps.py
+with responses checked against botocore's service model."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+
+import boto3
+import pytest
+import yaml
+
+from infra.addon_catalog import managed_addons
+from infra.config import PROFILES_DIR, DeploymentConfig, resolve_config
+from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS
+from nvrx_eks.ops import preflight
+from nvrx_eks.ops.preflight import FAIL, PASS, SKIP, WARN, PreflightContext
+from tests.support import cli_harness
+from tests.support.aws_gaps import (
+    ServiceGaps,
+    addon_versions_answer,
+    capacity_reservations_answer,
+    cluster_versions_answer,
+    list_quotas_answer,
+    quotas_answer,
+)
+from tests.support.cli_harness import ACCOUNT, REGION, run_cli
+
+aws = cli_harness.aws
+no_credentials = cli_harness.no_credentials
+
+P_QUOTA = ("ec2", "L-417A185B")
+G_QUOTA = ("ec2", "L-DB2E81BA")
+LUSTRE_QUOTA = ("L-FSXLUSTRE2", "Lustre Persistent_2 storage capacity (GiB)")
+RESERVATION_ID = "cr-0123456789abcdef0"
+
+
+def config_with(profile: str = "p5", **changes) -> DeploymentConfig:
+    """A shipped profile with dotted-path changes (`gpu_nodes__placement_group=False`)."""
+    raw = copy.deepcopy(yaml.safe_load((PROFILES_DIR / f"{profile}.yaml").read_text()))
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = raw
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return DeploymentConfig.model_validate(raw)
+
+
+def reservation(**overrides) -> dict:
+    return {
+        "CapacityReservationId": RESERVATION_ID,
+        "InstanceType": "p5.48xlarge",
+        "AvailabilityZone": "us-east-1a",
+        "State": "active",
+        "TotalInstanceCount": 2,
+        "AvailableInstanceCount": 2,
+        **overrides,
+    }
+
+
+def ready_account(
+    session: boto3.Session,
+    *,
+    p_vcpus: float = 384,
+    g_vcpus: float = 64,
+    lustre_gib: float | None = 100_800,
+    versions: dict | None = None,
+    reservations: list[dict] | None = None,
+    addon_offers: dict | None = None,
+) -> ServiceGaps:
+    gaps = ServiceGaps(session)
+    quotas = {
+        P_QUOTA: ("Running On-Demand P instances", p_vcpus),
+        G_QUOTA: ("Running On-Demand G and VT instances", g_vcpus),
+    }
+    gaps.answer("service-quotas", "GetServiceQuota", quotas_answer(quotas))
+    gaps.answer("service-quotas", "GetAWSDefaultServiceQuota", quotas_answer(quotas))
+    fsx_quotas = [("L-FSXBACKUPS", "Lustre backups", 500.0)]
+    if lustre_gib is not None:
+        fsx_quotas.append((*LUSTRE_QUOTA, lustre_gib))
+    gaps.answer("service-quotas", "ListServiceQuotas", list_quotas_answer({"fsx": fsx_quotas}))
+    gaps.answer("eks", "DescribeClusterVersions", cluster_versions_answer(versions or {"1.35": "STANDARD_SUPPORT"}))
+    gaps.answer("ec2", "DescribeCapacityReservations", capacity_reservations_answer(reservations or []))
+    gaps.answer("eks", "DescribeAddonVersions", addon_versions_answer(addon_offers or offers_for_every_pin()))
+    return gaps
+
+
+#: What EKS offers in these tests where a pin is None ("EKS picks its default build").
+EKS_DEFAULT_BUILD = "v9.0.0-eksbuild.1"
+
+
+def offers_for_every_pin() -> dict[tuple[str, str], list[str]]:
+    """An account where EKS offers, for every supported minor, each build the shipped profiles
+    pin (default first), or a default build where the pin leaves the choice to EKS."""
+    offers: dict[tuple[str, str], list[str]] = {}
+    for profile in ("p5", "p5en", "g5-smoke", "p5-capacity-block"):
+        for minor in SUPPORTED_KUBERNETES_VERSIONS:
+            for addon in managed_addons(config_with(profile, kubernetes_version=minor)):
+                builds = offers.setdefault((minor, addon.name), [])
+                build = addon.version or EKS_DEFAULT_BUILD
+                if build not in builds:
+                    builds.append(build)
+    return offers
+
+
+@pytest.fixture
+def session(aws):
+    return boto3.Session(region_name=REGION)
+
+
+def statuses(results) -> list[str]:
+    return [r.status for r in results]
+
+
+# ----- the whole run ------------------------------------------------------------------------
+
+
+def test_ready_account_passes_every_check(session):
+    ready_account(session)
+    results = preflight.run_checks(resolve_config(), 2, session)
+    assert [(r.name, r.status) for r in results] == [
+        ("AWS credentials", PASS),
+        ("vCPU quota: Running On-Demand P instances", PASS),
+        ("p5.48xlarge offered in us-east-1a", PASS),
+        ("capacity reservation", SKIP),
+        ("FSx for Lustre storage quota", PASS),
+        ("EKS offers Kubernetes 1.35", PASS),
+        ("EKS add-on versions for 1.35", PASS),
+    ]
+
+
+def test_no_credentials_fails_first_and_skips_the_rest(no_credentials):
+    results = preflight.run_checks(resolve_config(), 2, boto3.Session(region_name=REGION))
+    assert results[0].status == FAIL and "no credentials" in results[0].detail
+    assert "AWS_PROFILE" in results[0].fix
+    assert statuses(results[1:]) == [SKIP] * 6
+
+
+def test_credentials_for_another_account_fail(session):
+    ready_account(session)
+    result = preflight.check_credentials(PreflightContext(config_with(account="999999999999"), 2, session))
+    assert result.status == FAIL
+    assert f"credentials are for account {ACCOUNT}, the profile deploys to 999999999999" == result.detail
+
+
+# ----- vCPU quota -----------------------------------------------------------------------------
+
+
+def test_vcpu_quota_counts_instances_already_running(session):
+    gaps = ready_account(session, p_vcpus=384)
+    ctx = PreflightContext(resolve_config(), 2, session)
+    assert preflight.check_vcpu_quota(ctx).status == PASS
+    boto3.client("ec2", region_name=REGION).run_instances(
+        ImageId="ami-12c6146b", InstanceType="p5.48xlarge", MinCount=1, MaxCount=1
+    )
+    result = preflight.check_vcpu_quota(ctx)
+    assert result.status == FAIL
+    assert result.detail == "need 384 (2 x 192), quota 384, in use 192"
+    assert "at least 576 vCPUs" in result.fix and "L-417A185B" in result.fix
+    assert gaps.called("GetServiceQuota")[0] == {"ServiceCode": "ec2", "QuotaCode": "L-417A185B"}
+
+
+def test_vcpu_quota_falls_back_to_the_default_value(session):
+    gaps = ServiceGaps(session)
+    gaps.answer("service-quotas", "GetServiceQuota", quotas_answer({}))  # never raised in this account
+    gaps.answer(
+        "service-quotas", "GetAWSDefaultServiceQuota", quotas_answer({P_QUOTA: ("Running On-Demand P instances", 0)})
+    )
+    result = preflight.check_vcpu_quota(PreflightContext(resolve_config(), 2, session))
+    assert result.status == FAIL and "quota 0" in result.detail
+
+
+def test_g5_profile_uses_the_g_instance_quota(session):
+    gaps = ready_account(session, g_vcpus=32)
+    result = preflight.check_vcpu_quota(PreflightContext(resolve_config("g5-smoke"), 2, session))
+    assert result.status == FAIL and result.detail.startswith("need 64 (2 x 32), quota 32")
+    assert gaps.called("GetServiceQuota")[0]["QuotaCode"] == "L-DB2E81BA"
+
+
+def test_a_capacity_reservation_covers_the_vcpu_quota(session):
+    ready_account(session, p_vcpus=0)
+    ctx = PreflightContext(
+        config_with(gpu_nodes__capacity_reservation_id=RESERVATION_ID, gpu_nodes__placement_group=False), 2, session
+    )
+    result = preflight.check_vcpu_quota(ctx, reservation())
+    assert result.status == PASS and RESERVATION_ID in result.detail
+
+
+# ----- instance offering ----------------------------------------------------------------------
+
+
+def test_instance_type_offered_in_the_az(session):
+    assert preflight.check_instance_offered(PreflightContext(resolve_config(), 2, session)).status == PASS
+
+
+def test_instance_type_not_offered_in_the_az(session):
+    config = config_with("g5-smoke", gpu_availability_zone="us-east-1e")
+    result = preflight.check_instance_offered(PreflightContext(config, 2, session))
+    assert result.status == FAIL
+    assert result.detail.startswith("not offered in us-east-1e; offered in us-east-1a")
+    assert result.fix.startswith("set gpu_availability_zone to one of us-east-1a")
+
+
+# ----- capacity reservation -------------------------------------------------------------------
+
+
+def _reservation_ctx(session, profile="p5", **changes):
+    if profile == "p5":
+        changes = {"gpu_nodes__capacity_reservation_id": RESERVATION_ID, "gpu_nodes__placement_group": False, **changes}
+    return PreflightContext(config_with(profile, **changes), 2, session)
+
+
+def test_reservation_that_matches_passes(session):
+    ready_account(session, reservations=[reservation()])
+    found, result = preflight.describe_reservation(_reservation_ctx(session))
+    assert result.status == PASS and found["CapacityReservationId"] == RESERVATION_ID
+
+
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        ({"AvailabilityZone": "us-east-1b"}, "is in us-east-1b, not us-east-1a"),
+        ({"InstanceType": "p5en.48xlarge"}, "is for p5en.48xlarge, not p5.48xlarge"),
+        ({"State": "expired"}, "is expired"),
+        ({"AvailableInstanceCount": 1}, "has 1 of 2 instances available, need 2"),
+    ],
+)
+def test_reservation_that_does_not_match_fails(session, overrides, problem):
+    ready_account(session, reservations=[reservation(**overrides)])
+    _, result = preflight.describe_reservation(_reservation_ctx(session))
+    assert result.status == FAIL and problem in result.detail
+    assert "remove capacity_reservation_id" in result.fix
+
+
+def test_reservation_that_does_not_exist_fails(session):
+    ready_account(session, reservations=[])
+    _, result = preflight.describe_reservation(_reservation_ctx(session))
+    assert result.status == FAIL and result.detail == "does not exist in us-east-1"
+
+
+def test_scheduled_capacity_block_passes(session):
+    start = datetime.datetime(2026, 12, 1, 11, 30, tzinfo=datetime.UTC)
+    ready_account(session, reservations=[reservation(State="scheduled", StartDate=start)])
+    _, result = preflight.describe_reservation(PreflightContext(resolve_config("p5-capacity-block"), 2, session))
+    assert result.status == PASS and "scheduled (starts 2026-12-01" in result.detail
+
+
+def test_no_reservation_configured_is_skipped(session):
+    _, result = preflight.describe_reservation(PreflightContext(resolve_config(), 2, session))
+    assert result.status == SKIP
+
+
+# ----- FSx quota ------------------------------------------------------------------------------
+
+
+def test_fsx_quota_passes_with_room(session):
+    ready_account(session, lustre_gib=9600)
+    result = preflight.check_fsx_quota(PreflightContext(resolve_config(), 2, session))
+    assert result.status == PASS
+    assert result.detail == "need 4800 GiB, quota 9600 GiB (Lustre Persistent_2 storage capacity (GiB)), in use 0 GiB"
+
+
+def test_fsx_quota_counts_existing_file_systems(session):
+    ready_account(session, lustre_gib=9600)
+    ec2 = boto3.client("ec2", region_name=REGION)
+    vpc = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.1.0.0/24", AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
+    boto3.client("fsx", region_name=REGION).create_file_system(
+        FileSystemType="LUSTRE", StorageCapacity=7200, SubnetIds=[subnet]
+    )
+    result = preflight.check_fsx_quota(PreflightContext(resolve_config(), 2, session))
+    assert result.status == FAIL and "in use 7200 GiB" in result.detail
+    assert "to at least 12000 GiB" in result.fix and "L-FSXLUSTRE2" in result.fix
+
+
+def test_fsx_quota_not_found_is_a_warning(session):
+    ready_account(session, lustre_gib=None)
+    assert preflight.check_fsx_quota(PreflightContext(resolve_config(), 2, session)).status == WARN
+
+
+# ----- Kubernetes version ---------------------------------------------------------------------
+
+
+def test_kubernetes_version_offered(session):
+    ready_account(session, versions={"1.34": "EXTENDED_SUPPORT", "1.35": "STANDARD_SUPPORT"})
+    result = preflight.check_kubernetes_version(PreflightContext(resolve_config(), 2, session))
+    assert result.status == PASS and result.detail == "standard support"
+
+
+def test_kubernetes_version_not_offered(session):
+    ready_account(session, versions={"1.33": "STANDARD_SUPPORT"})
+    result = preflight.check_kubernetes_version(PreflightContext(resolve_config(), 2, session))
+    assert result.status == FAIL and result.detail == "1.35 is not offered in us-east-1"
+
+
+@pytest.mark.parametrize(
+    ("operation", "check"),
+    [("DescribeClusterVersions", "check_kubernetes_version"), ("DescribeAddonVersions", "check_addon_versions")],
+)
+def test_permission_denied_names_the_permission(session, operation, check):
+    gaps = ready_account(session)
+    from tests.support.aws_gaps import ServiceError
+
+    def denied(_params):
+        raise ServiceError("AccessDeniedException", f"not authorized to perform eks:{operation}")
+
+    gaps.answer("eks", operation, denied)
+    result = getattr(preflight, check)(PreflightContext(resolve_config(), 2, session))
+    assert result.status == FAIL and result.fix == f"grant eks:{operation}"
+
+
+# ----- EKS add-on versions -------------------------------------------------------------------
+
+
+def test_addon_versions_pinned_for_the_minor_are_offered(session):
+    gaps = ready_account(session)
+    config = config_with(kubernetes_version="1.34")
+    result = preflight.check_addon_versions(PreflightContext(config, 2, session))
+    assert result.status == PASS
+    assert "kube-proxy v1.34.6-eksbuild.2" in result.detail
+    asked = {(p["kubernetesVersion"], p["addonName"]) for p in gaps.called("DescribeAddonVersions")}
+    assert asked == {("1.34", a.name) for a in managed_addons(config)}
+
+
+def test_addon_left_to_eks_reports_the_default_build(session):
+    ready_account(session)
+    result = preflight.check_addon_versions(PreflightContext(config_with(kubernetes_version="1.36"), 2, session))
+    assert result.status == PASS
+    assert f"kube-proxy (EKS default {EKS_DEFAULT_BUILD})" in result.detail
+
+
+def test_addon_build_not_offered_for_the_minor_fails_with_the_fix(session):
+    offers = offers_for_every_pin()
+    offers[("1.35", "coredns")] = ["v1.14.7-eksbuild.1"]  # the pinned build withdrawn
+    ready_account(session, addon_offers=offers)
+    result = preflight.check_addon_versions(PreflightContext(resolve_config(), 2, session))
+    assert result.status == FAIL
+    assert result.detail == (
+        "coredns v1.13.2-eksbuild.4 is not offered for Kubernetes 1.35 (EKS default: v1.14.7-eksbuild.1)"
+    )
+    assert result.fix.startswith("set addons.versions.coredns: v1.14.7-eksbuild.1 in the profile")
+
+
+# ----- the command ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_sessions(aws, monkeypatch):
+    """Sessions the CLI creates get the same gap answers."""
+    real_session = boto3.Session
+    settings: dict = {}
+
+    def make(*args, **kwargs):
+        session = real_session(*args, **kwargs)
+        ready_account(session, **settings)
+        return session
+
+    monkeypatch.setattr(boto3, "Session", make)
+    return settings
+
+
+def test_preflight_command_passes_on_a_ready_account(cli_sessions):
+    result = run_cli("preflight")
+    assert result.code == 0, result.output
+    assert "Preflight" in result.stdout and result.stdout.count("PASS") == 6
+
+
+def test_preflight_command_fails_with_the_fix_and_exit_2(cli_sessions):
+    cli_sessions["p_vcpus"] = 96
+    result = run_cli("preflight", "--nodes", "2")
+    assert result.code == 2
+    assert "FAIL" in result.stdout and "request a quota increase" in result.stdout
+    assert "1 preflight check(s) failed (vCPU quota: Running On-Demand P instances)" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_preflight_command_prints_the_addon_fix(cli_sessions):
+    offers = offers_for_every_pin()
+    offers[("1.35", "kube-proxy")] = ["v1.35.9-eksbuild.1"]
+    cli_sessions["addon_offers"] = offers
+    result = run_cli("preflight")
+    assert result.code == 2
+    assert "set addons.versions.kube_proxy: v1.35.9-eksbuild.1" in " ".join(result.stdout.split())
+    assert "(EKS add-on versions for 1.35)" in result.stderr
+    assert "Traceback" not in result.output

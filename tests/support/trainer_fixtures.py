@@ -1,0 +1,102 @@
+"""Shared helpers for the trainer tests: port allocation safe across xdist workers, a local run
+under ft_launcher, and the check that a run left no process behind."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+
+from tests.support import REPO_ROOT
+
+REPO = REPO_ROOT
+
+
+def port_pair() -> int:
+    """A port P with P and P+1 free. Each xdist worker draws from its own range below the
+    ephemeral ports, so parallel runs never pick the same pair."""
+    from nvrx_eks.local.runner import free_port_pair
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    return free_port_pair(low=20000 + index * 1000, high=20000 + index * 1000 + 998)
+
+
+def local_run(
+    run_dir: Path,
+    *,
+    steps: int,
+    faults: str = "",
+    interval: int = 5,
+    backend: str = "nvrx",
+    nproc: int = 2,
+    overrides: tuple[str, ...] = (),
+) -> dict:
+    """Run the trainer under ft_launcher like `nvrx-eks local` and return local_run.json."""
+    from nvrx_eks.local.runner import run_local
+
+    run_local(
+        nproc=nproc,
+        steps=steps,
+        faults=faults,
+        run_dir=run_dir,
+        preset="tiny",
+        checkpoint_interval=interval,
+        backend=backend,
+        overrides=overrides,
+        port=port_pair(),
+        console=Console(file=open(os.devnull, "w")),
+    )  # noqa: SIM115
+    return json.loads((run_dir / "local_run.json").read_text())
+
+
+def _session_root(tmp_path_factory) -> Path:
+    """A directory shared by all xdist workers of this pytest session (and only this one)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def exclusive_trainer_runs(tmp_path_factory) -> Iterator[None]:
+    """Multi-process trainer runs happen one at a time across the session's xdist workers: their
+    short local timeouts assume the CPU is not shared with another trainer run. The trainer test
+    modules share one xdist_group, so this lock only matters for a run started from elsewhere."""
+    with open(_session_root(tmp_path_factory) / "trainer-runs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def shared_local_run(tmp_path_factory, name: str, **kwargs) -> Path:
+    """local_run once per pytest session, whichever worker asks first; others reuse it."""
+    run_dir = _session_root(tmp_path_factory) / f"trainer-{name}"
+    with exclusive_trainer_runs(tmp_path_factory):
+        if not (run_dir / "local_run.json").is_file():
+            local_run(run_dir, **kwargs)
+    return run_dir
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if proc.info["cmdline"] and text in " ".join(proc.info["cmdline"]):
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def assert_nothing_left(run_dir: Path, record: dict) -> None:
+    """Every process of the run exited by itself (the runner killed nothing) and none whose
+    command line names the run directory is alive."""
+    assert record["killed_after_exit"] == [], f"processes had to be killed: {record}"
+    assert processes_mentioning(str(run_dir)) == []

@@ -1,0 +1,373 @@
+"""Gates for the trainer image that need no Docker: the build context the CDK asset stages holds
+every COPY source, the image's Python requirements resolve for its platform against the package
+index, the Dockerfile passes hadolint and its ENV agrees with the pod env, and every shell
+script the project ships or renders passes shellcheck."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from infra.config import resolve_config
+from infra.image import DOCKERFILE
+from nvrx_eks.jobs.render import render_job
+from nvrx_eks.jobs.spec import build_jobspec
+from scripts.trainer_requirements import trainer_requirements
+from tests.support import REPO_ROOT
+from tests.support.shell_lint import assert_shellcheck_clean
+from workloads.process_env import NCCL_RESTART_ENV
+
+ROOT = REPO_ROOT
+VENV_BIN = Path(sys.executable).parent
+
+# --- Dockerfile and .dockerignore, read as Docker reads them ----------------------------------
+
+
+def instructions(dockerfile: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per instruction: comments dropped, continuation lines joined."""
+    joined, current = [], ""
+    for line in dockerfile.splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.lstrip().startswith("#"):  # a comment inside a continued instruction
+            continue
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1] + " "
+            continue
+        joined.append(current + line)
+        current = ""
+    result = []
+    for text in joined:
+        keyword, _, args = text.strip().partition(" ")
+        result.append((keyword.upper(), args.strip()))
+    return result
+
+
+def copy_sources(dockerfile: str) -> list[str]:
+    """Context paths that COPY/ADD read (sources copied from another stage are not context)."""
+    sources = []
+    for keyword, args in instructions(dockerfile):
+        if keyword not in ("COPY", "ADD"):
+            continue
+        words = json.loads(args) if args.startswith("[") else shlex.split(args)
+        flags = [w for w in words if w.startswith("--")]
+        if any(f.startswith("--from=") for f in flags):
+            continue
+        paths = [w for w in words if not w.startswith("--")]
+        sources += paths[:-1]
+    return sources
+
+
+def env_of(dockerfile: str) -> dict[str, str]:
+    """Every ENV KEY=VALUE the Dockerfile sets (the last one wins, as in the image)."""
+    env = {}
+    for keyword, args in instructions(dockerfile):
+        if keyword == "ENV":
+            for word in shlex.split(args):
+                key, _, value = word.partition("=")
+                env[key] = value
+    return env
+
+
+def _dockerignore_regex(pattern: str) -> re.Pattern:
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out += ".*"
+            i += 2
+            if pattern.startswith("/", i):
+                out, i = out[:-2] + "(?:.*/)?", i + 1
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out + r"\Z")
+
+
+def dockerignore_excludes(patterns: list[str], path: str) -> bool:
+    """Docker's rule: patterns in order, the last one matching the path or one of its parent
+    directories decides; `!` re-includes."""
+    excluded = False
+    for raw in patterns:
+        negate = raw.startswith("!")
+        pattern = raw[1:] if negate else raw
+        pattern = pattern.strip().strip("/")
+        regex = _dockerignore_regex(pattern)
+        parts = path.split("/")
+        if any(regex.match("/".join(parts[:n])) for n in range(1, len(parts) + 1)):
+            excluded = not negate
+    return excluded
+
+
+def read_dockerignore(directory: Path) -> list[str]:
+    path = directory / ".dockerignore"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_dockerignore_matching_follows_dockers_rules():
+    patterns = ["*", "!pyproject.toml", "!workloads/", "**/__pycache__"]
+    assert dockerignore_excludes(patterns, "node_modules/x/y.js")
+    assert not dockerignore_excludes(patterns, "pyproject.toml")
+    assert not dockerignore_excludes(patterns, "workloads/train.py")
+    assert dockerignore_excludes(patterns, "workloads/__pycache__/train.cpython-312.pyc")
+    assert dockerignore_excludes(patterns, "nvrx_eks/cli.py")
+
+
+# --- the staged build context ---------------------------------------------------------------
+
+
+@pytest.mark.synth
+@pytest.mark.xdist_group("synth")
+def test_every_copy_source_is_in_the_staged_build_context(synth):
+    """What `cdk deploy` hands to `docker build`: the asset directory staged in cdk.out, with the
+    Dockerfile the asset names, filtered once more by Docker through the staged .dockerignore."""
+    synthesized = synth("p5")
+    assets = json.loads((synthesized.outdir / f"{synthesized.stack_names['cluster']}.assets.json").read_text())
+    (image,) = assets["dockerImages"].values()
+    context = synthesized.outdir / image["source"]["directory"]
+    dockerfile = context / image["source"].get("dockerFile", "Dockerfile")
+    assert dockerfile.is_file(), f"{dockerfile.relative_to(context)} is not in the staged context"
+    ignore = read_dockerignore(context)
+    sources = copy_sources(dockerfile.read_text())
+    assert sources, "the Dockerfile copies nothing from its context"
+    for source in sources:
+        matches = sorted(context.glob(source.rstrip("/"))) if any(c in source for c in "*?[") else [context / source]
+        present = [m for m in matches if m.exists() and not dockerignore_excludes(ignore, str(m.relative_to(context)))]
+        assert present, f"COPY source {source!r} is not in the staged build context {context}"
+
+
+@pytest.mark.synth
+@pytest.mark.xdist_group("synth")
+def test_staged_context_is_what_dockerignore_admits_from_the_checkout(synth):
+    """CDK stages the files Docker would send from the checkout: nothing more (no node_modules,
+    .venv or caches), nothing less."""
+    synthesized = synth("p5")
+    assets = json.loads((synthesized.outdir / f"{synthesized.stack_names['cluster']}.assets.json").read_text())
+    (image,) = assets["dockerImages"].values()
+    context = synthesized.outdir / image["source"]["directory"]
+    staged = {str(p.relative_to(context)) for p in context.rglob("*") if p.is_file()}
+    patterns = read_dockerignore(ROOT)
+    tracked = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    admitted = {p for p in tracked if (ROOT / p).is_file() and not dockerignore_excludes(patterns, p)}
+    assert staged == admitted | {".dockerignore"}
+
+
+# --- Python requirements of the image --------------------------------------------------------
+
+#: The image's platform: Ubuntu 24.04 (glibc 2.39), CPython 3.12, x86_64. pip's --platform takes
+#: one exact tag, so name every manylinux tag glibc 2.39 accepts, as pip does for a native install.
+IMAGE_PYTHON = "3.12"
+IMAGE_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(39, 4, -1)] + [
+    "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]  # fmt: skip
+INDEX_URL = "https://pypi.org/simple"
+MIN_NCCL = (2, 26, 2)  # NVRx's in-process restart; the Dockerfile asserts it again at build time
+
+
+def _index_reachable() -> bool:
+    try:
+        with urllib.request.urlopen(f"{INDEX_URL}/pip/", timeout=15) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def resolve_for_image(requirements: list[str], report: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """pip's resolver, as the image build would run it, without installing anything."""
+    platforms = [arg for platform in IMAGE_PLATFORMS for arg in ("--platform", platform)]
+    argv = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(report),
+            "--ignore-installed", "--only-binary=:all:", "--python-version", IMAGE_PYTHON, *platforms,
+            "--index-url", INDEX_URL, *requirements]  # fmt: skip
+    # The machine's pip configuration (local wheel directories, constraints) is not the image's.
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "", "PIP_CONSTRAINT": ""}
+    started = time.monotonic()
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    return result, time.monotonic() - started
+
+
+needs_index = pytest.mark.skipif(not _index_reachable(), reason=f"package index {INDEX_URL} is not reachable: "
+                                 "the image requirement resolution gate needs it")  # fmt: skip
+
+
+@needs_index
+def test_image_requirements_resolve_for_python_312_manylinux_x86_64(tmp_path):
+    requirements = trainer_requirements()
+    result, seconds = resolve_for_image(requirements, tmp_path / "report.json")
+    assert result.returncode == 0, f"pip could not resolve {requirements} in {seconds:.0f} s:\n{result.stderr}"
+    installed = {
+        i["metadata"]["name"].lower(): i["metadata"]["version"]
+        for i in json.loads((tmp_path / "report.json").read_text())["install"]
+    }
+    for requirement in requirements:
+        name = re.split(r"[=<>!~\[; ]", requirement, maxsplit=1)[0].lower()
+        assert name in installed, f"{name} missing from the resolution"
+        if "==" in requirement:
+            assert installed[name] == requirement.partition("==")[2]
+    nccl = [(name, version) for name, version in installed.items() if name.startswith("nvidia-nccl")]
+    assert nccl, "torch's Linux wheel should bring NCCL as an nvidia-nccl-* wheel"
+    version = tuple(int(p) for p in nccl[0][1].split(".")[:3])
+    assert version >= MIN_NCCL, f"{nccl[0]} is older than NCCL {MIN_NCCL}"
+    print(f"image requirements resolved in {seconds:.0f} s: torch {installed['torch']}, {nccl[0]}")
+
+
+@needs_index
+@pytest.mark.parametrize("requirement", ["torch==2.13.0+cu128", "nvidia-resiliency-ext==0.6.99"])
+def test_resolution_gate_fails_for_a_wheel_that_does_not_exist(tmp_path, requirement):
+    """The gate is live: torch 2.13 has no CUDA 12.8 build, and an impossible pin fails too."""
+    result, _ = resolve_for_image([requirement], tmp_path / "report.json")
+    assert result.returncode != 0
+    assert "No matching distribution" in result.stderr or "ResolutionImpossible" in result.stderr
+
+
+#: What the image copies of the project itself (workloads/Dockerfile): the trainer and the ground
+#: floor of facts it reads.
+IMAGE_PACKAGES = ("workloads", "nvrx_eks.facts")
+
+
+def _imported_modules(package: Path) -> set[str]:
+    names = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+    return names
+
+
+def _third_party_imports(package: Path) -> set[str]:
+    own = {p.split(".")[0] for p in IMAGE_PACKAGES}
+    names = {n.split(".")[0] for n in _imported_modules(package)}
+    return {n for n in names if n not in own and n not in sys.stdlib_module_names}
+
+
+def _declared(requirements: list[str]) -> set[str]:
+    return {re.split(r"[=<>!~\[; ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def _undeclared_imports(package: Path, declared: set[str]) -> dict[str, list[str]]:
+    distributions = importlib.metadata.packages_distributions()
+    missing = {}
+    for module in sorted(_third_party_imports(package)):
+        owners = {d.lower() for d in distributions.get(module, [])}
+        if not owners & declared:
+            missing[module] = sorted(owners) or ["(not installed)"]
+    return missing
+
+
+def test_trainer_extra_declares_every_package_the_trainer_imports():
+    """The image installs only the trainer extra: a module workloads/ imports from a package it
+    does not declare would be missing there (numpy was)."""
+    declared = _declared(trainer_requirements())
+    for package in IMAGE_PACKAGES:
+        missing = _undeclared_imports(ROOT.joinpath(*package.split(".")), declared)
+        assert not missing, f"{package} imports packages the trainer extra does not declare: {missing}"
+
+
+def test_the_trainer_imports_only_project_code_the_image_copies():
+    """The image copies workloads/ and nvrx_eks/facts/ only: the trainer importing any other part of
+    nvrx_eks (the operator side, with its CDK and Kubernetes dependencies) would fail in the pod."""
+    for package in IMAGE_PACKAGES:
+        own = {n for n in _imported_modules(ROOT.joinpath(*package.split("."))) if n.startswith("nvrx_eks")}
+        outside = {n for n in own if not any(n == p or n.startswith(p + ".") for p in IMAGE_PACKAGES)}
+        assert not outside, f"{package} imports project code the image does not copy: {sorted(outside)}"
+
+
+# --- the Dockerfile -----------------------------------------------------------------------------
+
+
+def test_dockerfile_passes_hadolint():
+    config = ROOT / ".hadolint.yaml"
+    result = subprocess.run([str(VENV_BIN / "hadolint"), "--config", str(config), str(ROOT / DOCKERFILE)],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Each ignored rule carries its reason: a comment right above it.
+    lines = config.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"\s*-\s*DL\d+", line):
+            assert lines[i - 1].lstrip().startswith("#"), f"{line.strip()} is ignored without a reason"
+
+
+def test_dockerfile_env_carries_the_nccl_settings_the_pod_env_has():
+    env = env_of((ROOT / DOCKERFILE).read_text())
+    assert {k: env.get(k) for k in NCCL_RESTART_ENV} == NCCL_RESTART_ENV
+
+
+def test_dockerfile_states_no_package_version_of_its_own():
+    """Python versions come from pyproject's trainer extra only; the image reads them there."""
+    text = (ROOT / DOCKERFILE).read_text()
+    runs = " ".join(args for keyword, args in instructions(text) if keyword == "RUN")
+    assert "trainer_requirements.py" in runs and "pip install --no-cache-dir -r" in runs
+    assert not re.search(r"pip install[^&]*==", runs)
+    assert not re.search(r"ARG (TORCH|NVRX)_", text)
+
+
+def test_dockerfile_runs_the_efa_installer_before_apt_lists_are_deleted():
+    runs = [args for keyword, args in instructions((ROOT / DOCKERFILE).read_text()) if keyword == "RUN"]
+    (efa,) = [r for r in runs if "efa_installer.sh" in r]
+    assert "apt-get update" in efa and efa.index("efa_installer.sh") < efa.index("/var/lib/apt/lists")
+    assert not any("/var/lib/apt/lists" in r for r in runs[: runs.index(efa)])
+    assert "VALIDSIG" in efa  # the tarball is used only with a good signature
+
+
+def test_dockerfile_puts_the_nccl_plugin_where_nccl_looks_and_asserts_it():
+    steps = instructions((ROOT / DOCKERFILE).read_text())
+    library_path = env_of((ROOT / DOCKERFILE).read_text())["LD_LIBRARY_PATH"].split(":")
+    # EFA installer 1.48 puts the plugin in lib, older Ubuntu builds in lib/x86_64-linux-gnu.
+    assert {"/opt/amazon/ofi-nccl/lib", "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"} <= set(library_path)
+    copy_workloads = next(i for i, (k, a) in enumerate(steps) if k == "COPY" and "workloads" in a)
+    checks = [i for i, (k, a) in enumerate(steps) if k == "RUN" and "workloads.transport --check-plugin" in a]
+    assert checks and checks[0] > copy_workloads
+
+
+def test_image_entrypoint_is_tini_without_process_group_signalling():
+    (entrypoint,) = [args for keyword, args in instructions((ROOT / DOCKERFILE).read_text()) if keyword == "ENTRYPOINT"]
+    assert json.loads(entrypoint) == ["/usr/bin/tini", "--"]
+
+
+# --- shell scripts --------------------------------------------------------------------------
+
+
+def _pod(job: dict) -> dict:
+    if job["kind"] == "PyTorchJob":
+        return job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    return job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+
+
+def test_setup_script_passes_shellcheck():
+    assert_shellcheck_clean((ROOT / "scripts" / "setup_env.sh").read_text(), shell="bash", name="setup_env.sh")
+
+
+@pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
+def test_rendered_trainer_entrypoint_passes_shellcheck(api):
+    job = render_job(build_jobspec(resolve_config("p5"), nodes=2, name="train", api=api)).job_document
+    shell, flag, script = _pod(job)["spec"]["containers"][0]["args"]
+    assert (shell, flag) == ("/bin/sh", "-c")
+    assert_shellcheck_clean(script, shell="sh", name=f"{api} trainer entrypoint")
+
+
+@pytest.mark.parametrize("nodes", [1, 4])
+def test_rendered_fabric_test_passes_shellcheck(nodes):
+    job = render_job(build_jobspec(resolve_config("p5"), nodes=nodes, name="nccl", workload="nccl-test")).job_document
+    shell, flag, script = _pod(job)["spec"]["containers"][0]["command"]
+    assert (shell, flag) == ("/bin/bash", "-c")
+    assert_shellcheck_clean(script, shell="bash", name=f"fabric test ({nodes} nodes)")

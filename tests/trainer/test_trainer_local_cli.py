@@ -1,0 +1,113 @@
+"""Acceptance 5 and SIGTERM handling through the operator CLI (`nvrx-eks local`)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.trainer_fixtures import REPO, assert_nothing_left, exclusive_trainer_runs, port_pair
+from workloads.checkpoint import committed_checkpoints, step_of
+from workloads.events import load_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
+
+CLI = [sys.executable, "-c", "from nvrx_eks.cli import main; main()"]
+
+
+def test_local_run_with_exception_and_sigkill_prints_summary(tmp_path, tmp_path_factory):
+    run_dir = tmp_path / "run"
+    with exclusive_trainer_runs(tmp_path_factory):
+        result = subprocess.run(
+            [
+                *CLI,
+                "local",
+                "--nproc",
+                "2",
+                "--steps",
+                "60",
+                "--faults",
+                "exception@20:1,sigkill@40:0",
+                "--run-dir",
+                str(run_dir),
+                "--port",
+                str(port_pair()),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=600,
+        )
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    for expected in (
+        "final step",
+        "fault exception@20:1",
+        "recovered by inprocess",
+        "fault sigkill@40:0",
+        "recovered by launcher",
+        "checkpoint stall",
+        "goodput",
+    ):
+        assert expected in out, out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_step"] == 60
+    assert summary["restarts"]["inprocess"] >= 1 and summary["restarts"]["launcher"] >= 1
+    assert_nothing_left(run_dir, json.loads((run_dir / "local_run.json").read_text()))
+
+
+def test_sigterm_finishes_the_checkpoint_and_exits_cleanly(tmp_path, tmp_path_factory):
+    with exclusive_trainer_runs(tmp_path_factory):
+        _sigterm_mid_run(tmp_path / "run")
+
+
+def _sigterm_mid_run(run_dir: Path) -> None:
+    cli = subprocess.Popen(
+        [
+            *CLI,
+            "local",
+            "--nproc",
+            "2",
+            "--steps",
+            "400",
+            "--checkpoint-interval",
+            "10",
+            "--run-dir",
+            str(run_dir),
+            "--port",
+            str(port_pair()),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        ends = load_run(run_dir).of("step_end", rank=0) if run_dir.exists() else []
+        if ends and ends[-1]["step"] >= 13:
+            break
+        time.sleep(0.5)
+    else:
+        cli.kill()
+        pytest.fail("the run did not reach step 13")
+    # Ctrl-C on the runner = what Kubernetes does to the pod: SIGTERM to ft_launcher, which
+    # forwards it to the ranks.
+    cli.send_signal(signal.SIGINT)
+    out, _ = cli.communicate(timeout=240)
+    run = load_run(run_dir)
+    stops = run.of("run_end")
+    assert {e["rank"] for e in stops} == {0, 1}
+    assert all(e["status"] == "terminated" for e in stops)
+    stopped_at = stops[0]["final_step"]
+    assert all(e["final_step"] == stopped_at for e in stops) and stopped_at < 400
+    # The in-flight save was finished and the stopping step committed.
+    assert step_of(committed_checkpoints(run_dir / "checkpoints")[0]) == stopped_at
+    assert not (run_dir / "summary.json").exists()
+    assert_nothing_left(run_dir, json.loads((run_dir / "local_run.json").read_text()))
+    assert "launcher exit" in out

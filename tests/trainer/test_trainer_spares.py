@@ -1,0 +1,60 @@
+"""Acceptance 1 and 2 of hot spares on CPU: 3 simulated nodes (1 spare) under ft_launcher recover a
+killed rank and a lost node in process, bit-identical to 2 nodes without faults."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
+
+STEPS = 40
+
+
+def _run(run_dir: Path, *, nodes: int, spare_nodes: int = 0, faults: str = "") -> dict:
+    from nvrx_eks.local.runner import run_local
+
+    code = run_local(
+        nproc=1,
+        steps=STEPS,
+        faults=faults,
+        run_dir=run_dir,
+        preset="tiny",
+        checkpoint_interval=10,
+        backend="nvrx",
+        nodes=nodes,
+        spare_nodes=spare_nodes,
+        port=port_pair(),
+        console=Console(file=open(os.devnull, "w")),
+    )  # noqa: SIM115
+    assert code == 0, (run_dir / "launcher.log").read_text()[-4000:]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> dict:
+    with exclusive_trainer_runs(tmp_path_factory):
+        return _run(tmp_path_factory.mktemp("clean-2n"), nodes=2)
+
+
+@pytest.mark.parametrize("faults", ["sigkill@14:1,exception@29:0", "node-loss@15:1"])
+def test_a_spare_node_replaces_the_lost_one_in_process_bit_identically(clean, tmp_path_factory, faults):
+    run_dir = tmp_path_factory.mktemp("spares")
+    with exclusive_trainer_runs(tmp_path_factory):
+        summary = _run(run_dir, nodes=3, spare_nodes=1, faults=faults)
+    record = json.loads((run_dir / "local_run.json").read_text())
+    assert record["lost_nodes"] == 1 and record["killed_after_exit"] == []
+    lost = summary["faults"][0]
+    assert lost["fault"] == faults.split(",")[0] and lost["layer"] == "inprocess", summary["faults"]
+    assert max(e["cycle"] for e in map(json.loads, _events(run_dir))) == 0  # no launcher restart
+    assert summary["state_sha256"] == clean["state_sha256"]
+
+
+def _events(run_dir: Path) -> list[str]:
+    return [line for path in sorted((run_dir / "events").glob("*.jsonl")) for line in path.read_text().splitlines()]
