@@ -1,23 +1,32 @@
 """Where the project's files are: the Jinja templates (package data) and the checkout.
 
-The templates travel with the package, so `nvrx-eks render` works from an installed wheel. A few
-commands drive the CDK app and need the checkout itself (cdk.json, node_modules, the Dockerfile's
-build context): they find it with `checkout_root()`, which says how to fix it when absent.
+The templates are the package nvrx_eks.templates (pyproject maps it onto the repository's
+templates/ folder), so `nvrx-eks render` finds them the same way from a wheel and from the
+editable checkout install. A few commands drive the CDK app and need the checkout itself (cdk.json,
+node_modules, the Dockerfile's build context): they find it with `checkout_root()`, which says how
+to fix it when absent.
 """
 
 from __future__ import annotations
 
+import importlib.resources
 from pathlib import Path
 
 from nvrx_eks.facts.errors import ConfigError
 
-#: The repository root when running from a checkout (editable install or PYTHONPATH).
+#: The repository root when running from a checkout (editable install or PYTHONPATH); the
+#: site-packages folder when installed from a wheel, which has no cdk.json.
 _SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def templates_dir() -> Path:
     """The folder of Jinja templates for the job manifests."""
-    return _SOURCE_ROOT / "templates"
+    folder = importlib.resources.files("nvrx_eks.templates")
+    # Wheels and editable installs both keep package data as plain files; Jinja's FileSystemLoader
+    # needs a folder on disk, which a zipped install would not have.
+    if not isinstance(folder, Path):
+        raise RuntimeError(f"nvrx_eks.templates is not a folder on disk ({folder!r}); install the wheel unzipped")
+    return folder
 
 
 def checkout_root() -> Path:
