@@ -303,6 +303,7 @@ def teardown(
     timeout_s: float = 900,
     poll_s: float = 5,
 ) -> TeardownResult:
+    checkout_root()  # cdk destroy runs from the checkout: without one, stop before deleting anything
     config = deployment.config
     session = session or boto3.Session(region_name=config.region)
     result = TeardownResult()
