@@ -5,8 +5,6 @@ script the project ships or renders passes shellcheck."""
 
 from __future__ import annotations
 
-import ast
-import importlib.metadata
 import json
 import os
 import re
@@ -236,60 +234,6 @@ def test_resolution_gate_fails_for_a_wheel_that_does_not_exist(tmp_path, require
     result, _ = resolve_for_image([requirement], tmp_path / "report.json")
     assert result.returncode != 0
     assert "No matching distribution" in result.stderr or "ResolutionImpossible" in result.stderr
-
-
-#: What the image copies of the project itself (workloads/Dockerfile): the trainer and the ground
-#: floor of facts it reads.
-IMAGE_PACKAGES = ("workloads", "nvrx_eks.facts")
-
-
-def _imported_modules(package: Path) -> set[str]:
-    names = set()
-    for path in package.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module)
-    return names
-
-
-def _third_party_imports(package: Path) -> set[str]:
-    own = {p.split(".")[0] for p in IMAGE_PACKAGES}
-    names = {n.split(".")[0] for n in _imported_modules(package)}
-    return {n for n in names if n not in own and n not in sys.stdlib_module_names}
-
-
-def _declared(requirements: list[str]) -> set[str]:
-    return {re.split(r"[=<>!~\[; ]", r, maxsplit=1)[0].lower() for r in requirements}
-
-
-def _undeclared_imports(package: Path, declared: set[str]) -> dict[str, list[str]]:
-    distributions = importlib.metadata.packages_distributions()
-    missing = {}
-    for module in sorted(_third_party_imports(package)):
-        owners = {d.lower() for d in distributions.get(module, [])}
-        if not owners & declared:
-            missing[module] = sorted(owners) or ["(not installed)"]
-    return missing
-
-
-def test_trainer_extra_declares_every_package_the_trainer_imports():
-    """The image installs only the trainer extra: a module workloads/ imports from a package it
-    does not declare would be missing there (numpy was)."""
-    declared = _declared(trainer_requirements())
-    for package in IMAGE_PACKAGES:
-        missing = _undeclared_imports(ROOT.joinpath(*package.split(".")), declared)
-        assert not missing, f"{package} imports packages the trainer extra does not declare: {missing}"
-
-
-def test_the_trainer_imports_only_project_code_the_image_copies():
-    """The image copies workloads/ and nvrx_eks/facts/ only: the trainer importing any other part of
-    nvrx_eks (the operator side, with its CDK and Kubernetes dependencies) would fail in the pod."""
-    for package in IMAGE_PACKAGES:
-        own = {n for n in _imported_modules(ROOT.joinpath(*package.split("."))) if n.startswith("nvrx_eks")}
-        outside = {n for n in own if not any(n == p or n.startswith(p + ".") for p in IMAGE_PACKAGES)}
-        assert not outside, f"{package} imports project code the image does not copy: {sorted(outside)}"
 
 
 # --- the Dockerfile -----------------------------------------------------------------------------
