@@ -17,7 +17,12 @@ PY
 TORCH_VERSION=$("$VENV/bin/python" scripts/trainer_requirements.py --pin torch)
 NVRX_VERSION=$("$VENV/bin/python" scripts/trainer_requirements.py --pin nvidia-resiliency-ext)
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install --upgrade "pip>=24" wheel
+# pip >= 24 for `pip --python` (tests/packaging installs the wheel into a fresh virtualenv with it);
+# wheel retags the NVRx wheel below. The build backend comes from pyproject's [build-system]:
+# tests/packaging builds the wheel offline with it (no build isolation).
+mapfile -t BUILD_REQUIRES < <("$VENV/bin/python" -c \
+  'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")')
+"${PIP[@]}" install --upgrade "pip>=24" wheel "${BUILD_REQUIRES[@]}"
 
 # torch first and exactly pinned: an unpinned torch (or one pulled in by another package) is a
 # multi-GB CUDA build. The container image installs its own CUDA torch.
