@@ -17,6 +17,7 @@ def main() -> None:
     from infra.environment import build_environment
     from infra.nag import acknowledge_findings, enable_nag
     from nvrx_eks.facts.errors import ConfigError
+    from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
 
     app = App()
     try:
@@ -24,7 +25,7 @@ def main() -> None:
         environment = build_environment(app, config)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_CONFIG_ERROR)
     acknowledge_findings(environment)
     enable_nag(app)
     app.synth()

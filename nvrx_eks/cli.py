@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
 
 app = typer.Typer(
     name="nvrx-eks",
@@ -552,7 +553,7 @@ def main() -> None:
     except ConfigError as e:
         # Messages echo user input (paths, names, specs): escape it, or a '[' in it is read as markup.
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        sys.exit(EXIT_CONFIG_ERROR)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)

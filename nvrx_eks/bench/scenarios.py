@@ -53,6 +53,7 @@ from nvrx_eks.bench.analysis import (
     summarize_backends,
 )
 from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from workloads.events import load_run, summarize
 
 BACKENDS = ("none", "sync", "dcp-async", "nvrx")
@@ -195,9 +196,10 @@ class Launcher:
             launch = self.once(name, resume=count > 1, **kwargs)
             if launch.exit_code == 0:
                 return count
-            if launch.exit_code == 93:
+            if launch.exit_code == EXIT_DO_NOT_REQUEUE:
                 raise BenchRunFailed(
-                    f"{name}: the trainer asked not to be restarted (exit 93); see {launch.run_dir / 'launcher.log'}"
+                    f"{name}: the trainer asked not to be restarted (exit {EXIT_DO_NOT_REQUEUE}); "
+                    f"see {launch.run_dir / 'launcher.log'}"
                 )
         raise BenchRunFailed(
             f"{name}: still not complete after {max_launches} launches; see {self.root / name / 'launcher.log'}"

@@ -1,4 +1,4 @@
-"""Process exit codes of the trainer, stated once.
+"""Process exit codes of the trainer and the operator commands, stated once.
 
 EXIT_DO_NOT_REQUEUE (93) is the code NVRx's ft_launcher itself uses for "NVRx decided the job must
 not be restarted" (nvidia_resiliency_ext.fault_tolerance.utils.DEFAULT_NO_RESTART_EXIT_CODE). The
@@ -18,6 +18,11 @@ restarted like any failure, until ft_launcher's restarts or its no-progress limi
 """
 
 EXIT_DO_NOT_REQUEUE = 93
+
+# A mistake the user can fix (a config field, an option, a missing checkout): the operator
+# commands (`nvrx-eks`, the CDK app, the GPU smoke test) print one message naming it and exit
+# with this, the code argparse and Click use for usage errors, never with a traceback.
+EXIT_CONFIG_ERROR = 2
 
 # 128 + SIGTERM: the trainer stopped because it was asked to (eviction, preemption, kubectl delete)
 # after finishing or abandoning its in-flight checkpoint. Non-zero on purpose: the run is not done,

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
 
 #: Timeouts for the GPU runs: the local CPU profile's are sized for a tiny model on CPU; a GPU
 #: run's setup (CUDA context, NCCL communicator, a 1B model) needs more, and TrainConfig's rules
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         result = smoke(out_dir=args.out, dry_run=args.dry_run, preset=args.preset, nproc=args.nproc)
     except ConfigError as err:
         print(f"error: {err}")
-        return 2
+        return EXIT_CONFIG_ERROR
     return 0 if result["ok"] else 1
 
 
