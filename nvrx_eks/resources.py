@@ -34,7 +34,7 @@ def checkout_root() -> Path:
     if not (_SOURCE_ROOT / "cdk.json").is_file():
         raise ConfigError(
             f"this command needs the nvrx-eks repository checkout (cdk.json, app.py, node_modules), "
-            f"but the package runs from {_SOURCE_ROOT}; run it from a clone of the repository "
-            f"after `make setup`"
+            f"but this nvrx-eks is installed in {_SOURCE_ROOT}; run the one of a repository clone "
+            f"instead (`make setup` there, then `.venv/bin/nvrx-eks`)"
         )
     return _SOURCE_ROOT
