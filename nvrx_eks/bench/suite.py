@@ -1,4 +1,4 @@
-"""`nvrx-eks bench`: the resilience benchmark suite, P1-P4, side by side in one invocation.
+"""`nvrx-eks bench`: the resilience benchmark suite, P1-P7, side by side in one invocation.
 
     nvrx-eks bench --quick                      # about 9 minutes on 2 CPU cores
     nvrx-eks bench --out benchmarks/cpu        # fuller: more repetitions and steps, ~21 min
@@ -33,21 +33,9 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from nvrx_eks.bench.scenarios import (
-    SCENARIOS,
-    BenchRunFailed,
-    BenchSettings,
-    Launcher,
-    measure_floor,
-    run_p1,
-    run_p2,
-    run_p3,
-    run_p4,
-    run_p5,
-    run_p6,
-    run_p7,
-    settings_for,
-)
+from nvrx_eks.bench.launcher import BenchRunFailed, Launcher, measure_floor
+from nvrx_eks.bench.scenarios import run_p1, run_p2, run_p3, run_p4, run_p5, run_p6, run_p7
+from nvrx_eks.bench.settings import SCENARIOS, BenchSettings, settings_for
 from nvrx_eks.facts.errors import ConfigError
 from workloads.config import MODEL_PRESETS
 
