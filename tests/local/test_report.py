@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from nvrx_eks.local.report import analyze, plot_timeline
-from tests.support import REPO_ROOT
+from tests.support.cli_process import WIDE_TERMINAL, cli_process
 from workloads.events import load_run
-
-ROOT = REPO_ROOT
 
 
 def _write_run(run_dir: Path) -> None:
@@ -106,14 +102,7 @@ def test_timeline_marks_every_fault(run_dir, tmp_path):
 
 def test_report_command(run_dir, tmp_path):
     out_json = tmp_path / "breakdown.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "nvrx_eks.cli", "report", str(run_dir), "--json", str(out_json)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
-    )
+    result = cli_process("report", str(run_dir), "--json", str(out_json), env=WIDE_TERMINAL)
     assert result.returncode == 0, result.stderr
     assert "in-process" in result.stdout and "ft_launcher" in result.stdout
     assert (run_dir / "timeline.png").exists()
@@ -121,12 +110,6 @@ def test_report_command(run_dir, tmp_path):
 
 
 def test_report_on_a_missing_directory_exits_2(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "nvrx_eks.cli", "report", str(tmp_path / "nope")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = cli_process("report", str(tmp_path / "nope"))
     assert result.returncode == 2
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
