@@ -213,8 +213,8 @@ def _recovery(run: RunEvents, fault: dict[str, Any], horizon: float) -> Recovery
     if set(ready) != set(ranks):
         raise IncompleteRun(f"{label}: not every rank was ready to train again after the fault")
     restart_t = max(e["t"] for e in ready.values())
-    after = [e for e in window if e["event"] == "step_end" and e["rank"] == 0 and e["t"] > restart_t]
-    if not after:
+    steps_after = [e for e in window if e["event"] == "step_end" and e["rank"] == 0 and e["t"] > restart_t]
+    if not steps_after:
         raise IncompleteRun(f"{label}: no step completed after the restart")
     resumed = ready[0]["resumed_from_step"]
     if fresh_starts:
@@ -230,7 +230,7 @@ def _recovery(run: RunEvents, fault: dict[str, Any], horizon: float) -> Recovery
         detect_s=detect_s,
         respawn_s=respawn_s,
         restart_s=restart_t - t0,
-        first_step_s=after[0]["t"] - t0,
+        first_step_s=steps_after[0]["t"] - t0,
         resumed_from_step=resumed,
         lost_steps=max(0, fault["step"] - 1 - resumed),
     )

@@ -35,8 +35,10 @@ import json
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 from nvrx_eks.bench.analysis import (
+    CheckpointCost,
     checkpoint_cost,
     fault_recoveries,
     goodput,
@@ -57,11 +59,11 @@ def _batch(settings: BenchSettings) -> tuple[str, ...]:
 def run_p1(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict]) -> dict:
     k = settings.interval
     steps = (settings.p1_cycles + 1) * k + 1
-    costs = []
+    costs: list[CheckpointCost] = []
     total = settings.p1_runs * len(BACKENDS)
     for repeat in range(settings.p1_runs):
-        order = BACKENDS[repeat % len(BACKENDS) :] + BACKENDS[: repeat % len(BACKENDS)]
-        for backend in order:
+        rotated = BACKENDS[repeat % len(BACKENDS) :] + BACKENDS[: repeat % len(BACKENDS)]
+        for backend in rotated:
             launcher.progress(f"P1 checkpoint efficiency: {backend} ({len(costs) + 1}/{total})")
             run_dir = launcher.completed(
                 f"p1-{backend}-{repeat + 1}",
@@ -135,7 +137,7 @@ def run_p3(launcher: Launcher, settings: BenchSettings) -> dict:
         **common,
     )
     relaunch_dir = launcher.root / "p3-full-relaunch"
-    sides = {}
+    sides: dict[str, dict[str, Any]] = {}
     for name, run_dir in (("ft_launcher", ft_dir), ("full_relaunch", relaunch_dir)):
         recoveries = fault_recoveries(load_run(run_dir), ("sigkill",))
         sides[name] = {"medians": recovery_medians(recoveries), "recoveries": [r.as_dict() for r in recoveries]}
@@ -175,7 +177,7 @@ def run_p4(launcher: Launcher, settings: BenchSettings) -> dict:
     layered_run, baseline_run = load_run(layered_dir), load_run(baseline_dir)
     # Which path recovered each fault: the layered side should take in-process restarts for
     # exception and hang and ft_launcher for sigkill; an escalation shows up here.
-    result = {
+    result: dict[str, Any] = {
         "preset": settings.preset,
         "batch_size": settings.batch_size,
         "seed": settings.seed,

@@ -469,10 +469,11 @@ def print_report(
         table.add_row(
             "local copy skipped", escape(f"rank {skipped['origin_rank']} step {skipped['step']}: {skipped['reason']}")
         )
-    if report.stalls_s:
+    median_stall_s = report.median_stall_s  # None when the run saved nothing
+    if median_stall_s is not None:
         table.add_row(
             "checkpoint stall",
-            f"median {report.median_stall_s * 1000:.1f} ms, max "
+            f"median {median_stall_s * 1000:.1f} ms, max "
             f"{max(report.stalls_s) * 1000:.1f} ms over {len(report.stalls_s)} saves",
         )
     table.add_row("goodput", f"{report.goodput:.1%} (replayed steps: {report.lost_steps})")

@@ -430,6 +430,7 @@ def run(
     result = plan_for(job_nodes)
     print_plan(result, config, train.model.preset, console)
     print_two_tier(result, two_tier_plan(result, node_loss_share), console)
+    assert result.memory is not None  # plan_for_job always estimates the job's memory
     print_memory(result.memory, config, train, result.gpus, console)
     print_scaling(config, plan_for, [result.nodes, 16, 128, 1024, 2048], console)
     from nvrx_eks.ops.plan_spares import print_spares, spares_table  # it builds on this module
