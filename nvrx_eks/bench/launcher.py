@@ -143,9 +143,8 @@ def measure_floor(settings: BenchSettings, out: Path, repeats: int = 7) -> dict:
         str(result_path),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
-    done = subprocess.run(
-        argv, env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[2]
-    )
+    # The child inherits the working directory and environment: it imports nvrx_eks as this process did.
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     # Rank 0 writes the result only after every rank's timings were gathered: a result on disk is
     # complete even if a rank then crashed tearing the process group down (kept in the record).
     if not result_path.is_file():
