@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_eks.bench.analysis import goodput
 from nvrx_eks.local.report import analyze, plot_timeline
 from tests.support.cli_process import WIDE_TERMINAL, cli_process
-from workloads.events import load_run
+from workloads.events import load_run, summarize
 
 
 def _write_run(run_dir: Path) -> None:
@@ -79,6 +80,16 @@ def test_breakdown_accounts_for_every_second(run_dir):
     total = b.productive_s + b.checkpoint_stall_s + b.replayed_s + b.recovery_s + b.other_s
     assert total == pytest.approx(b.wall_s)
     assert b.goodput == pytest.approx(b.productive_s / b.wall_s)
+
+
+def test_report_bench_and_the_summary_print_one_split(run_dir):
+    run = load_run(run_dir)
+    report, bench, summary = analyze(run), goodput(run), summarize(run)
+    assert report.goodput == bench.goodput == summary.goodput
+    parts = ("wall_s", "productive_s", "checkpoint_stall_s", "replayed_s")
+    assert [getattr(report, p) for p in parts] == [getattr(bench, p) for p in parts]
+    assert report.recovery_s == pytest.approx(3.0 + 8.0)  # the exception in process, the sigkill by the launcher
+    assert bench.other_s == pytest.approx(report.recovery_s + report.other_s)  # P4 shows them as one part
 
 
 def test_each_fault_has_its_layer_and_lost_steps(run_dir):
