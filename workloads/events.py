@@ -45,9 +45,10 @@ Events and their own fields:
 
 summary.json (rank 0, at completion): final_step, final_loss, state_sha256, world_size, preset,
 restarts {"inprocess": n, "launcher": n}, faults [...], checkpoints {...}, goodput; see
-`summarize` for the derived numbers. Throughput (workloads.metrics.summarize_throughput, medians
-over rank 0's steps after the first): global_batch_tokens, tokens_per_s, tokens_per_s_per_gpu,
-step_time_s, mfu (null on CPU), first_loss, last_loss.
+`summarize` and `workloads.goodput` for the derived numbers. Throughput
+(workloads.metrics.summarize_throughput, medians over rank 0's steps after the first):
+global_batch_tokens, tokens_per_s, tokens_per_s_per_gpu, step_time_s, mfu (null on CPU),
+first_loss, last_loss.
 """
 
 from __future__ import annotations
@@ -57,9 +58,11 @@ import os
 import socket
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from workloads.goodput import WallTimeSplit, split_wall_time
 
 SCHEMA_VERSION = 1
 
@@ -182,19 +185,14 @@ def read_summary(run_dir: str | Path) -> dict[str, Any]:
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
-@dataclass
-class RunReport:
-    final_step: int
-    wall_s: float
-    productive_s: float
-    restarts: list[Restart]
-    faults: list[dict[str, Any]]
-    stalls_s: list[float]
-    lost_steps: int
+@dataclass(frozen=True)
+class RunReport(WallTimeSplit):
+    """A run as one rank saw it: where its wall time went (`workloads.goodput`), its restarts,
+    the faults injected and each checkpoint stall."""
 
-    @property
-    def goodput(self) -> float:
-        return self.productive_s / self.wall_s if self.wall_s > 0 else 0.0
+    restarts: list[Restart] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    stalls_s: list[float] = field(default_factory=list)
 
     @property
     def median_stall_s(self) -> float | None:
@@ -208,42 +206,44 @@ class RunReport:
 
     def fault_outcomes(self) -> list[dict[str, Any]]:
         """Each injected fault with the restart that followed it (if any) on the reporting rank."""
-        out = []
-        for f in self.faults:
-            after = [r for r in self.restarts if r.end_t >= f["t"]]
-            rec = {"fault": f"{f['kind']}@{f['step']}:{f['target_rank']}", "t": f["t"]}
-            if after and f["kind"] != "corrupt-latest" and f["kind"] != "slow":
-                r = after[0]
-                rec.update(
-                    layer=r.layer,
-                    recovered_s=r.end_t - f["t"],
-                    resumed_from_step=r.resumed_from_step,
-                    lost_steps=max(0, f["step"] - 1 - r.resumed_from_step),
-                )
-            out.append(rec)
-        return out
+        return fault_outcomes(self.faults, self.restarts)
+
+
+def fault_outcomes(faults: list[dict[str, Any]], restarts: list[Restart]) -> list[dict[str, Any]]:
+    """Each fault with the first restart that ended after it: the layer, fault -> training ready
+    (`recovered_s`), the step resumed from and the steps lost. Faults that interrupt nothing
+    (corrupt-latest, slow) get no restart."""
+    out = []
+    for f in faults:
+        after = [r for r in restarts if r.end_t >= f["t"]]
+        rec = {"fault": f"{f['kind']}@{f['step']}:{f['target_rank']}", "t": f["t"]}
+        if after and f["kind"] != "corrupt-latest" and f["kind"] != "slow":
+            r = after[0]
+            rec.update(
+                layer=r.layer,
+                recovered_s=r.end_t - f["t"],
+                resumed_from_step=r.resumed_from_step,
+                lost_steps=max(0, f["step"] - 1 - r.resumed_from_step),
+            )
+        out.append(rec)
+    return out
 
 
 def summarize(run: RunEvents, rank: int = 0) -> RunReport:
-    """Derived numbers for reports: goodput counts the last execution of each step only (replayed
-    steps after a restart were lost work), over wall time from the first run_start."""
+    """The run as `rank` saw it, over wall time from the first run_start to the last event; the
+    goodput counts the last execution of each step only (replayed steps after a restart were lost
+    work). A fault injected on several ranks at once is one fault: its recovery counts once."""
     starts = run.of("run_start")
     first_t = starts[0]["t"] if starts else (run.events[0]["t"] if run.events else 0.0)
     last_t = run.events[-1]["t"] if run.events else first_t
-    step_ends = run.of("step_end", rank=rank)
-    last_exec: dict[int, float] = {}
-    executions: dict[int, int] = {}
-    for e in step_ends:
-        last_exec[e["step"]] = e["step_s"]
-        executions[e["step"]] = executions.get(e["step"], 0) + 1
-    lost = sum(n - 1 for n in executions.values())
+    restarts = run.restarts(rank)
+    faults = run.of("fault_injected")
     stalls = [e["stall_s"] for e in run.of("checkpoint_stall", rank=rank)]
-    return RunReport(
-        final_step=max(last_exec) if last_exec else 0,
+    unique = {o["fault"]: o for o in fault_outcomes(faults, restarts)}
+    split = split_wall_time(
         wall_s=last_t - first_t,
-        productive_s=sum(last_exec.values()),
-        restarts=run.restarts(rank),
-        faults=run.of("fault_injected"),
+        step_ends=run.of("step_end", rank=rank),
         stalls_s=stalls,
-        lost_steps=lost,
+        recovery_s=sum(o.get("recovered_s", 0.0) for o in unique.values()),
     )
+    return RunReport(**asdict(split), restarts=restarts, faults=faults, stalls_s=stalls)

@@ -23,8 +23,9 @@ noticed (NVRx `restart_begin`, in-process path) or new processes started (`run_s
 not seen before the fault: ft_launcher restart or a relaunch of the whole job), when every rank
 was ready to train again (`setup_end`), and the first step completed after that.
 
-Goodput (P4) is `workloads.events.summarize`'s: productive step time (each step's last execution)
-over wall time from the first `run_start`, the same definition `nvrx-eks report` prints.
+Goodput (P4) is `workloads.goodput`'s split, read through `workloads.events.summarize`: productive
+step time (each step's last execution) over wall time from the first `run_start`, the same
+numbers `nvrx-eks report` and the trainer's summary.json print.
 """
 
 from __future__ import annotations
@@ -212,8 +213,8 @@ def _recovery(run: RunEvents, fault: dict[str, Any], horizon: float) -> Recovery
     if set(ready) != set(ranks):
         raise IncompleteRun(f"{label}: not every rank was ready to train again after the fault")
     restart_t = max(e["t"] for e in ready.values())
-    after = [e for e in window if e["event"] == "step_end" and e["rank"] == 0 and e["t"] > restart_t]
-    if not after:
+    steps_after = [e for e in window if e["event"] == "step_end" and e["rank"] == 0 and e["t"] > restart_t]
+    if not steps_after:
         raise IncompleteRun(f"{label}: no step completed after the restart")
     resumed = ready[0]["resumed_from_step"]
     if fresh_starts:
@@ -229,7 +230,7 @@ def _recovery(run: RunEvents, fault: dict[str, Any], horizon: float) -> Recovery
         detect_s=detect_s,
         respawn_s=respawn_s,
         restart_s=restart_t - t0,
-        first_step_s=after[0]["t"] - t0,
+        first_step_s=steps_after[0]["t"] - t0,
         resumed_from_step=resumed,
         lost_steps=max(0, fault["step"] - 1 - resumed),
     )
@@ -254,6 +255,9 @@ def recovery_medians(recoveries: list[Recovery]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Goodput:
+    """P4's record of a run: `workloads.events.summarize`'s split with recovery and the rest in
+    one part (`other_s`), as P4's table, chart and stored results have always shown it."""
+
     goodput: float
     wall_s: float
     productive_s: float
@@ -269,24 +273,17 @@ class Goodput:
 
 
 def goodput(run: RunEvents, rank: int = 0) -> Goodput:
-    report = summarize(run, rank)
-    if report.final_step == 0:
+    split = summarize(run, rank)
+    if split.final_step == 0:
         raise IncompleteRun("the run completed no step")
-    replayed = 0.0
-    seen: dict[int, float] = {}
-    for e in run.of("step_end", rank=rank):
-        if e["step"] in seen:
-            replayed += seen[e["step"]]
-        seen[e["step"]] = e["step_s"]
-    stall = sum(report.stalls_s)
     return Goodput(
-        goodput=report.goodput,
-        wall_s=report.wall_s,
-        productive_s=report.productive_s,
-        checkpoint_stall_s=stall,
-        replayed_s=replayed,
-        other_s=max(0.0, report.wall_s - report.productive_s - stall - replayed),
-        final_step=report.final_step,
-        lost_steps=report.lost_steps,
-        saves=len(report.stalls_s),
+        goodput=split.goodput,
+        wall_s=split.wall_s,
+        productive_s=split.productive_s,
+        checkpoint_stall_s=split.checkpoint_stall_s,
+        replayed_s=split.replayed_s,
+        other_s=split.recovery_s + split.other_s,
+        final_step=split.final_step,
+        lost_steps=split.lost_steps,
+        saves=split.saves,
     )

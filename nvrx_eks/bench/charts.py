@@ -121,6 +121,22 @@ def _stacked(ax, labels: list[str], parts: list[list[tuple[str, float, str]]]) -
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=4, frameon=False)
 
 
+#: The color of a recovery's first phase, by the medians key that times it.
+_FIRST_PHASE_COLOR = {"detect_s": COLORS["detect"], "respawn_s": COLORS["respawn"]}
+
+
+def _recovery_segments(m: dict[str, Any], first: str, first_label: str, restart_label: str) -> list:
+    """A recovery's medians (analysis.recovery_medians) as three segments from the fault: its
+    first phase (`first`: detect_s in process, respawn_s for new processes), the rest of the
+    restart, and the first step."""
+    head = m[first] or 0.0
+    return [
+        (first_label, head, _FIRST_PHASE_COLOR[first]),
+        (restart_label, m["restart_s"] - head, COLORS["restart"]),
+        ("first step", m["first_step_s"] - m["restart_s"], COLORS["first_step"]),
+    ]
+
+
 def plot_p2(result: dict[str, Any], path: Path) -> Path:
     plt = _pyplot()
     p2 = result["p2"]
@@ -128,15 +144,8 @@ def plot_p2(result: dict[str, Any], path: Path) -> Path:
     for kind, m in p2["by_kind"].items():
         if not m["n"]:
             continue
-        detect = m["detect_s"] or 0.0
         labels.append(f"{kind} (n={m['n']})")
-        parts.append(
-            [
-                ("noticed by the first rank", detect, COLORS["detect"]),
-                ("all ranks abort, rebuild, reload", m["restart_s"] - detect, COLORS["restart"]),
-                ("first step", m["first_step_s"] - m["restart_s"], COLORS["first_step"]),
-            ]
-        )
+        parts.append(_recovery_segments(m, "detect_s", "noticed by the first rank", "all ranks abort, rebuild, reload"))
     fig, ax = plt.subplots(figsize=(10, 3.2 + 0.4 * len(labels)))
     _stacked(ax, labels, parts)
     ax.set_title(f"P2 soft-fault recovery, in-process restart - {p2['preset']} preset\n{_subtitle(result)}", fontsize=9)
@@ -149,14 +158,11 @@ def plot_p3(result: dict[str, Any], path: Path) -> Path:
     labels, parts = [], []
     for name, title in (("ft_launcher", "ft_launcher restart"), ("full_relaunch", "full relaunch")):
         m = p3[name]["medians"]
-        respawn = m["respawn_s"] or 0.0
         labels.append(f"{title} (n={m['n']})")
         parts.append(
-            [
-                ("detect, stop, start processes, import", respawn, COLORS["respawn"]),
-                ("process group, model, checkpoint load", m["restart_s"] - respawn, COLORS["restart"]),
-                ("first step", m["first_step_s"] - m["restart_s"], COLORS["first_step"]),
-            ]
+            _recovery_segments(
+                m, "respawn_s", "detect, stop, start processes, import", "process group, model, checkpoint load"
+            )
         )
     fig, ax = plt.subplots(figsize=(10, 3.6))
     _stacked(ax, labels, parts)

@@ -1,6 +1,7 @@
-"""The four scenarios of `nvrx-eks bench`: trainer runs on this machine, one after another, under
-the same launcher command the cluster uses (`nvrx_eks.local.runner.run_local`: ft_launcher, the CPU
-profile of short timeouts), then the analysis of their event logs (`nvrx_eks.bench.analysis`).
+"""The seven scenarios of `nvrx-eks bench` (P1-P7): trainer runs on this machine, one after another, under
+the same launcher command the cluster uses (`nvrx_eks.bench.launcher`), then the analysis of
+their event logs (`nvrx_eks.bench.analysis`). Settings are in `nvrx_eks.bench.settings`, fault
+schedules in `nvrx_eks.bench.schedules`.
 
 What differs between the two sides of each comparison is exactly one setting (or, for P4, the
 documented set of settings that makes up each configuration); the model, data, steps, checkpoint
@@ -31,20 +32,13 @@ P7  the gloo release of the in-process abort: the same `exception` faults with t
 from __future__ import annotations
 
 import json
-import os
-import random
 import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
-from rich.console import Console
-
 from nvrx_eks.bench.analysis import (
+    CheckpointCost,
     checkpoint_cost,
     fault_recoveries,
     goodput,
@@ -52,197 +46,10 @@ from nvrx_eks.bench.analysis import (
     recovery_medians,
     summarize_backends,
 )
-from nvrx_eks.facts.errors import ConfigError
-from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from nvrx_eks.bench.launcher import BenchRunFailed, Launcher
+from nvrx_eks.bench.schedules import seeded_schedule, spaced_schedule
+from nvrx_eks.bench.settings import BACKENDS, BenchSettings
 from workloads.events import load_run, summarize
-
-BACKENDS = ("none", "sync", "dcp-async", "nvrx")
-SCENARIOS = ("p1", "p2", "p3", "p4", "p5", "p6", "p7")
-
-
-class BenchRunFailed(RuntimeError):
-    """A trainer run did not end the way its scenario requires."""
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    # P1 and P4: a model whose checkpoint costs what a real one does relative to its step. On 2
-    # CPU cores the 34M "small" preset takes ~1 s per step at batch 1 (FSDP traffic and compute)
-    # and writes ~200 MB per rank per checkpoint.
-    preset: str = "small"
-    # P2 and P3 time the recovery machinery; their model only adds its rebuild and reload.
-    recovery_preset: str = "small"
-    batch_size: int = 1
-    nproc: int = 2
-    interval: int = 2  # checkpoint every k steps (P1, P4; P2 and P3 checkpoint as often)
-    p1_cycles: int = 6  # steady-state save cycles per P1 run (after the first save)
-    p1_runs: int = 3  # P1 runs per backend
-    repeats: int = 3  # P2: faults per kind; P3: faults per recovery path
-    p4_steps: int = 40
-    p4_faults: int = 4
-    seed: int = 7
-    # P5: FSx every p5_fsx_interval steps on both sides, the local tier every `interval` steps on
-    # one; faults spaced so that each lands a few steps after an FSx save or well past it.
-    p5_fsx_interval: int = 10
-    p5_spacing: int = 7
-    dist_backend: str = "auto"
-    overrides: tuple[str, ...] = ()
-
-    def validate(self) -> None:
-        if self.dist_backend not in ("auto", "gloo", "nccl"):
-            raise ConfigError(f"--dist-backend: {self.dist_backend!r} is not a backend; use auto, gloo or nccl")
-        if self.nproc < 1:
-            raise ConfigError("--nproc: must be at least 1")
-        if self.interval < 1:
-            raise ConfigError("--interval: must be at least 1 step")
-        if self.repeats < 1 or self.p1_runs < 1:
-            raise ConfigError("--repeats: must be at least 1")
-        if self.p4_faults < 1:
-            raise ConfigError("--p4-faults: must be at least 1")
-        spacing = self.interval + 2
-        if self.p4_steps < (self.p4_faults + 1) * spacing + self.interval:
-            raise ConfigError(
-                f"--p4-steps: {self.p4_steps} steps cannot hold {self.p4_faults} "
-                f"faults {spacing} steps apart after the first checkpoint; use at "
-                f"least {(self.p4_faults + 1) * spacing + self.interval} steps or "
-                "fewer faults"
-            )
-
-
-# Each trainer launch pays ~12 s here (launcher and rank start-up, setup, shutdown): --quick
-# keeps the launches few and takes its repetitions inside runs (P1: saves per run).
-QUICK = BenchSettings(recovery_preset="tiny", p1_cycles=4, p1_runs=1, repeats=2, p4_steps=18, p4_faults=3)
-FULL = BenchSettings()
-
-
-@dataclass
-class Launch:
-    run_dir: Path
-    exit_code: int
-    wall_s: float
-    killed_after_exit: list[int]
-
-
-@dataclass
-class Launcher:
-    """Starts trainer runs one at a time under `root` and remembers every process it had to kill
-    after a run (there should be none)."""
-
-    root: Path
-    settings: BenchSettings
-    progress: Callable[[str], None]
-    # Rendezvous port P (P+1 is used too) for each run; default: any free pair.
-    ports: Callable[[], int] | None = None
-    launches: list[Launch] = field(default_factory=list)
-
-    def _overrides(self, extra: tuple[str, ...]) -> tuple[str, ...]:
-        return (f"distributed.backend={self.settings.dist_backend}", *extra, *self.settings.overrides)
-
-    def once(
-        self,
-        name: str,
-        *,
-        preset: str,
-        steps: int,
-        backend: str,
-        faults: str = "",
-        extra: tuple[str, ...] = (),
-        resume: bool = False,
-        nodes: int = 1,
-        nproc: int | None = None,
-        checkpoint_interval: int | None = None,
-        local_interval: int | None = None,
-        spare_nodes: int = 0,
-    ) -> Launch:
-        from nvrx_eks.local.runner import run_local
-
-        run_dir = self.root / name
-        started = time.monotonic()
-        with open(os.devnull, "w") as sink:
-            code = run_local(
-                nproc=nproc or self.settings.nproc,
-                steps=steps,
-                faults=faults,
-                run_dir=run_dir,
-                preset=preset,
-                checkpoint_interval=checkpoint_interval or self.settings.interval,
-                backend=backend,
-                resume=resume,
-                overrides=self._overrides(extra),
-                port=self.ports() if self.ports else None,
-                console=Console(file=sink),
-                nodes=nodes,
-                local_interval=local_interval,
-                spare_nodes=spare_nodes,
-            )
-        record = json.loads((run_dir / "local_run.json").read_text())
-        launch = Launch(run_dir, code, time.monotonic() - started, record["killed_after_exit"])
-        self.launches.append(launch)
-        return launch
-
-    def completed(self, name: str, **kwargs: Any) -> Path:
-        launch = self.once(name, **kwargs)
-        if launch.exit_code != 0:
-            raise BenchRunFailed(
-                f"{name}: the trainer exited with {launch.exit_code}; see {launch.run_dir / 'launcher.log'}"
-            )
-        return launch.run_dir
-
-    def relaunched_until_done(self, name: str, *, max_launches: int, **kwargs: Any) -> int:
-        """The full-relaunch baseline: ft_launcher may not restart anything, so a fault ends the
-        job; it is started again at once with the same run directory (resuming from the newest
-        committed checkpoint) until it completes. Returns the number of launches."""
-        for count in range(1, max_launches + 1):
-            launch = self.once(name, resume=count > 1, **kwargs)
-            if launch.exit_code == 0:
-                return count
-            if launch.exit_code == EXIT_DO_NOT_REQUEUE:
-                raise BenchRunFailed(
-                    f"{name}: the trainer asked not to be restarted (exit {EXIT_DO_NOT_REQUEUE}); "
-                    f"see {launch.run_dir / 'launcher.log'}"
-                )
-        raise BenchRunFailed(
-            f"{name}: still not complete after {max_launches} launches; see {self.root / name / 'launcher.log'}"
-        )
-
-    def drop_checkpoints(self, run_dir: Path) -> None:
-        """Checkpoints are hundreds of MB per run and nothing reads them after the analysis;
-        the event logs stay for `nvrx-eks report`."""
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-
-
-# ----- fault schedules -------------------------------------------------------------------------
-
-
-def spaced_schedule(kinds: list[str], *, first_step: int, spacing: int, nproc: int) -> tuple[str, int]:
-    """Faults `spacing` steps apart from `first_step`, ranks taken in turn. Returns the spec and
-    a step count that leaves `spacing` clean steps after the last fault."""
-    items = [f"{kind}@{first_step + i * spacing}:{i % nproc}" for i, kind in enumerate(kinds)]
-    return ",".join(items), first_step + len(kinds) * spacing
-
-
-def seeded_schedule(seed: int, *, steps: int, faults: int, interval: int, nproc: int) -> str:
-    """`faults` faults drawn from exception, hang and sigkill (each kind as evenly as the count
-    allows, in a seeded order) at seeded steps at least interval+2 apart, none before a
-    checkpoint exists and none in the last interval. The same seed gives the same schedule."""
-    rng = random.Random(seed)
-    kinds = [("exception", "hang", "sigkill")[i % 3] for i in range(faults)]
-    rng.shuffle(kinds)
-    spacing = interval + 2
-    low, high = interval + 2, steps - interval
-    slack = (high - low) - (faults - 1) * spacing
-    if slack < 0:
-        raise ConfigError(
-            f"--p4-steps: {steps} steps cannot hold {faults} faults {spacing} steps "
-            "apart; raise --p4-steps or lower --p4-faults"
-        )
-    # Spread `slack` extra steps over the gaps at random: faults keep their minimum spacing.
-    cuts = sorted(rng.randint(0, slack) for _ in range(faults))
-    fault_steps = [low + cut + i * spacing for i, cut in enumerate(cuts)]
-    return ",".join(f"{kind}@{step}:{rng.randrange(nproc)}" for kind, step in zip(kinds, fault_steps, strict=True))
-
-
-# ----- scenarios -------------------------------------------------------------------------------
 
 
 def _batch(settings: BenchSettings) -> tuple[str, ...]:
@@ -252,11 +59,11 @@ def _batch(settings: BenchSettings) -> tuple[str, ...]:
 def run_p1(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict]) -> dict:
     k = settings.interval
     steps = (settings.p1_cycles + 1) * k + 1
-    costs = []
+    costs: list[CheckpointCost] = []
     total = settings.p1_runs * len(BACKENDS)
     for repeat in range(settings.p1_runs):
-        order = BACKENDS[repeat % len(BACKENDS) :] + BACKENDS[: repeat % len(BACKENDS)]
-        for backend in order:
+        rotated = BACKENDS[repeat % len(BACKENDS) :] + BACKENDS[: repeat % len(BACKENDS)]
+        for backend in rotated:
             launcher.progress(f"P1 checkpoint efficiency: {backend} ({len(costs) + 1}/{total})")
             run_dir = launcher.completed(
                 f"p1-{backend}-{repeat + 1}",
@@ -330,7 +137,7 @@ def run_p3(launcher: Launcher, settings: BenchSettings) -> dict:
         **common,
     )
     relaunch_dir = launcher.root / "p3-full-relaunch"
-    sides = {}
+    sides: dict[str, dict[str, Any]] = {}
     for name, run_dir in (("ft_launcher", ft_dir), ("full_relaunch", relaunch_dir)):
         recoveries = fault_recoveries(load_run(run_dir), ("sigkill",))
         sides[name] = {"medians": recovery_medians(recoveries), "recoveries": [r.as_dict() for r in recoveries]}
@@ -370,7 +177,7 @@ def run_p4(launcher: Launcher, settings: BenchSettings) -> dict:
     layered_run, baseline_run = load_run(layered_dir), load_run(baseline_dir)
     # Which path recovered each fault: the layered side should take in-process restarts for
     # exception and hang and ft_launcher for sigkill; an escalation shows up here.
-    result = {
+    result: dict[str, Any] = {
         "preset": settings.preset,
         "batch_size": settings.batch_size,
         "seed": settings.seed,
@@ -521,51 +328,3 @@ def run_p7(launcher: Launcher, settings: BenchSettings) -> dict:
         }
         launcher.drop_checkpoints(run_dir)
     return {"preset": settings.recovery_preset, "schedule": spec, "steps": steps, **sides}
-
-
-def measure_floor(settings: BenchSettings, out: Path, repeats: int = 7) -> dict:
-    """nvrx_eks.bench.floor in its own processes (ranks need a fresh process group), with the
-    same thread setting as the trainer's ranks."""
-    from nvrx_eks.local.runner import free_port_pair
-
-    result_path = out / "floor.json"
-    argv = [
-        sys.executable,
-        "-m",
-        "nvrx_eks.bench.floor",
-        "--preset",
-        settings.preset,
-        "--nproc",
-        str(settings.nproc),
-        "--repeats",
-        str(repeats),
-        "--dist-backend",
-        settings.dist_backend,
-        "--port",
-        str(free_port_pair()),
-        "--json",
-        str(result_path),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
-    done = subprocess.run(
-        argv, env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[2]
-    )
-    # Rank 0 writes the result only after every rank's timings were gathered: a result on disk is
-    # complete even if a rank then crashed tearing the process group down (kept in the record).
-    if not result_path.is_file():
-        raise BenchRunFailed(
-            f"the in-memory copy measurement failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
-        )
-    return {**json.loads(result_path.read_text()), "exit_code": done.returncode}
-
-
-def settings_for(quick: bool, **changes: Any) -> BenchSettings:
-    """The quick or full settings with the given changes (None = keep); `repeats` sets every
-    repetition count."""
-    base = QUICK if quick else FULL
-    changes = {k: v for k, v in changes.items() if v is not None}
-    if "repeats" in changes:
-        changes["p1_runs"] = changes["repeats"]
-    settings = replace(base, **changes)
-    settings.validate()
-    return settings

@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 
@@ -100,7 +100,8 @@ def _open_text(path: Path) -> tuple[IO[bytes], IO[str]]:
     """(raw file, text stream): the raw file's position is the progress through the input."""
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
     if path.suffix == ".gz":
-        stream: IO[bytes] = gzip.GzipFile(fileobj=raw)
+        # A binary stream that typeshed does not declare as IO[bytes].
+        stream: IO[bytes] = cast(IO[bytes], gzip.GzipFile(fileobj=raw))
     elif path.suffix == ".zst":
         import zstandard
 

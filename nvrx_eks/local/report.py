@@ -11,7 +11,6 @@ and the throughput (tokens/s, step time, MFU) with a loss/throughput PNG next to
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -56,20 +55,13 @@ class Breakdown:
 
 
 def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
-    """The breakdown as seen by `rank` (rank 0 by default; every rank steps in lockstep)."""
+    """The breakdown as seen by `rank` (rank 0 by default; every rank steps in lockstep): the
+    wall-time split of `workloads.events.summarize`, and when each fault's first step came."""
     if not run.events:
         raise ConfigError("the run directory has no events (expected events/rank*.jsonl); is it a trainer run dir?")
     summary = summarize(run, rank)
     start = run.events[0]["t"]
     step_ends = run.of("step_end", rank=rank)
-    last_time: dict[int, float] = {}
-    replayed_s = 0.0
-    for e in step_ends:
-        if e["step"] in last_time:
-            replayed_s += last_time[e["step"]]
-        last_time[e["step"]] = e["step_s"]
-    stalls = [e["stall_s"] for e in run.of("checkpoint_stall", rank=rank)]
-
     faults = []
     for outcome in summary.fault_outcomes():
         recovered_s = outcome.get("recovered_s")
@@ -88,23 +80,19 @@ def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
                 lost_steps=outcome.get("lost_steps", 0),
             )
         )
-    # Identical faults injected on several ranks are one event for the run.
+    # Identical faults injected on several ranks are one event for the run (as in the split).
     unique = {f.label: f for f in faults}.values()
-    recovery_s = sum(f.detect_and_restart_s or 0.0 for f in unique)
-    productive_s = summary.productive_s
-    stall_s = sum(stalls)
-    other_s = max(0.0, summary.wall_s - productive_s - stall_s - replayed_s - recovery_s)
     return Breakdown(
         wall_s=summary.wall_s,
-        productive_s=productive_s,
-        checkpoint_stall_s=stall_s,
-        replayed_s=replayed_s,
-        recovery_s=recovery_s,
-        other_s=other_s,
+        productive_s=summary.productive_s,
+        checkpoint_stall_s=summary.checkpoint_stall_s,
+        replayed_s=summary.replayed_s,
+        recovery_s=summary.recovery_s,
+        other_s=summary.other_s,
         goodput=summary.goodput,
         final_step=summary.final_step,
-        saves=len(stalls),
-        median_stall_s=statistics.median(stalls) if stalls else None,
+        saves=summary.saves,
+        median_stall_s=summary.median_stall_s,
         restarts=summary.restarts_by_layer(),
         faults=sorted(unique, key=lambda f: f.t),
         throughput=summarize_throughput(step_ends),

@@ -193,7 +193,7 @@ def smoke(
         "peak_reserved_gib": None if measured is None else round(measured / GIB, 2),
         "ratio": None if measured is None else round(measured / estimate.total, 3),
         # On CPU there is no GPU memory to measure: the check is the estimate's presence.
-        "ok": measured is None if not plan.gpu else measured <= estimate.total,
+        "ok": measured is None if not plan.gpu else measured is not None and measured <= estimate.total,
     }
     result = {
         "mode": "gpu" if plan.gpu else "dry-run (cpu, gloo)",

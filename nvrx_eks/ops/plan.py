@@ -55,6 +55,12 @@ def inprocess_recovery_s(state_bytes: int, fsx_bytes_per_s: float) -> float:
     return INPROCESS_FIXED_S + state_bytes / fsx_bytes_per_s
 
 
+def local_recovery_s(state_bytes: int, nodes: int) -> float:
+    """In-process restart from the node-local tier: the fixed part plus each node reading its
+    share of the state from its own instance store (DEFAULT_LOCAL_READ_GBPS_PER_NODE)."""
+    return INPROCESS_FIXED_S + state_bytes / nodes / (DEFAULT_LOCAL_READ_GBPS_PER_NODE * 1e9)
+
+
 def young_interval(delta: float, mtbf: float) -> float:
     return math.sqrt(2 * delta * mtbf)
 
@@ -349,7 +355,7 @@ def two_tier_plan(plan: Plan, node_loss_share: float = DEFAULT_NODE_LOSS_SHARE) 
     q, mtbf = node_loss_share, plan.job_mtbf_s
     dl = df = layered.strategy.stall_s
     rf = layered.strategy.recovery_s
-    rl = INPROCESS_FIXED_S + plan.state_bytes / plan.nodes / (DEFAULT_LOCAL_READ_GBPS_PER_NODE * 1e9)
+    rl = local_recovery_s(plan.state_bytes, plan.nodes)
     tl = math.sqrt(2 * dl * mtbf / (1 - q))
     # One FSx save in flight at a time: the next cannot start before the previous one is written.
     tf = max(math.sqrt(2 * df * mtbf / q), plan.state_bytes / plan.fsx_bytes_per_s)
@@ -430,6 +436,7 @@ def run(
     result = plan_for(job_nodes)
     print_plan(result, config, train.model.preset, console)
     print_two_tier(result, two_tier_plan(result, node_loss_share), console)
+    assert result.memory is not None  # plan_for_job always estimates the job's memory
     print_memory(result.memory, config, train, result.gpus, console)
     print_scaling(config, plan_for, [result.nodes, 16, 128, 1024, 2048], console)
     from nvrx_eks.ops.plan_spares import print_spares, spares_table  # it builds on this module

@@ -27,14 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nvrx_eks.ops.plan import (
-    DEFAULT_LOCAL_READ_GBPS_PER_NODE,
-    INPROCESS_FIXED_S,
-    POD_RESTART_RECOVERY_S,
-    Plan,
-    daly_interval,
-    expected_goodput,
-)
+from nvrx_eks.ops.plan import POD_RESTART_RECOVERY_S, Plan, daly_interval, expected_goodput, local_recovery_s
 
 #: Shares of interruptions by kind (see the module docstring).
 DEFAULT_FAULT_MIX = {"soft": 0.15, "network": 0.10, "hardware": 0.75}
@@ -62,7 +55,7 @@ def spares_row(plan: Plan, mix: dict[str, float] = DEFAULT_FAULT_MIX) -> SparesR
     sync, layered_strategy = plan.strategies[0].strategy, plan.strategies[1].strategy
     soft_net = mix["soft"] + mix["network"]
     inprocess_fsx = layered_strategy.recovery_s
-    inprocess_local = INPROCESS_FIXED_S + plan.state_bytes / nodes / (DEFAULT_LOCAL_READ_GBPS_PER_NODE * 1e9)
+    inprocess_local = local_recovery_s(plan.state_bytes, nodes)
     k8s_only = _goodput(sync.stall_s, job_mtbf_s, POD_RESTART_RECOVERY_S)
     layered = _goodput(
         layered_strategy.stall_s, job_mtbf_s, soft_net * inprocess_fsx + mix["hardware"] * POD_RESTART_RECOVERY_S

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 from rich.console import Console
@@ -19,8 +17,9 @@ from nvrx_eks.bench.analysis import (
     recovery_medians,
     summarize_backends,
 )
-from nvrx_eks.bench.scenarios import seeded_schedule, spaced_schedule
-from tests.support.trainer_fixtures import REPO, exclusive_trainer_runs, port_pair, processes_mentioning
+from nvrx_eks.bench.schedules import seeded_schedule, spaced_schedule
+from tests.support.cli_process import cli_process
+from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair, processes_mentioning
 from workloads.events import RunEvents
 from workloads.faults import parse_fault_spec
 
@@ -187,13 +186,7 @@ def test_seeded_fault_schedule_is_reproducible_spaced_and_mixed():
     ],
 )
 def test_option_mistakes_exit_2_naming_the_option(tmp_path, args, message):
-    done = subprocess.run(
-        [sys.executable, "-m", "nvrx_eks.cli", "bench", "--quick", "--out", str(tmp_path / "out"), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = cli_process("bench", "--quick", "--out", str(tmp_path / "out"), *args)
     assert done.returncode == 2, done.stderr
     assert message in " ".join(done.stderr.split())
     assert not (tmp_path / "out").exists()

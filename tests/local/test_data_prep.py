@@ -33,23 +33,23 @@ def stdlib_text(limit_bytes: int) -> list[Path]:
     return files
 
 
+def prepare_cli(inputs: list[Path], out: Path, tokenizer: str, *options: str):
+    """`nvrx-eks data prepare INPUTS --out OUT --tokenizer TOKENIZER OPTIONS`."""
+    return run_cli("data", "prepare", *map(str, inputs), "--out", str(out), "--tokenizer", tokenizer, *options)
+
+
+def shard_tokens(out: Path, manifest: dict) -> np.ndarray:
+    """Every token of a prepared set, shard after shard."""
+    return np.concatenate([np.fromfile(out / s["file"], dtype=np.uint16) for s in manifest["shards"]])
+
+
 def test_byte_shards_hold_exactly_the_text_and_the_manifest_describes_them(tmp_path):
     inputs = stdlib_text(200_000)
-    result = run_cli(
-        "data",
-        "prepare",
-        *map(str, inputs),
-        "--out",
-        str(tmp_path / "out"),
-        "--tokenizer",
-        "byte",
-        "--shard-tokens",
-        "50000",
-    )
+    result = prepare_cli(inputs, tmp_path / "out", "byte", "--shard-tokens", "50000")
     assert result.code == 0, result.stderr
     manifest = read_manifest(tmp_path / "out")
     assert manifest["complete"] and manifest["vocab_size"] == 256 and manifest["dtype"] == "uint16"
-    tokens = np.concatenate([np.fromfile(tmp_path / "out" / s["file"], dtype=np.uint16) for s in manifest["shards"]])
+    tokens = shard_tokens(tmp_path / "out", manifest)
     expected = b"".join(p.read_bytes() for p in inputs)
     assert tokens.astype(np.uint8).tobytes() == expected
     assert [s["tokens"] for s in manifest["shards"][:-1]] == [50000] * (len(manifest["shards"]) - 1)
@@ -65,17 +65,7 @@ def test_interrupted_prepare_resumes_to_the_same_shards(tmp_path):
     partial = read_manifest(tmp_path / "cut")
     assert len(partial["shards"]) == 3 and not partial["complete"]
     first = (tmp_path / "cut" / partial["shards"][0]["file"]).stat().st_mtime_ns
-    result = run_cli(
-        "data",
-        "prepare",
-        *map(str, inputs),
-        "--out",
-        str(tmp_path / "cut"),
-        "--tokenizer",
-        "byte",
-        "--shard-tokens",
-        "40000",
-    )
+    result = prepare_cli(inputs, tmp_path / "cut", "byte", "--shard-tokens", "40000")
     assert result.code == 0, result.stderr
     assert "resuming" in result.stdout and "after 3 completed shard(s)" in result.stdout
     resumed = read_manifest(tmp_path / "cut")
@@ -87,17 +77,7 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     inputs = stdlib_text(100_000)
     with pytest.raises(KeyboardInterrupt):
         prepare(inputs, tmp_path / "out", "byte", shard_tokens=30000, stop_after_shards=1)
-    result = run_cli(
-        "data",
-        "prepare",
-        *map(str, inputs),
-        "--out",
-        str(tmp_path / "out"),
-        "--tokenizer",
-        "byte",
-        "--shard-tokens",
-        "20000",
-    )
+    result = prepare_cli(inputs, tmp_path / "out", "byte", "--shard-tokens", "20000")
     assert result.code == 2
     assert "--shard-tokens" in result.stderr and "Traceback" not in result.stderr
 
@@ -125,23 +105,11 @@ def test_jsonl_gz_zst_with_a_tokenizer_trained_here(tmp_path):
     tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<|endoftext|>"]))
     tok_path = tmp_path / "tokenizer.json"
     tok.save(str(tok_path))
-    result = run_cli(
-        "data",
-        "prepare",
-        *map(str, inputs),
-        "--out",
-        str(tmp_path / "out"),
-        "--tokenizer",
-        str(tok_path),
-        "--text-field",
-        "body",
-        "--shard-tokens",
-        "3000",
-    )
+    result = prepare_cli(inputs, tmp_path / "out", str(tok_path), "--text-field", "body", "--shard-tokens", "3000")
     assert result.code == 0, result.stderr
     manifest = read_manifest(tmp_path / "out")
     assert manifest["vocab_size"] == tok.get_vocab_size() and manifest["tokenizer_sha256"]
-    ids = np.concatenate([np.fromfile(tmp_path / "out" / s["file"], dtype=np.uint16) for s in manifest["shards"]])
+    ids = shard_tokens(tmp_path / "out", manifest)
     eod = tok.token_to_id("<|endoftext|>")
     assert int((ids == eod).sum()) == len(docs)
     first = ids[: int(np.argmax(ids == eod))].tolist()
@@ -249,10 +217,7 @@ def test_upload_outside_the_associated_prefix_is_refused(tmp_path):
 def test_prepare_with_upload_puts_the_finished_set_in_the_bucket(tmp_path):
     boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="nvrx-data")
     inputs = stdlib_text(60_000)
-    result = run_cli(
-        "data", "prepare", *map(str, inputs), "--out", str(tmp_path / "out"), "--tokenizer", "byte",
-        "--upload", "s3://nvrx-data/data/small",
-    )  # fmt: skip
+    result = prepare_cli(inputs, tmp_path / "out", "byte", "--upload", "s3://nvrx-data/data/small")
     assert result.code == 0, result.stderr
     listed = boto3.client("s3", region_name="us-east-1").list_objects_v2(Bucket="nvrx-data", Prefix="data/small/")
     assert f"data/small/{MANIFEST_NAME}" in {o["Key"] for o in listed["Contents"]}

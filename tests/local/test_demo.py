@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import CRDS_PRESENT
-from tests.support import REPO_ROOT
+from tests.support.cli_process import cli_process
 from tests.support.trainer_fixtures import exclusive_trainer_runs, processes_mentioning
 from workloads.events import load_run, summarize
-
-ROOT = REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
 
@@ -24,10 +20,7 @@ def test_demo_runs_every_step_offline(tmp_path, tmp_path_factory):
     for var in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         env.pop(var, None)
     with exclusive_trainer_runs(tmp_path_factory):
-        result = subprocess.run(
-            [sys.executable, "-m", "nvrx_eks.cli", "demo", "--run-dir", str(run_dir)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+        result = cli_process("demo", "--run-dir", str(run_dir), env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     # 1. synth summary with cdk-nag status, 2. the 4-node job validated, 4. the report.

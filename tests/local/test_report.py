@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from nvrx_eks.bench.analysis import goodput
 from nvrx_eks.local.report import analyze, plot_timeline
-from tests.support import REPO_ROOT
-from workloads.events import load_run
-
-ROOT = REPO_ROOT
+from tests.support.cli_process import WIDE_TERMINAL, cli_process
+from workloads.events import load_run, summarize
 
 
 def _write_run(run_dir: Path) -> None:
@@ -85,6 +82,16 @@ def test_breakdown_accounts_for_every_second(run_dir):
     assert b.goodput == pytest.approx(b.productive_s / b.wall_s)
 
 
+def test_report_bench_and_the_summary_print_one_split(run_dir):
+    run = load_run(run_dir)
+    report, bench, summary = analyze(run), goodput(run), summarize(run)
+    assert report.goodput == bench.goodput == summary.goodput
+    parts = ("wall_s", "productive_s", "checkpoint_stall_s", "replayed_s")
+    assert [getattr(report, p) for p in parts] == [getattr(bench, p) for p in parts]
+    assert report.recovery_s == pytest.approx(3.0 + 8.0)  # the exception in process, the sigkill by the launcher
+    assert bench.other_s == pytest.approx(report.recovery_s + report.other_s)  # P4 shows them as one part
+
+
 def test_each_fault_has_its_layer_and_lost_steps(run_dir):
     exception, sigkill = analyze(load_run(run_dir)).faults
     assert (exception.label, exception.layer, exception.resumed_from_step) == ("exception@6:1", "inprocess", 4)
@@ -106,14 +113,7 @@ def test_timeline_marks_every_fault(run_dir, tmp_path):
 
 def test_report_command(run_dir, tmp_path):
     out_json = tmp_path / "breakdown.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "nvrx_eks.cli", "report", str(run_dir), "--json", str(out_json)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
-    )
+    result = cli_process("report", str(run_dir), "--json", str(out_json), env=WIDE_TERMINAL)
     assert result.returncode == 0, result.stderr
     assert "in-process" in result.stdout and "ft_launcher" in result.stdout
     assert (run_dir / "timeline.png").exists()
@@ -121,12 +121,6 @@ def test_report_command(run_dir, tmp_path):
 
 
 def test_report_on_a_missing_directory_exits_2(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "nvrx_eks.cli", "report", str(tmp_path / "nope")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = cli_process("report", str(tmp_path / "nope"))
     assert result.returncode == 2
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -17,11 +15,9 @@ from nvrx_eks.ops.plan import (
     make_plan,
     young_interval,
 )
-from tests.support import REPO_ROOT
+from tests.support.cli_process import WIDE_TERMINAL, cli_process
 from workloads.config import MODEL_PRESETS
 from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, parameter_count
-
-ROOT = REPO_ROOT
 
 
 def test_young_and_daly_agree_when_checkpoints_are_cheap():
@@ -69,14 +65,7 @@ def test_capacity_block_only_type_has_no_price():
 
 
 def test_plan_command_prints_interval_and_goodput_for_the_default_profile():
-    result = subprocess.run(
-        [sys.executable, "-m", "nvrx_eks.cli", "plan"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
-    )
+    result = cli_process("plan", env=WIDE_TERMINAL)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "optimal interval" in out and "goodput" in out

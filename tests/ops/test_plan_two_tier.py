@@ -4,14 +4,12 @@ share of faults that destroy the local tier."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 
 from infra.config import resolve_config
 from nvrx_eks.ops.plan import make_plan, two_tier_goodput, two_tier_plan
-from tests.support.trainer_fixtures import REPO
+from tests.support.cli_process import cli_process
 
 
 def _plan(nodes: int = 1024):
@@ -43,10 +41,10 @@ def test_a_high_node_loss_share_makes_the_local_tier_not_pay_off():
 
 
 def test_plan_prints_the_optimal_pair_and_rejects_a_bad_share():
-    out = subprocess.run([sys.executable, "-m", "nvrx_eks.cli", "plan", "--node-loss-share", "0.2"],
-                         cwd=REPO, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    done = cli_process("plan", "--node-loss-share", "0.2")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     flat = " ".join(out.split())
     assert "optimal pair: local every" in flat and "checkpoint.local.interval_steps" in flat
-    bad = subprocess.run([sys.executable, "-m", "nvrx_eks.cli", "plan", "--node-loss-share", "1.5"],
-                         cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    bad = cli_process("plan", "--node-loss-share", "1.5")
     assert bad.returncode == 2 and "--node-loss-share 1.5" in bad.stderr
