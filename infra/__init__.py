@@ -1,1 +1,2 @@
-"""Infrastructure as code: the deployment config model and the CDK stacks built from it."""
+"""Infrastructure as code: the deployment config (config/, profiles/), the add-on catalog, pod
+security, and the CDK stacks (stacks/) built from the constructs (constructs/)."""

@@ -14,11 +14,11 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
-from infra.addons import install_addons
 from infra.config import DeploymentConfig
-from infra.fsx_volume import FsxVolume
-from infra.gpu_nodes import GpuNodeGroup
-from infra.image import TrainerImage
+from infra.constructs.addons import install_addons
+from infra.constructs.fsx_volume import FsxVolume
+from infra.constructs.gpu_nodes import GpuNodeGroup
+from infra.constructs.image import TrainerImage
 from infra.pod_security import admission_policy_manifests
 from nvrx_eks.facts.kubernetes_versions import KUBECTL_LAYER_V35, pins_for
 from nvrx_eks.facts.names import (

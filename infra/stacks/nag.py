@@ -9,7 +9,7 @@ from __future__ import annotations
 from aws_cdk import Acknowledgment, App, Stack, Validations
 from cdk_nag import AwsSolutionsChecks
 
-from infra.environment import TrainingEnvironment
+from infra.stacks.environment import TrainingEnvironment
 
 _MANAGED = "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{}]"
 

@@ -34,6 +34,8 @@ spec:
 #: Lustre (the EKS guide's p5/p5e layout: every 4th device).
 _ONE_DEVICE_PER_SWITCH = {"p5.48xlarge": 4, "p5e.48xlarge": 4}
 
+#: The script names this module by its former path, infra/node_user_data.py: changing a byte of
+#: the user data makes a new launch template version, which replaces every GPU node on deploy.
 _LUSTRE_EFA_SCRIPT = """#!/bin/bash
 # Lustre client over EFA for FSx for Lustre (see infra/node_user_data.py for the sources).
 set -euo pipefail

@@ -1,0 +1,1 @@
+"""The pieces the stacks compose: GPU node group and its user data, add-ons, FSx volume, trainer image."""
