@@ -24,6 +24,7 @@ from infra.config.sections import (
     StrictModel,
     SystemNodeGroupConfig,
 )
+from nvrx_eks.facts.job_presets import JOB_PRESETS
 from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS, addon_matches_minor, pins_for
 from nvrx_eks.facts.names import DEPLOYMENT_TAG_KEY
 
@@ -55,15 +56,13 @@ class DeploymentConfig(StrictModel):
     fsx: FsxConfig = FsxConfig()
     addons: AddonsConfig = AddonsConfig()
     image: ImageConfig = ImageConfig()
-    #: The job `render`/`submit` train without --train-config: a name in workloads.config.JOB_PRESETS.
+    #: The job `render`/`submit` train without --train-config: a name in nvrx_eks/facts/job_presets.py.
     default_job: str = "smoke"
     tags: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("default_job")
     @classmethod
     def _default_job(cls, name: str) -> str:
-        from workloads.config import JOB_PRESETS
-
         if name not in JOB_PRESETS:
             raise ValueError(f"'{name}' is not a job preset; use one of: {', '.join(sorted(JOB_PRESETS))}")
         return name

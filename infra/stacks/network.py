@@ -7,6 +7,8 @@ in one stack avoids a cross-stack dependency cycle.
 
 from __future__ import annotations
 
+from typing import cast
+
 from aws_cdk import Aws, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -49,7 +51,7 @@ class NetworkStack(Stack):
         )
         # Public subnets hold only the NAT gateway: nothing launched there gets a public IP.
         for subnet in self.vpc.public_subnets:
-            subnet.node.default_child.add_property_override("MapPublicIpOnLaunch", False)
+            cast(ec2.CfnSubnet, subnet.node.default_child).add_property_override("MapPublicIpOnLaunch", False)
 
         flow_log_key = kms.Key(
             self,

@@ -10,6 +10,9 @@ Sources (checked 2026-11):
   'InstanceTypes[].NetworkInfo.{cards:MaximumNetworkCards,efa:EfaInfo.MaximumEfaInterfaces}'`
   and https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html
 - FSx EFA clients: https://docs.aws.amazon.com/fsx/latest/LustreGuide/efa-file-systems.html
+- On-Demand vCPU quotas: the Service Quotas console, Amazon EC2 ("Running On-Demand P instances"
+  L-417A185B, "Running On-Demand G and VT instances" L-DB2E81BA); the quota counts vCPUs of every
+  running instance whose type starts with the class letter.
 - On-demand prices: https://aws.amazon.com/ec2/pricing/on-demand/ (us-east-1, Linux), read
   2026-11; p5e.48xlarge is sold through Capacity Blocks only and has no on-demand price.
 - Peak dense bf16 tensor throughput per GPU (PEAK_BF16_DENSE_TFLOPS): NVIDIA's datasheets give
@@ -26,6 +29,29 @@ from dataclasses import dataclass
 #: Peak dense bf16 tensor-core TFLOP/s of one GPU, by GPU model (sources in the module docstring).
 #: The denominator of MFU (workloads/metrics.py).
 PEAK_BF16_DENSE_TFLOPS: dict[str, float] = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+@dataclass(frozen=True)
+class VcpuQuota:
+    """The Service Quotas limit on running On-Demand vCPUs that an instance class counts against."""
+
+    code: str
+    name: str
+    #: The instance class letter: every type whose name starts with it counts (p5 and p4d alike).
+    instance_class: str
+
+    def counts(self, instance_type: str) -> bool:
+        return instance_type.startswith(self.instance_class)
+
+
+#: The On-Demand vCPU quotas of the GPU instance classes (sources in the module docstring).
+ON_DEMAND_VCPU_QUOTAS = {
+    quota.instance_class: quota
+    for quota in (
+        VcpuQuota("L-417A185B", "Running On-Demand P instances", "p"),
+        VcpuQuota("L-DB2E81BA", "Running On-Demand G and VT instances", "g"),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -55,6 +81,10 @@ class InstanceFacts:
     @property
     def family(self) -> str:
         return self.instance_type.split(".", 1)[0]
+
+    @property
+    def on_demand_vcpu_quota(self) -> VcpuQuota:
+        return ON_DEMAND_VCPU_QUOTAS[self.family[0]]
 
     @property
     def peak_bf16_tflops(self) -> float | None:
