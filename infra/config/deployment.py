@@ -8,7 +8,6 @@ field and the fix; the stacks can then trust what they read.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from typing import Annotated
 
@@ -23,6 +22,7 @@ from infra.config.sections import (
     ImageConfig,
     StrictModel,
     SystemNodeGroupConfig,
+    ipv4_network,
 )
 from nvrx_eks.facts.job_presets import JOB_PRESETS
 from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS, addon_matches_minor, pins_for
@@ -91,10 +91,7 @@ class DeploymentConfig(StrictModel):
     @field_validator("vpc_cidr")
     @classmethod
     def _vpc_cidr(cls, cidr: str) -> str:
-        try:
-            net = ipaddress.IPv4Network(cidr, strict=True)
-        except ValueError as e:
-            raise ValueError(f"'{cidr}' is not an IPv4 network in CIDR form ({e})") from None
+        net = ipv4_network(cidr)
         if not net.is_private or net.prefixlen > 16:
             raise ValueError(
                 f"'{cidr}' must be a private /16 (or larger) range, e.g. 10.0.0.0/16: each GPU "

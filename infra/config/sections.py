@@ -27,6 +27,22 @@ _RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _IMAGE_URI_RE = re.compile(r"^[a-z0-9.-]+(:\d+)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$")
 
 
+def ipv4_network(cidr: str, hint: str = "") -> ipaddress.IPv4Network:
+    """The network a CIDR names, or a ValueError that says why it is not one (and `hint`)."""
+    try:
+        return ipaddress.IPv4Network(cidr, strict=True)
+    except ValueError as e:
+        raise ValueError(f"'{cidr}' is not an IPv4 network in CIDR form ({e}){hint}") from None
+
+
+def _require_ordered_sizes(min_size: int, desired_size: int, max_size: int) -> None:
+    if not min_size <= desired_size <= max_size:
+        raise ValueError(
+            f"node counts must satisfy min_size <= desired_size <= max_size, got "
+            f"{min_size} <= {desired_size} <= {max_size}; adjust them"
+        )
+
+
 class StrictModel(BaseModel):
     """Unknown keys are errors: a typo in a profile must not silently fall back to a default."""
 
@@ -46,13 +62,7 @@ class EndpointConfig(StrictModel):
     @classmethod
     def _cidrs_are_networks(cls, cidrs: list[str]) -> list[str]:
         for cidr in cidrs:
-            try:
-                ipaddress.IPv4Network(cidr, strict=True)
-            except ValueError as e:
-                raise ValueError(
-                    f"'{cidr}' is not an IPv4 network in CIDR form ({e}); write it like 203.0.113.0/24 "
-                    "with the host bits zero"
-                ) from None
+            ipv4_network(cidr, "; write it like 203.0.113.0/24 with the host bits zero")
         return cidrs
 
     @model_validator(mode="after")
@@ -108,11 +118,7 @@ class GpuNodeGroupConfig(StrictModel):
 
     @model_validator(mode="after")
     def _sizes_and_capacity(self) -> GpuNodeGroupConfig:
-        if not self.min_size <= self.desired_size <= self.max_size:
-            raise ValueError(
-                f"node counts must satisfy min_size <= desired_size <= max_size, got "
-                f"{self.min_size} <= {self.desired_size} <= {self.max_size}; adjust them"
-            )
+        _require_ordered_sizes(self.min_size, self.desired_size, self.max_size)
         if self.capacity_type == "capacity-block" and self.capacity_reservation_id is None:
             raise ValueError(
                 "capacity_type 'capacity-block' needs capacity_reservation_id: the id (cr-...) of "
@@ -149,11 +155,7 @@ class SystemNodeGroupConfig(StrictModel):
 
     @model_validator(mode="after")
     def _sizes(self) -> SystemNodeGroupConfig:
-        if not self.min_size <= self.desired_size <= self.max_size:
-            raise ValueError(
-                f"node counts must satisfy min_size <= desired_size <= max_size, got "
-                f"{self.min_size} <= {self.desired_size} <= {self.max_size}; adjust them"
-            )
+        _require_ordered_sizes(self.min_size, self.desired_size, self.max_size)
         if self.instance_type in INSTANCE_FACTS:
             raise ValueError(
                 f"{self.instance_type} is a GPU type; the system node group should be a small "
