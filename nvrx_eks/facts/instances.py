@@ -77,6 +77,10 @@ class InstanceFacts:
     #: (p5: 2x AMD EPYC 7R13 for 192 vCPUs; p4d: 2x Xeon 8275CL; g5.48xlarge: 2x EPYC 7R32)
     #: carry GPUs 0-3 on node 0 and 4-7 on node 1. ft_launcher binds ranks by it.
     numa_nodes: int = 1
+    #: EFA devices that share one PCIe switch, where they sit four to a switch (p5, p5e): one
+    #: device per switch carries Lustre (the EKS guide's layout: every 4th device). None: the
+    #: guide gives no layout, and the first and the last device carry it.
+    efa_devices_per_pcie_switch: int | None = None
 
     @property
     def family(self) -> str:
@@ -107,12 +111,15 @@ class InstanceFacts:
         return self.vcpus - max(4, self.vcpus // 10)
 
 
-def _p5_class(instance_type: str, gpu: str, gpu_memory_gib: int, cards: int, usd: float | None) -> InstanceFacts:
-    """p5 / p5e / p5en share everything but the GPU and the network card count."""
+def _p5_class(
+    instance_type: str, gpu: str, gpu_memory_gib: int, cards: int, usd: float | None, per_switch: int | None
+) -> InstanceFacts:
+    """p5 / p5e / p5en share everything but the GPU and the network card layout."""
     return InstanceFacts(
         instance_type, gpu, gpus=8, gpu_memory_gib=gpu_memory_gib, vcpus=192, memory_gib=2048,
         network_cards=cards, efa_interfaces=cards, network_gbps=3200, nvme_gib=8 * 3576,
         on_demand_usd_per_hour=usd, fsx_efa_client=True, efa_rdma=True, numa_nodes=2,
+        efa_devices_per_pcie_switch=per_switch,
     )  # fmt: skip
 
 
@@ -120,11 +127,11 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
     f.instance_type: f
     for f in (
         # 8x H100 SXM 80 GB; 32 network cards, EFAv2 at 3200 Gbps in total; 8x 3.84 TB NVMe.
-        _p5_class("p5.48xlarge", "H100", 80, cards=32, usd=55.04),
+        _p5_class("p5.48xlarge", "H100", 80, cards=32, usd=55.04, per_switch=4),
         # 8x H200 141 GB; same network layout as p5; sold as Capacity Blocks only.
-        _p5_class("p5e.48xlarge", "H200", 141, cards=32, usd=None),
+        _p5_class("p5e.48xlarge", "H200", 141, cards=32, usd=None, per_switch=4),
         # 8x H200 141 GB; EFAv3 on 16 network cards, 3200 Gbps in total.
-        _p5_class("p5en.48xlarge", "H200", 141, cards=16, usd=63.30),
+        _p5_class("p5en.48xlarge", "H200", 141, cards=16, usd=63.30, per_switch=None),
         # 8x A100 40 GB; 4 network cards, EFA at 400 Gbps; 8x 1 TB NVMe.
         InstanceFacts(
             "p4d.24xlarge",
