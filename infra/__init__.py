@@ -1,2 +1,1 @@
-"""Infrastructure as code: the deployment config (config/, profiles/), the add-on catalog, pod
-security, and the CDK stacks (stacks/) built from the constructs (constructs/)."""
+"""Infrastructure as code: the deployment config, the add-on catalog, pod security and the CDK stacks."""
