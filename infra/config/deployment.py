@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from infra import addon_catalog as catalog
 from infra.config.sections import (
@@ -31,10 +31,19 @@ from nvrx_eks.facts.names import DEPLOYMENT_TAG_KEY
 #: The stacks of one deployment, in deployment order (see infra/stacks/environment.py).
 STACK_ROLES = ("network", "storage", "cluster")
 
-_ACCOUNT_RE = re.compile(r"^\d{12}$")
-_REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
-_IAM_PRINCIPAL_RE = re.compile(r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:(role|user|assumed-role)/[\w+=,.@/-]+$")
-_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{1,30}[a-z0-9]$")
+#: The fields a pattern decides, with what to say when a value does not match it.
+_PATTERNS = {
+    "name": (
+        re.compile(r"^[a-z][a-z0-9-]{1,30}[a-z0-9]$"),
+        "'{}' must be 3-32 lowercase letters, digits or '-', starting with a letter",
+    ),
+    "account": (re.compile(r"^\d{12}$"), "'{}' is not a 12-digit AWS account id (quote it in YAML)"),
+    "region": (re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$"), "'{}' is not an AWS region name such as us-east-1"),
+    "admin_principal_arn": (
+        re.compile(r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:(role|user|assumed-role)/[\w+=,.@/-]+$"),
+        "'{}' is not an IAM role or user ARN such as arn:aws:iam::123456789012:role/Admin",
+    ),
+}
 
 
 class DeploymentConfig(StrictModel):
@@ -67,26 +76,13 @@ class DeploymentConfig(StrictModel):
             raise ValueError(f"'{name}' is not a job preset; use one of: {', '.join(sorted(JOB_PRESETS))}")
         return name
 
-    @field_validator("name")
+    @field_validator(*_PATTERNS)
     @classmethod
-    def _name(cls, name: str) -> str:
-        if not _NAME_RE.match(name):
-            raise ValueError(f"'{name}' must be 3-32 lowercase letters, digits or '-', starting with a letter")
-        return name
-
-    @field_validator("account")
-    @classmethod
-    def _account(cls, account: str) -> str:
-        if not _ACCOUNT_RE.match(account):
-            raise ValueError(f"'{account}' is not a 12-digit AWS account id (quote it in YAML)")
-        return account
-
-    @field_validator("region")
-    @classmethod
-    def _region(cls, region: str) -> str:
-        if not _REGION_RE.match(region):
-            raise ValueError(f"'{region}' is not an AWS region name such as us-east-1")
-        return region
+    def _matches_pattern(cls, value: str | None, info: ValidationInfo) -> str | None:
+        pattern, message = _PATTERNS[info.field_name or ""]
+        if value is not None and not pattern.match(value):
+            raise ValueError(message.format(value))
+        return value
 
     @field_validator("vpc_cidr")
     @classmethod
@@ -108,13 +104,6 @@ class DeploymentConfig(StrictModel):
                 f'{", ".join(SUPPORTED_KUBERNETES_VERSIONS)} (quote it in YAML: "1.35")'
             )
         return version
-
-    @field_validator("admin_principal_arn")
-    @classmethod
-    def _principal(cls, arn: str | None) -> str | None:
-        if arn is not None and not _IAM_PRINCIPAL_RE.match(arn):
-            raise ValueError(f"'{arn}' is not an IAM role or user ARN such as arn:aws:iam::123456789012:role/Admin")
-        return arn
 
     @field_validator("tags")
     @classmethod
