@@ -29,8 +29,7 @@ lint: setup
 
 # The CDK CLI's own synth, offline; a missing context value fails instead of using dummies.
 synth: setup
-	CDK_DISABLE_VERSION_CHECK=1 CDK_DISABLE_CLI_TELEMETRY=true JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 \
-	  PATH=$(abspath $(BIN)):$$PATH ./node_modules/.bin/cdk synth --no-lookups --no-notices --quiet $(if $(PROFILE),-c profile=$(PROFILE))
+	$(BIN)/python -m nvrx_eks.deploy.cdk_cli synth --no-lookups --no-notices --quiet $(if $(PROFILE),-c profile=$(PROFILE))
 
 clean:
 	rm -rf cdk.out .pytest_cache

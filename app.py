@@ -3,7 +3,7 @@
 
 import sys
 
-from infra.node_runtime import quiet_end_of_life_banner
+from nvrx_eks.deploy.cdk_cli import quiet_end_of_life_banner
 
 
 def main() -> None:
@@ -14,8 +14,8 @@ def main() -> None:
     from aws_cdk import App
 
     from infra.config import resolve_config
-    from infra.environment import build_environment
-    from infra.nag import acknowledge_findings, enable_nag
+    from infra.stacks.environment import build_environment
+    from infra.stacks.nag import acknowledge_findings, enable_nag
     from nvrx_eks.facts.errors import ConfigError
     from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
 

@@ -1,1 +1,1 @@
-"""Infrastructure as code: the deployment config model and the CDK stacks built from it."""
+"""Infrastructure as code: the deployment config, the add-on catalog, pod security and the CDK stacks."""

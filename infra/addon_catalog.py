@@ -1,28 +1,33 @@
-"""The cluster's add-ons as data: one record per add-on (name, chart and repository, version,
-namespace, pinned image, configuration). infra/addons.py creates them on the cluster; the
-preflight check and the tests read the same records. No CDK import here, so the CLI can read the
-catalog without starting the CDK's runtime.
+"""The cluster's add-ons as data: one record per add-on with everything about it (name, chart and
+repository, pinned version, namespace, image, configuration, the profile field that overrides the
+version). infra/constructs/addons.py creates them on the cluster; the config model takes its
+default versions from here; the preflight check and the tests read the same records. No CDK
+import here, so the CLI can read the catalog without starting the CDK's runtime.
 
 EKS managed add-ons (with EKS Pod Identity where they call AWS APIs) cover networking, DNS, the
 FSx CSI driver, CloudWatch observability and node health monitoring; Helm charts cover the EFA
 and NVIDIA device plugins, the JobSet controller and the DCGM exporter. Helm values are passed
-verbatim to the chart, so they use the charts' own camelCase keys. Versions that follow the
-Kubernetes minor come from nvrx_eks/facts/kubernetes_versions.py through the config.
+verbatim to the chart, so they use the charts' own camelCase keys. The builds that follow the
+Kubernetes minor are pinned by minor in nvrx_eks/facts/kubernetes_versions.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from infra.config import DeploymentConfig, version_field
 from nvrx_eks.facts.kubernetes_versions import (
     COREDNS,
     KUBE_PROXY,
     NODE_MONITORING_AGENT,
     POD_IDENTITY_AGENT,
     VPC_CNI,
+    pins_for,
 )
 from nvrx_eks.facts.names import GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE, GPU_TAINT_KEY
+
+if TYPE_CHECKING:  # the config model reads the records' versions; only the type goes this way
+    from infra.config import DeploymentConfig
 
 #: Schedules a DaemonSet onto GPU nodes only, through their taint.
 _ON_GPU_NODES = {
@@ -48,150 +53,197 @@ class PodIdentity:
 
 @dataclass(frozen=True)
 class ManagedAddon:
+    """An EKS managed add-on."""
+
     name: str
-    #: None: EKS installs its default build for the cluster's Kubernetes minor.
-    version: str | None
+    #: The field of `addons.versions` in a profile that overrides `version`.
+    config_field: str
+    #: The pinned build. None in the catalog: the build follows the Kubernetes minor
+    #: (nvrx_eks/facts/kubernetes_versions.py); None once resolved: EKS's default for the minor.
+    version: str | None = None
     pod_identity: PodIdentity | None = None
     #: Managed add-ons that must exist first (pod identity needs its agent).
     after: tuple[str, ...] = ()
     #: The add-on's configuration values (its own JSON schema: describe-addon-configuration).
     configuration: dict | None = None
-    #: The field of `addons.versions` in a profile that overrides `version`.
-    config_field: str = ""
 
 
 @dataclass(frozen=True)
 class HelmAddon:
+    """A Helm chart installed by the cluster's kubectl provider."""
+
     construct_id: str
     chart: str
     repository: str
     version: str
     namespace: str
+    #: The field of `addons.versions` in a profile that overrides `version`.
+    config_field: str
     #: The image the chart must run, set explicitly in the values so a chart default (or a
     #: chart whose version differs from its plugin's) cannot change it; tests render the real
-    #: chart and compare.
+    #: chart and compare. `{version}` in the tag stands for the chart version.
     image_repository: str
     image_tag: str
     values: dict = field(default_factory=dict)
 
     @property
     def image(self) -> str:
-        return f"{self.image_repository}:{self.image_tag}"
+        return f"{self.image_repository}:{self.image_tag.format(version=self.version)}"
 
     @property
     def chart_values(self) -> dict:
-        image = {"repository": self.image_repository, "tag": self.image_tag}
+        image = {"repository": self.image_repository, "tag": self.image_tag.format(version=self.version)}
         return {**self.values, "image": {**self.values.get("image", {}), **image}}
 
 
-#: VPC CNI configuration: its network policy agent enforces the NetworkPolicy objects the
-#: training jobs carry (without it they are accepted and ignored).
-VPC_CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
+@dataclass(frozen=True)
+class KustomizeAddon:
+    """An add-on without a Helm chart, applied from its upstream kustomize overlay in-cluster."""
+
+    name: str
+    overlay: str
+    version: str
+    #: The field of `addons.versions` in a profile that overrides `version`.
+    config_field: str
+
+    @property
+    def overlay_url(self) -> str:
+        return f"{self.overlay}?ref={self.version}"
 
 
-def _per_minor(config: DeploymentConfig, addon: str, **kwargs) -> ManagedAddon:
-    """An EKS add-on whose build follows the Kubernetes minor (nvrx_eks/facts/kubernetes_versions.py)."""
-    return ManagedAddon(addon, config.addon_version(addon), config_field=version_field(addon), **kwargs)
+# ----- EKS managed add-ons --------------------------------------------------------------------
+
+#: Its network policy agent enforces the NetworkPolicy objects the training jobs carry (without it
+#: they are accepted and ignored).
+VPC_CNI_ADDON = ManagedAddon(VPC_CNI, "vpc_cni", configuration={"enableNetworkPolicy": "true"})
+COREDNS_ADDON = ManagedAddon(COREDNS, "coredns")
+KUBE_PROXY_ADDON = ManagedAddon(KUBE_PROXY, "kube_proxy")
+POD_IDENTITY_AGENT_ADDON = ManagedAddon(POD_IDENTITY_AGENT, "pod_identity_agent")
+#: Node auto repair acts on GPU/EFA health only through the node conditions this agent reports;
+#: without it repair sees NodeReady alone.
+NODE_MONITORING_AGENT_ADDON = ManagedAddon(NODE_MONITORING_AGENT, "node_monitoring_agent")
+FSX_CSI_DRIVER = ManagedAddon(
+    "aws-fsx-csi-driver",
+    "fsx_csi_driver",
+    "v1.7.0-eksbuild.1",
+    # Static provisioning only needs the driver to describe the file system it mounts.
+    pod_identity=PodIdentity(
+        service_account="fsx-csi-controller-sa",
+        grants=(PolicyGrant(actions=("fsx:DescribeFileSystems",), resources=("*",)),),
+    ),
+    after=(POD_IDENTITY_AGENT,),
+)
+CLOUDWATCH_OBSERVABILITY = ManagedAddon(
+    "amazon-cloudwatch-observability",
+    "cloudwatch_observability",
+    "v4.6.0-eksbuild.1",
+    pod_identity=PodIdentity(service_account="cloudwatch-agent", managed_policies=("CloudWatchAgentServerPolicy",)),
+    after=(POD_IDENTITY_AGENT,),
+)
+#: The managed add-ons whose build follows the Kubernetes minor.
+PER_MINOR_MANAGED_ADDONS = (
+    VPC_CNI_ADDON,
+    COREDNS_ADDON,
+    KUBE_PROXY_ADDON,
+    POD_IDENTITY_AGENT_ADDON,
+    NODE_MONITORING_AGENT_ADDON,
+)
+
+# ----- Helm charts ----------------------------------------------------------------------------
+
+EFA_DEVICE_PLUGIN = HelmAddon(
+    "EfaDevicePlugin",
+    chart="aws-efa-k8s-device-plugin",
+    repository="https://aws.github.io/eks-charts",
+    # Chart v0.5.30 carries device plugin v0.5.20 (the chart version is not the plugin's).
+    version="v0.5.30",
+    namespace="kube-system",
+    config_field="efa_device_plugin_chart",
+    image_repository="602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin",
+    # The image chart v0.5.30 ships (eks-charts index).
+    image_tag="v0.5.20",
+    values=_ON_GPU_NODES,
+)
+NVIDIA_DEVICE_PLUGIN = HelmAddon(
+    "NvidiaDevicePlugin",
+    chart="nvidia-device-plugin",
+    repository="https://nvidia.github.io/k8s-device-plugin",
+    version="0.18.0",
+    namespace="kube-system",
+    config_field="nvidia_device_plugin_chart",
+    image_repository="nvcr.io/nvidia/k8s-device-plugin",
+    image_tag="v{version}",
+    # The chart's default affinity requires node-feature-discovery labels or
+    # nvidia.com/gpu.present, which nodeadm sets only from Kubernetes 1.35. Helm merges a
+    # `{}` into that default; only null removes it, leaving our node selector in charge.
+    values={**_ON_GPU_NODES, "affinity": None},
+)
+JOBSET = HelmAddon(
+    "JobSet",
+    chart="jobset",
+    repository="oci://registry.k8s.io/jobset/charts/jobset",
+    version="0.12.0",
+    namespace="jobset-system",
+    config_field="jobset_chart",
+    # The chart's source tree defaults to the staging registry's `main` tag; the released
+    # controller image lives on registry.k8s.io under the chart's version.
+    image_repository="registry.k8s.io/jobset/jobset",
+    image_tag="v{version}",
+    values={"image": {"pullPolicy": "IfNotPresent"}},
+)
+DCGM_EXPORTER = HelmAddon(
+    "DcgmExporter",
+    chart="dcgm-exporter",
+    repository="https://nvidia.github.io/dcgm-exporter/helm-charts",
+    version="4.6.0",
+    namespace="monitoring",
+    config_field="dcgm_exporter_chart",
+    image_repository="nvcr.io/nvidia/k8s/dcgm-exporter",
+    # The image of chart 4.6.0 (DCGM 4.4.1).
+    image_tag="4.4.1-4.6.0-ubuntu22.04",
+    # No Prometheus Operator is installed here; scrape the pods' annotations instead.
+    values={**_ON_GPU_NODES, "serviceMonitor": {"enabled": False}},
+)
+
+# ----- kustomize ------------------------------------------------------------------------------
+
+#: Kubeflow training operator v1 (for PyTorchJob); off unless addons.install_training_operator.
+TRAINING_OPERATOR = KustomizeAddon(
+    "training-operator",
+    overlay="github.com/kubeflow/training-operator.git/manifests/overlays/standalone",
+    version="v1.9.4",
+    config_field="training_operator",
+)
+
+
+# ----- what a config installs -----------------------------------------------------------------
+
+
+def _pinned(record, config: DeploymentConfig):
+    """The record at the version the config asks for: the profile's `addons.versions` field (whose
+    default is the record's pin), else, for a build that follows the minor, the minor's pin."""
+    version = getattr(config.addons.versions, record.config_field)
+    if version is None and record in PER_MINOR_MANAGED_ADDONS:
+        version = pins_for(config.kubernetes_version).addons[record.name]
+    return replace(record, version=version)
 
 
 def managed_addons(config: DeploymentConfig) -> list[ManagedAddon]:
-    v = config.addons.versions
     addons = [
-        _per_minor(config, VPC_CNI, configuration=VPC_CNI_CONFIGURATION),
-        _per_minor(config, COREDNS),
-        _per_minor(config, KUBE_PROXY),
-        _per_minor(config, POD_IDENTITY_AGENT),
-        ManagedAddon(
-            "aws-fsx-csi-driver",
-            v.fsx_csi_driver,
-            # Static provisioning only needs the driver to describe the file system it mounts.
-            pod_identity=PodIdentity(
-                service_account="fsx-csi-controller-sa",
-                grants=(PolicyGrant(actions=("fsx:DescribeFileSystems",), resources=("*",)),),
-            ),
-            after=(POD_IDENTITY_AGENT,),
-            config_field="fsx_csi_driver",
-        ),
+        _pinned(addon, config)
+        for addon in (VPC_CNI_ADDON, COREDNS_ADDON, KUBE_PROXY_ADDON, POD_IDENTITY_AGENT_ADDON, FSX_CSI_DRIVER)
     ]
     if config.gpu_nodes.auto_repair:
-        # Node auto repair acts on GPU/EFA health only through the node conditions this agent
-        # reports; without it repair sees NodeReady alone.
-        addons.append(_per_minor(config, NODE_MONITORING_AGENT))
+        addons.append(_pinned(NODE_MONITORING_AGENT_ADDON, config))
     if config.addons.cloudwatch_observability:
-        addons.append(
-            ManagedAddon(
-                "amazon-cloudwatch-observability",
-                v.cloudwatch_observability,
-                pod_identity=PodIdentity(
-                    service_account="cloudwatch-agent",
-                    managed_policies=("CloudWatchAgentServerPolicy",),
-                ),
-                after=(POD_IDENTITY_AGENT,),
-                config_field="cloudwatch_observability",
-            )
-        )
+        addons.append(_pinned(CLOUDWATCH_OBSERVABILITY, config))
     return addons
 
 
-#: aws-efa-k8s-device-plugin image that chart v0.5.30 ships (eks-charts index).
-EFA_DEVICE_PLUGIN_TAG = "v0.5.20"
-#: dcgm-exporter image of chart 4.6.0 (DCGM 4.4.1).
-DCGM_EXPORTER_TAG = "4.4.1-4.6.0-ubuntu22.04"
-
-
 def helm_addons(config: DeploymentConfig) -> list[HelmAddon]:
-    v = config.addons.versions
-    addons = [
-        HelmAddon(
-            "EfaDevicePlugin",
-            chart="aws-efa-k8s-device-plugin",
-            repository="https://aws.github.io/eks-charts",
-            version=v.efa_device_plugin_chart,
-            namespace="kube-system",
-            image_repository="602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin",
-            image_tag=EFA_DEVICE_PLUGIN_TAG,
-            values=_ON_GPU_NODES,
-        ),
-        HelmAddon(
-            "NvidiaDevicePlugin",
-            chart="nvidia-device-plugin",
-            repository="https://nvidia.github.io/k8s-device-plugin",
-            version=v.nvidia_device_plugin_chart,
-            namespace="kube-system",
-            image_repository="nvcr.io/nvidia/k8s-device-plugin",
-            image_tag=f"v{v.nvidia_device_plugin_chart}",
-            # The chart's default affinity requires node-feature-discovery labels or
-            # nvidia.com/gpu.present, which nodeadm sets only from Kubernetes 1.35. Helm merges a
-            # `{}` into that default; only null removes it, leaving our node selector in charge.
-            values={**_ON_GPU_NODES, "affinity": None},
-        ),
-        HelmAddon(
-            "JobSet",
-            chart="jobset",
-            repository="oci://registry.k8s.io/jobset/charts/jobset",
-            version=v.jobset_chart,
-            namespace="jobset-system",
-            # The chart's source tree defaults to the staging registry's `main` tag; the
-            # released controller image lives on registry.k8s.io under the chart's version.
-            image_repository="registry.k8s.io/jobset/jobset",
-            image_tag=f"v{v.jobset_chart}",
-            values={"image": {"pullPolicy": "IfNotPresent"}},
-        ),
-    ]
+    addons = [_pinned(chart, config) for chart in (EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN, JOBSET)]
     if config.addons.dcgm_exporter:
-        addons.append(
-            HelmAddon(
-                "DcgmExporter",
-                chart="dcgm-exporter",
-                repository="https://nvidia.github.io/dcgm-exporter/helm-charts",
-                version=v.dcgm_exporter_chart,
-                namespace="monitoring",
-                image_repository="nvcr.io/nvidia/k8s/dcgm-exporter",
-                image_tag=DCGM_EXPORTER_TAG,
-                # No Prometheus Operator is installed here; scrape the pods' annotations instead.
-                values={**_ON_GPU_NODES, "serviceMonitor": {"enabled": False}},
-            )
-        )
+        addons.append(_pinned(DCGM_EXPORTER, config))
     return addons
 
 
@@ -199,9 +251,8 @@ def training_operator_installer(config: DeploymentConfig) -> list[dict]:
     """A one-shot Job that installs the Kubeflow training operator v1 (PyTorchJob) from its
     upstream kustomize overlay. The operator ships no Helm chart and its CRDs are far larger than
     a CloudFormation custom resource can carry, so it is applied from inside the cluster."""
-    v = config.addons.versions
-    name = "training-operator-installer"
-    overlay = f"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref={v.training_operator}"
+    operator = _pinned(TRAINING_OPERATOR, config)
+    name = f"{operator.name}-installer"
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": "kube-system"}},
         {
@@ -216,7 +267,7 @@ def training_operator_installer(config: DeploymentConfig) -> list[dict]:
         {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": f"{name}-{v.training_operator.replace('.', '-')}", "namespace": "kube-system"},
+            "metadata": {"name": f"{name}-{operator.version.replace('.', '-')}", "namespace": "kube-system"},
             "spec": {
                 "backoffLimit": 4,
                 "ttlSecondsAfterFinished": 3600,
@@ -232,7 +283,7 @@ def training_operator_installer(config: DeploymentConfig) -> list[dict]:
                                 "command": [
                                     "sh",
                                     "-c",
-                                    f"kubectl apply --server-side -k '{overlay}' && "
+                                    f"kubectl apply --server-side -k '{operator.overlay_url}' && "
                                     f"kubectl delete clusterrolebinding {name} --ignore-not-found",
                                 ],
                             }

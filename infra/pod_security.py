@@ -39,7 +39,7 @@ SSHD_CAPABILITIES = ("AUDIT_WRITE", "KILL", "SETGID", "SETUID", "SYS_CHROOT")
 FABRIC_TEST_CAPABILITIES = TRAINER_CAPABILITIES + SSHD_CAPABILITIES
 
 #: Where nodeadm mounts the instance-store RAID0 (`localStorage: {strategy: RAID0}` in
-#: infra/node_user_data.py): amazon-eks-ami's setup-local-disks mounts the array at
+#: infra/constructs/node_user_data.py): amazon-eks-ami's setup-local-disks mounts the array at
 #: `${MNT_DIR}/0`, MNT_DIR defaulting to /mnt/k8s-disks.
 NODE_LOCAL_STORAGE_MOUNT = "/mnt/k8s-disks/0"
 #: The node-local checkpoint tier's root on the node (workloads.local_tier); each job's pods mount

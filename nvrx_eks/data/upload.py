@@ -1,6 +1,6 @@
 """`nvrx-eks data upload DIR s3://BUCKET/PREFIX`: put a shard set where the pods will see it.
 
-The FSx data repository association (infra/storage.py) links `fsx.data_repository_path` in the
+The FSx data repository association (infra/stacks/storage.py) links `fsx.data_repository_path` in the
 file system to `s3://<data bucket>/<fsx.data_bucket_prefix>`, and imports new objects
 automatically: an object `<data_bucket_prefix>/REST` appears in every pod at
 `FSX_MOUNT_PATH + data_repository_path + /REST`. Shards go first and the manifest last, so a

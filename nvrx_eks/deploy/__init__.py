@@ -1,1 +1,1 @@
-"""A deployed environment: the validated deployment, its stack outputs, the Kubernetes client, and offline synth."""
+"""A deployed environment: the deployment, its stack outputs, the Kubernetes client, synth and the CDK CLI."""

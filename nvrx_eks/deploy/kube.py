@@ -16,6 +16,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import boto3
 import urllib3
@@ -66,7 +67,7 @@ def _write_ca_file(ca_data_b64: str) -> str:
     fd, path = tempfile.mkstemp(prefix="nvrx-eks-ca-", suffix=".crt")
     with os.fdopen(fd, "wb") as f:
         f.write(base64.b64decode(ca_data_b64))
-    atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+    atexit.register(Path(path).unlink, missing_ok=True)
     return path
 
 

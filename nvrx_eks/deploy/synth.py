@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.config import DeploymentConfig, resolve_config
-from infra.node_runtime import quiet_end_of_life_banner
+from nvrx_eks.deploy.cdk_cli import quiet_end_of_life_banner
 from nvrx_eks.resources import checkout_root
 
 #: Resource types worth naming in the summary, with a readable label.
@@ -71,8 +71,8 @@ def synthesize_profile(config: DeploymentConfig, outdir: Path) -> SynthResult:
     The CloudFormation Validate plugin is off (it costs ~10 s and ~400 MB); cfn-lint runs instead."""
     from aws_cdk import App
 
-    from infra.environment import build_environment
-    from infra.nag import acknowledge_findings, enable_nag
+    from infra.stacks.environment import build_environment
+    from infra.stacks.nag import acknowledge_findings, enable_nag
 
     app = App(context=cdk_context(), outdir=str(outdir), builtin_cloud_formation_validation=False)
     environment = build_environment(app, config)
@@ -135,7 +135,7 @@ def print_summary(result: SynthResult, console: Console) -> None:
     facts_table.add_row(
         "cdk-nag",
         f"AwsSolutions: 0 unacknowledged findings, {result.acknowledged_findings} acknowledged "
-        "with reasons (infra/nag.py)",
+        "with reasons (infra/stacks/nag.py)",
     )
     console.print(facts_table)
 

@@ -10,6 +10,9 @@ Sources (checked 2026-11):
   'InstanceTypes[].NetworkInfo.{cards:MaximumNetworkCards,efa:EfaInfo.MaximumEfaInterfaces}'`
   and https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html
 - FSx EFA clients: https://docs.aws.amazon.com/fsx/latest/LustreGuide/efa-file-systems.html
+- On-Demand vCPU quotas: the Service Quotas console, Amazon EC2 ("Running On-Demand P instances"
+  L-417A185B, "Running On-Demand G and VT instances" L-DB2E81BA); the quota counts vCPUs of every
+  running instance whose type starts with the class letter.
 - On-demand prices: https://aws.amazon.com/ec2/pricing/on-demand/ (us-east-1, Linux), read
   2026-11; p5e.48xlarge is sold through Capacity Blocks only and has no on-demand price.
 - Peak dense bf16 tensor throughput per GPU (PEAK_BF16_DENSE_TFLOPS): NVIDIA's datasheets give
@@ -26,6 +29,29 @@ from dataclasses import dataclass
 #: Peak dense bf16 tensor-core TFLOP/s of one GPU, by GPU model (sources in the module docstring).
 #: The denominator of MFU (workloads/metrics.py).
 PEAK_BF16_DENSE_TFLOPS: dict[str, float] = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+@dataclass(frozen=True)
+class VcpuQuota:
+    """The Service Quotas limit on running On-Demand vCPUs that an instance class counts against."""
+
+    code: str
+    name: str
+    #: The instance class letter: every type whose name starts with it counts (p5 and p4d alike).
+    instance_class: str
+
+    def counts(self, instance_type: str) -> bool:
+        return instance_type.startswith(self.instance_class)
+
+
+#: The On-Demand vCPU quotas of the GPU instance classes (sources in the module docstring).
+ON_DEMAND_VCPU_QUOTAS = {
+    quota.instance_class: quota
+    for quota in (
+        VcpuQuota("L-417A185B", "Running On-Demand P instances", "p"),
+        VcpuQuota("L-DB2E81BA", "Running On-Demand G and VT instances", "g"),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -51,10 +77,18 @@ class InstanceFacts:
     #: (p5: 2x AMD EPYC 7R13 for 192 vCPUs; p4d: 2x Xeon 8275CL; g5.48xlarge: 2x EPYC 7R32)
     #: carry GPUs 0-3 on node 0 and 4-7 on node 1. ft_launcher binds ranks by it.
     numa_nodes: int = 1
+    #: EFA devices that share one PCIe switch, where they sit four to a switch (p5, p5e): one
+    #: device per switch carries Lustre (the EKS guide's layout: every 4th device). None: the
+    #: guide gives no layout, and the first and the last device carry it.
+    efa_devices_per_pcie_switch: int | None = None
 
     @property
     def family(self) -> str:
         return self.instance_type.split(".", 1)[0]
+
+    @property
+    def on_demand_vcpu_quota(self) -> VcpuQuota:
+        return ON_DEMAND_VCPU_QUOTAS[self.family[0]]
 
     @property
     def peak_bf16_tflops(self) -> float | None:
@@ -77,12 +111,15 @@ class InstanceFacts:
         return self.vcpus - max(4, self.vcpus // 10)
 
 
-def _p5_class(instance_type: str, gpu: str, gpu_memory_gib: int, cards: int, usd: float | None) -> InstanceFacts:
-    """p5 / p5e / p5en share everything but the GPU and the network card count."""
+def _p5_class(
+    instance_type: str, gpu: str, gpu_memory_gib: int, cards: int, usd: float | None, per_switch: int | None
+) -> InstanceFacts:
+    """p5 / p5e / p5en share everything but the GPU and the network card layout."""
     return InstanceFacts(
         instance_type, gpu, gpus=8, gpu_memory_gib=gpu_memory_gib, vcpus=192, memory_gib=2048,
         network_cards=cards, efa_interfaces=cards, network_gbps=3200, nvme_gib=8 * 3576,
         on_demand_usd_per_hour=usd, fsx_efa_client=True, efa_rdma=True, numa_nodes=2,
+        efa_devices_per_pcie_switch=per_switch,
     )  # fmt: skip
 
 
@@ -90,11 +127,11 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
     f.instance_type: f
     for f in (
         # 8x H100 SXM 80 GB; 32 network cards, EFAv2 at 3200 Gbps in total; 8x 3.84 TB NVMe.
-        _p5_class("p5.48xlarge", "H100", 80, cards=32, usd=55.04),
+        _p5_class("p5.48xlarge", "H100", 80, cards=32, usd=55.04, per_switch=4),
         # 8x H200 141 GB; same network layout as p5; sold as Capacity Blocks only.
-        _p5_class("p5e.48xlarge", "H200", 141, cards=32, usd=None),
+        _p5_class("p5e.48xlarge", "H200", 141, cards=32, usd=None, per_switch=4),
         # 8x H200 141 GB; EFAv3 on 16 network cards, 3200 Gbps in total.
-        _p5_class("p5en.48xlarge", "H200", 141, cards=16, usd=63.30),
+        _p5_class("p5en.48xlarge", "H200", 141, cards=16, usd=63.30, per_switch=None),
         # 8x A100 40 GB; 4 network cards, EFA at 400 Gbps; 8x 1 TB NVMe.
         InstanceFacts(
             "p4d.24xlarge",

@@ -21,16 +21,10 @@ from infra.addon_catalog import managed_addons
 from infra.config import DeploymentConfig
 from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.facts.errors import ConfigError
-from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts
+from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, VcpuQuota
 
 PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
 
-#: Service Quotas codes of the On-Demand vCPU limits, by the instance class letter.
-#: L-417A185B "Running On-Demand P instances"; L-DB2E81BA "Running On-Demand G and VT instances".
-ON_DEMAND_VCPU_QUOTAS = {
-    "p": ("L-417A185B", "Running On-Demand P instances"),
-    "g": ("L-DB2E81BA", "Running On-Demand G and VT instances"),
-}
 #: EKS version states in which new clusters can be created.
 _EKS_VERSION_OK = {"STANDARD_SUPPORT", "EXTENDED_SUPPORT"}
 
@@ -108,8 +102,8 @@ def _quota_value(ctx: PreflightContext, service: str, code: str) -> float:
     return quotas.get_aws_default_service_quota(ServiceCode=service, QuotaCode=code)["Quota"]["Value"]
 
 
-def _vcpus_in_use(ctx: PreflightContext, instance_class: str) -> int:
-    """vCPUs of running/pending instances of the same quota class (P or G) in the region."""
+def _vcpus_in_use(ctx: PreflightContext, quota: VcpuQuota) -> int:
+    """vCPUs of running/pending instances that count against the quota (P or G) in the region."""
     ec2 = ctx.client("ec2")
     unknown: dict[str, int] = {}
     used = 0
@@ -119,7 +113,7 @@ def _vcpus_in_use(ctx: PreflightContext, instance_class: str) -> int:
         for reservation in page["Reservations"]:
             for instance in reservation["Instances"]:
                 instance_type = instance["InstanceType"]
-                if not instance_type.startswith(instance_class):
+                if not quota.counts(instance_type):
                     continue
                 if instance_type in INSTANCE_FACTS:
                     used += INSTANCE_FACTS[instance_type].vcpus
@@ -134,17 +128,16 @@ def _vcpus_in_use(ctx: PreflightContext, instance_class: str) -> int:
 
 def check_vcpu_quota(ctx: PreflightContext, reservation: dict | None = None) -> CheckResult:
     facts = ctx.facts
-    instance_class = facts.family[0]
-    code, quota_name = ON_DEMAND_VCPU_QUOTAS[instance_class]
-    name = f"vCPU quota: {quota_name}"
+    quota = facts.on_demand_vcpu_quota
+    name = f"vCPU quota: {quota.name}"
     needed = ctx.nodes * facts.vcpus
     if reservation is not None and reservation.get("AvailableInstanceCount", 0) >= ctx.nodes:
         return CheckResult(
             name, PASS, f"{ctx.nodes} instances covered by capacity reservation {reservation['CapacityReservationId']}"
         )
     try:
-        limit = _quota_value(ctx, "ec2", code)
-        used = _vcpus_in_use(ctx, instance_class)
+        limit = _quota_value(ctx, "ec2", quota.code)
+        used = _vcpus_in_use(ctx, quota)
     except (ClientError, BotoCoreError) as e:
         return _error_result(name, e, "servicequotas:GetServiceQuota and ec2:DescribeInstances")
     free = limit - used
@@ -156,7 +149,7 @@ def check_vcpu_quota(ctx: PreflightContext, reservation: dict | None = None) -> 
         FAIL,
         detail,
         f"request a quota increase to at least {math.ceil(used + needed)} vCPUs (Service Quotas > Amazon EC2 > "
-        f"{quota_name}, code {code}) or use a capacity reservation",
+        f"{quota.name}, code {quota.code}) or use a capacity reservation",
     )
 
 

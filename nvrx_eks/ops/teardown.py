@@ -18,8 +18,6 @@ only reported unless `--delete-data` is given. Nothing is deleted without confir
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,30 +32,19 @@ from rich.table import Table
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from infra.config import STACK_ROLES, DeploymentConfig
+from nvrx_eks.deploy.cdk_cli import cdk_argv, run_command
 from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_error, describe_stack, read_stack_outputs
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.names import DEPLOYMENT_TAG_KEY, FSX_PV_NAME
-from nvrx_eks.resources import checkout_root
 
 #: Runs a command (argv) from the project root and returns its exit status.
 CommandRunner = Callable[[list[str]], int]
 Confirm = Callable[[str], bool]
 
 
-def run_command(argv: list[str]) -> int:
-    env = {
-        **os.environ,
-        "CDK_DISABLE_VERSION_CHECK": "1",
-        "CDK_DISABLE_CLI_TELEMETRY": "true",
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-    }
-    return subprocess.call(argv, cwd=checkout_root(), env=env)
-
-
 def cdk_destroy_argv(deployment: Deployment) -> list[str]:
-    cdk = checkout_root() / "node_modules" / ".bin" / "cdk"
-    return [str(cdk), "destroy", "--all", "--force", "--no-notices", *deployment.cdk_context_args]
+    return cdk_argv("destroy", "--all", "--force", "--no-notices", *deployment.cdk_context_args)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from aws_cdk import App, Stack
 from aws_cdk import aws_s3 as s3
 
 from infra.config import PROFILES_DIR
-from infra.nag import CLUSTER_STACK_ACKNOWLEDGMENTS, enable_nag
+from infra.stacks.nag import CLUSTER_STACK_ACKNOWLEDGMENTS, enable_nag
 from tests.support import REPO_ROOT
 
 ROOT = REPO_ROOT

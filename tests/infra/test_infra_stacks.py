@@ -17,10 +17,11 @@ import yaml
 from aws_cdk.assertions import Match, Template
 from rich.console import Console
 
-from infra.config import PROFILES_DIR, SUPPORTED_KUBERNETES_VERSIONS, load_config, resolve_config
+from infra.config import PROFILES_DIR, load_config, resolve_config
 from nvrx_eks.deploy.synth import print_summary
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import facts_for
+from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS
 from nvrx_eks.facts.names import (
     DEPLOYMENT_TAG_KEY,
     FSX_PVC_NAME,
@@ -110,7 +111,7 @@ def test_gpu_nodegroup(synth):
     assert nodegroup["Labels"] == {GPU_NODE_LABEL_KEY: GPU_NODE_LABEL_VALUE}
     assert nodegroup["Taints"] == [{"Effect": "NO_SCHEDULE", "Key": GPU_TAINT_KEY, "Value": "present"}]
     assert nodegroup["NodeRepairConfig"] == {"Enabled": True}
-    assert "InstanceTypes" not in nodegroup  # the launch template names it (see infra/gpu_nodes.py)
+    assert "InstanceTypes" not in nodegroup  # the launch template names it (see infra/constructs/gpu_nodes.py)
     assert "DiskSize" not in nodegroup  # rejected together with a launch template
     # Only the GPU AZ's private subnet: EFA traffic and the file system stay in one AZ.
     assert len(nodegroup["Subnets"]) == 1

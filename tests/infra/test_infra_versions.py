@@ -47,6 +47,20 @@ def test_every_supported_minor_has_a_complete_record():
         assert kube_proxy is None or kube_proxy.startswith(f"v{minor}."), minor
 
 
+def test_every_add_on_record_names_the_profile_field_that_overrides_it():
+    from infra import addon_catalog
+    from infra.config.sections import AddonVersions
+
+    record_types = (addon_catalog.ManagedAddon, addon_catalog.HelmAddon, addon_catalog.KustomizeAddon)
+    records = [r for r in vars(addon_catalog).values() if isinstance(r, record_types)]
+    assert len(records) == 12
+    assert {r.name for r in addon_catalog.PER_MINOR_MANAGED_ADDONS} == set(PER_MINOR_ADDONS)
+    defaults = AddonVersions()
+    for record in records:
+        # A pinned record's version is the field's default; a per-minor one defers to the table.
+        assert getattr(defaults, record.config_field) == record.version, record
+
+
 @pytest.mark.parametrize("minor", SUPPORTED_KUBERNETES_VERSIONS)
 def test_synth_of_each_minor_pins_that_minors_add_ons(synth, minor):
     synthesized = synth(at_minor("p5", minor))

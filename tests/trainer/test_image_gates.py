@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from infra.config import resolve_config
-from infra.image import DOCKERFILE
+from infra.constructs.image import DOCKERFILE
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import build_jobspec
 from scripts.trainer_requirements import trainer_requirements

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 
 from infra.config import resolve_config
 from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.job_presets import JOB_PRESETS
 from nvrx_eks.jobs.spec import build_jobspec, load_train_config
-from workloads.config import JOB_PRESETS, MODEL_PRESETS, ModelShape, TrainConfig
+from workloads.config import MODEL_PRESETS, ModelShape, TrainConfig
 from workloads.memory import (
     GIB,
     block_activation_bytes_per_token,

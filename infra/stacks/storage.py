@@ -22,6 +22,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from infra.config import DeploymentConfig
+from infra.constructs.secure_defaults import private_bucket
 from nvrx_eks.facts.names import FSX_RUNS_PATH, RUNS_COPY_PREFIX
 
 #: FSx for Lustre version: 2.15 is required for EFA and is the current long-term release.
@@ -44,26 +45,20 @@ class StorageStack(Stack):
         keep_data = fsx_cfg.removal_policy == "retain"
         removal = RemovalPolicy.RETAIN if keep_data else RemovalPolicy.DESTROY
 
-        self.access_log_bucket = s3.Bucket(
+        self.access_log_bucket = private_bucket(
             self,
             "AccessLogBucket",
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
+            removal_policy=removal,
             # ACLs off. S3 server access logging still delivers: with ACLs disabled it needs a
             # bucket policy granting logging.s3.amazonaws.com, which CDK writes for the source
             # bucket (feature flag @aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy in cdk.json).
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(90))],
-            removal_policy=removal,
-            auto_delete_objects=False,
         )
-        self.data_bucket = s3.Bucket(
+        self.data_bucket = private_bucket(
             self,
             "DataBucket",
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
+            removal_policy=removal,
             versioned=True,
             server_access_logs_bucket=self.access_log_bucket,
             server_access_logs_prefix="data-bucket/",
@@ -72,10 +67,6 @@ class StorageStack(Stack):
                 s3.LifecycleRule(noncurrent_version_expiration=Duration.days(7)),
                 s3.LifecycleRule(prefix=f"{RUNS_COPY_PREFIX}/", expiration=Duration.days(fsx_cfg.runs_copy_days)),
             ],
-            removal_policy=removal,
-            # Never empty the bucket on delete: with removal_policy destroy, a non-empty bucket
-            # makes the delete fail rather than lose data silently; teardown --delete-data empties it.
-            auto_delete_objects=False,
         )
 
         lustre = fsx.CfnFileSystem.LustreConfigurationProperty(

@@ -12,17 +12,15 @@ is built and pushed by `cdk deploy` (or `cdk-assets`) on a machine with Docker.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from aws_cdk import IgnoreMode
 from aws_cdk import aws_ecr_assets as ecr_assets
 from constructs import Construct
 
 from infra.config import DeploymentConfig
 from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.resources import checkout_root
 
-BUILD_CONTEXT = Path(__file__).resolve().parent.parent
-#: The Dockerfile, relative to BUILD_CONTEXT.
+#: The Dockerfile, relative to the build context (the checkout's root).
 DOCKERFILE = "workloads/Dockerfile"
 
 
@@ -33,15 +31,16 @@ class TrainerImage(Construct):
             assert config.image.uri is not None  # guaranteed by ImageConfig
             self.image_uri = config.image.uri
             return
+        build_context = checkout_root()
         for needed in (DOCKERFILE, ".dockerignore"):
-            if not (BUILD_CONTEXT / needed).is_file():
+            if not (build_context / needed).is_file():
                 raise ConfigError(
-                    f"image.build is true but {BUILD_CONTEXT / needed} is missing; restore it or set image.uri"
+                    f"image.build is true but {build_context / needed} is missing; restore it or set image.uri"
                 )
         asset = ecr_assets.DockerImageAsset(
             self,
             "Asset",
-            directory=str(BUILD_CONTEXT),
+            directory=str(build_context),
             file=DOCKERFILE,
             platform=ecr_assets.Platform.LINUX_AMD64,
             # Docker's own matching rules for the .dockerignore patterns CDK reads.

@@ -15,7 +15,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra.config import DeploymentConfig
-from infra.node_user_data import gpu_node_user_data
+from infra.constructs.node_user_data import gpu_node_user_data
 from nvrx_eks.facts.instances import InstanceFacts
 from nvrx_eks.facts.names import (
     GPU_NODE_LABEL_KEY,

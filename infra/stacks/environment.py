@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from aws_cdk import App, Environment, Tags
 
-from infra.cluster import TrainingClusterStack
 from infra.config import DeploymentConfig
-from infra.network import NetworkStack
-from infra.storage import StorageStack
+from infra.stacks.cluster import TrainingClusterStack
+from infra.stacks.network import NetworkStack
+from infra.stacks.storage import StorageStack
 
 
 @dataclass

@@ -30,10 +30,8 @@ spec:
       strategy: RAID0
 """
 
-#: Instance types whose EFA devices sit four to a PCIe switch: one device per switch carries
-#: Lustre (the EKS guide's p5/p5e layout: every 4th device).
-_ONE_DEVICE_PER_SWITCH = {"p5.48xlarge": 4, "p5e.48xlarge": 4}
-
+#: The script names this module by its former path, infra/node_user_data.py: changing a byte of
+#: the user data makes a new launch template version, which replaces every GPU node on deploy.
 _LUSTRE_EFA_SCRIPT = """#!/bin/bash
 # Lustre client over EFA for FSx for Lustre (see infra/node_user_data.py for the sources).
 set -euo pipefail
@@ -73,7 +71,7 @@ echo "LNet has $efa_nets EFA interface(s)"
 def lustre_efa_device_indexes(facts: InstanceFacts) -> list[int]:
     """Which EFA devices (in /sys/class/infiniband order) join LNet's efa network."""
     count = facts.efa_interfaces
-    stride = _ONE_DEVICE_PER_SWITCH.get(facts.instance_type)
+    stride = facts.efa_devices_per_pcie_switch
     if stride:
         return list(range(0, count, stride))
     # Other types: the first and the last device (one if there is only one).

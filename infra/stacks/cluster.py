@@ -5,20 +5,20 @@ the CLI reads back.
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, RemovalPolicy, Stack
+from aws_cdk import CfnOutput, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
-from infra.addons import install_addons
 from infra.config import DeploymentConfig
-from infra.fsx_volume import FsxVolume
-from infra.gpu_nodes import GpuNodeGroup
-from infra.image import TrainerImage
+from infra.constructs.addons import install_addons
+from infra.constructs.fsx_volume import FsxVolume
+from infra.constructs.gpu_nodes import GpuNodeGroup
+from infra.constructs.image import TrainerImage
+from infra.constructs.secure_defaults import rotated_key
 from infra.pod_security import admission_policy_manifests
 from nvrx_eks.facts.kubernetes_versions import KUBECTL_LAYER_V35, pins_for
 from nvrx_eks.facts.names import (
@@ -60,13 +60,7 @@ class TrainingClusterStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
 
-        secrets_key = kms.Key(
-            self,
-            "SecretsKey",
-            enable_key_rotation=True,
-            description=f"{config.name}: EKS secrets envelope encryption",
-            removal_policy=RemovalPolicy.DESTROY,
-        )
+        secrets_key = rotated_key(self, "SecretsKey", f"{config.name}: EKS secrets envelope encryption")
         if config.endpoint.access == "private":
             endpoint = eks.EndpointAccess.PRIVATE
         else:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from aws_cdk import Acknowledgment, App, Stack, Validations
 from cdk_nag import AwsSolutionsChecks
+from constructs import IConstruct
 
-from infra.environment import TrainingEnvironment
+from infra.stacks.environment import TrainingEnvironment
 
 _MANAGED = "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{}]"
 
@@ -92,7 +93,7 @@ def acknowledge_findings(environment: TrainingEnvironment) -> int:
 def _acknowledge(stack: Stack, entries: list[tuple[str, str, str]]) -> int:
     applied = 0
     for path, finding_id, reason in entries:
-        scope = stack
+        scope: IConstruct = stack
         for part in path.split("/"):
             child = scope.node.try_find_child(part)
             if child is None:

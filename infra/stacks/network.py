@@ -7,14 +7,16 @@ in one stack avoids a cross-stack dependency cycle.
 
 from __future__ import annotations
 
+from typing import cast
+
 from aws_cdk import Aws, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.config import DeploymentConfig
+from infra.constructs.secure_defaults import rotated_key
 from nvrx_eks.facts.errors import ConfigError
 
 #: Lustre: TCP 988 (LNet) and 1018-1023 (data channels), from the FSx for Lustre user guide.
@@ -49,15 +51,9 @@ class NetworkStack(Stack):
         )
         # Public subnets hold only the NAT gateway: nothing launched there gets a public IP.
         for subnet in self.vpc.public_subnets:
-            subnet.node.default_child.add_property_override("MapPublicIpOnLaunch", False)
+            cast(ec2.CfnSubnet, subnet.node.default_child).add_property_override("MapPublicIpOnLaunch", False)
 
-        flow_log_key = kms.Key(
-            self,
-            "FlowLogKey",
-            enable_key_rotation=True,
-            description=f"{config.name}: VPC flow log encryption",
-            removal_policy=RemovalPolicy.DESTROY,
-        )
+        flow_log_key = rotated_key(self, "FlowLogKey", f"{config.name}: VPC flow log encryption")
         # Named, so that the key policy can name it: CloudWatch Logs uses the key only with the
         # log group's ARN as encryption context, and the grant is limited to that context.
         flow_log_group_name = f"/{config.name}/vpc-flow-logs"

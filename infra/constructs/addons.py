@@ -5,7 +5,9 @@ EKS Pod Identity roles), Helm charts and the optional training-operator installe
 from __future__ import annotations
 
 import json
+from typing import cast
 
+from aws_cdk import CfnResource
 from aws_cdk import aws_eks as eks_l1
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
@@ -46,7 +48,8 @@ def install_addons(scope: Construct, cluster: eks.Cluster, config: DeploymentCon
         helm_chart = eks.HelmChart(
             scope,
             chart.construct_id,
-            cluster=cluster,
+            # aws_eks_v2.Cluster is an ICluster; its type stubs miss one protocol member.
+            cluster=cluster,  # type: ignore[arg-type]
             chart=chart.chart,
             repository=chart.repository,
             version=chart.version,
@@ -57,7 +60,8 @@ def install_addons(scope: Construct, cluster: eks.Cluster, config: DeploymentCon
         # The values are written to the custom resource as JSON here rather than through
         # `values=`: jsii turns a Python None into "absent", and a null is how a Helm value
         # removes a chart default (the NVIDIA plugin's affinity).
-        helm_chart.node.default_child.node.default_child.add_property_override("Values", json.dumps(chart.chart_values))
+        custom_resource = cast(Construct, helm_chart.node.default_child).node.default_child
+        cast(CfnResource, custom_resource).add_property_override("Values", json.dumps(chart.chart_values))
         created[chart.construct_id] = helm_chart
     if config.addons.install_training_operator:
         created["TrainingOperator"] = cluster.add_manifest("TrainingOperator", *training_operator_installer(config))

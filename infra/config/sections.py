@@ -1,37 +1,20 @@
-"""DeploymentConfig: the one validated description of a training environment.
+"""The sections of a deployment config: endpoint, GPU and system node groups, FSx, add-ons, image.
 
-A profile YAML (infra/profiles/NAME.yaml, or any file given with `-c config=PATH`) is loaded into
-this model before any construct is built. Every mistake a user can make is rejected here with a
-message that names the field and the fix; the stacks can then trust what they read.
+Each section validates its own fields and names the fix; DeploymentConfig (infra/config/deployment.py)
+composes them and checks what spans sections.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from nvrx_eks.facts.errors import ConfigError, describe_validation_error
+from infra import addon_catalog as catalog
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, facts_for
-from nvrx_eks.facts.kubernetes_versions import (
-    COREDNS,
-    KUBE_PROXY,
-    NODE_MONITORING_AGENT,
-    POD_IDENTITY_AGENT,
-    SUPPORTED_KUBERNETES_VERSIONS,
-    VPC_CNI,
-    addon_matches_minor,
-    pins_for,
-)
-
-PROFILES_DIR = Path(__file__).parent / "profiles"
-#: The stacks of one deployment, in deployment order (see infra/environment.py).
-STACK_ROLES = ("network", "storage", "cluster")
-DEFAULT_PROFILE = "p5"
+from nvrx_eks.facts.names import RUNS_COPY_PREFIX
 
 #: FSx for Lustre PERSISTENT_2 on SSD: throughput tiers in MB/s per TiB of storage.
 PERSISTENT_2_THROUGHPUT_TIERS = (125, 250, 500, 1000)
@@ -40,12 +23,24 @@ _METADATA_IOPS = (1500, 3000, 6000) + tuple(range(12000, 192001, 12000))
 #: Storage step of an EFA-enabled PERSISTENT_2 SSD file system, by throughput tier.
 EFA_CAPACITY_STEP_GIB = {1000: 4800, 500: 9600, 250: 19200, 125: 38400}
 
-_ACCOUNT_RE = re.compile(r"^\d{12}$")
-_REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{8,17}$")
-_IAM_PRINCIPAL_RE = re.compile(r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:(role|user|assumed-role)/[\w+=,.@/-]+$")
-_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{1,30}[a-z0-9]$")
 _IMAGE_URI_RE = re.compile(r"^[a-z0-9.-]+(:\d+)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$")
+
+
+def ipv4_network(cidr: str, hint: str = "") -> ipaddress.IPv4Network:
+    """The network a CIDR names, or a ValueError that says why it is not one (and `hint`)."""
+    try:
+        return ipaddress.IPv4Network(cidr, strict=True)
+    except ValueError as e:
+        raise ValueError(f"'{cidr}' is not an IPv4 network in CIDR form ({e}){hint}") from None
+
+
+def _require_ordered_sizes(min_size: int, desired_size: int, max_size: int) -> None:
+    if not min_size <= desired_size <= max_size:
+        raise ValueError(
+            f"node counts must satisfy min_size <= desired_size <= max_size, got "
+            f"{min_size} <= {desired_size} <= {max_size}; adjust them"
+        )
 
 
 class StrictModel(BaseModel):
@@ -67,13 +62,7 @@ class EndpointConfig(StrictModel):
     @classmethod
     def _cidrs_are_networks(cls, cidrs: list[str]) -> list[str]:
         for cidr in cidrs:
-            try:
-                ipaddress.IPv4Network(cidr, strict=True)
-            except ValueError as e:
-                raise ValueError(
-                    f"'{cidr}' is not an IPv4 network in CIDR form ({e}); write it like 203.0.113.0/24 "
-                    "with the host bits zero"
-                ) from None
+            ipv4_network(cidr, "; write it like 203.0.113.0/24 with the host bits zero")
         return cidrs
 
     @model_validator(mode="after")
@@ -129,11 +118,7 @@ class GpuNodeGroupConfig(StrictModel):
 
     @model_validator(mode="after")
     def _sizes_and_capacity(self) -> GpuNodeGroupConfig:
-        if not self.min_size <= self.desired_size <= self.max_size:
-            raise ValueError(
-                f"node counts must satisfy min_size <= desired_size <= max_size, got "
-                f"{self.min_size} <= {self.desired_size} <= {self.max_size}; adjust them"
-            )
+        _require_ordered_sizes(self.min_size, self.desired_size, self.max_size)
         if self.capacity_type == "capacity-block" and self.capacity_reservation_id is None:
             raise ValueError(
                 "capacity_type 'capacity-block' needs capacity_reservation_id: the id (cr-...) of "
@@ -170,11 +155,7 @@ class SystemNodeGroupConfig(StrictModel):
 
     @model_validator(mode="after")
     def _sizes(self) -> SystemNodeGroupConfig:
-        if not self.min_size <= self.desired_size <= self.max_size:
-            raise ValueError(
-                f"node counts must satisfy min_size <= desired_size <= max_size, got "
-                f"{self.min_size} <= {self.desired_size} <= {self.max_size}; adjust them"
-            )
+        _require_ordered_sizes(self.min_size, self.desired_size, self.max_size)
         if self.instance_type in INSTANCE_FACTS:
             raise ValueError(
                 f"{self.instance_type} is a GPU type; the system node group should be a small "
@@ -236,8 +217,6 @@ class FsxConfig(StrictModel):
     @field_validator("data_bucket_prefix")
     @classmethod
     def _data_prefix(cls, prefix: str) -> str:
-        from nvrx_eks.facts.names import RUNS_COPY_PREFIX
-
         first = prefix.strip("/").split("/")[0]
         if first in ("", RUNS_COPY_PREFIX):
             raise ValueError(
@@ -272,24 +251,29 @@ class FsxConfig(StrictModel):
         return self.storage_gib * self.throughput_per_tib // 1000
 
 
+def _pin(addon: catalog.ManagedAddon) -> str:
+    """A managed add-on's pinned build: only those that follow the Kubernetes minor have none."""
+    assert addon.version is not None, addon.name
+    return addon.version
+
+
 class AddonVersions(StrictModel):
-    """Overrides of the pinned add-on and chart versions. The per-minor EKS add-ons default to
-    None: the build nvrx_eks/facts/kubernetes_versions.py pins for `kubernetes_version`."""
+    """Overrides of the pinned add-on and chart versions; each defaults to its record's pin in
+    infra/addon_catalog.py. The per-minor EKS add-ons default to None: the build
+    nvrx_eks/facts/kubernetes_versions.py pins for `kubernetes_version`."""
 
     vpc_cni: str | None = None
     coredns: str | None = None
     kube_proxy: str | None = None
     pod_identity_agent: str | None = None
     node_monitoring_agent: str | None = None
-    fsx_csi_driver: str = "v1.7.0-eksbuild.1"
-    cloudwatch_observability: str = "v4.6.0-eksbuild.1"
-    #: Chart v0.5.30 carries device plugin v0.5.20 (the chart version is not the plugin's).
-    efa_device_plugin_chart: str = "v0.5.30"
-    nvidia_device_plugin_chart: str = "0.18.0"
-    dcgm_exporter_chart: str = "4.6.0"
-    jobset_chart: str = "0.12.0"
-    #: Kubeflow training operator v1 (for PyTorchJob); off unless install_training_operator.
-    training_operator: str = "v1.9.4"
+    fsx_csi_driver: str = _pin(catalog.FSX_CSI_DRIVER)
+    cloudwatch_observability: str = _pin(catalog.CLOUDWATCH_OBSERVABILITY)
+    efa_device_plugin_chart: str = catalog.EFA_DEVICE_PLUGIN.version
+    nvidia_device_plugin_chart: str = catalog.NVIDIA_DEVICE_PLUGIN.version
+    dcgm_exporter_chart: str = catalog.DCGM_EXPORTER.version
+    jobset_chart: str = catalog.JOBSET.version
+    training_operator: str = catalog.TRAINING_OPERATOR.version
     #: Image of the one-shot Job that applies the training operator's kustomize overlay
     #: (it needs kubectl and git, which the kubectl provider Lambda cannot do for remote bases).
     #: None: the image nvrx_eks/facts/kubernetes_versions.py pins for `kubernetes_version`.
@@ -332,208 +316,3 @@ class ImageConfig(StrictModel):
                 "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0"
             )
         return self
-
-
-class DeploymentConfig(StrictModel):
-    #: Prefix of the stack names and of the cluster name.
-    name: str = "nvrx-eks"
-    account: str
-    region: str
-    #: The availability zone of the GPU nodes and the file system (EFA traffic stays in one AZ).
-    gpu_availability_zone: str
-    #: How many AZs the VPC spans (the GPU AZ plus the next ones of the region).
-    vpc_max_azs: Annotated[int, Field(ge=2, le=4)] = 2
-    vpc_cidr: str = "10.0.0.0/16"
-    kubernetes_version: str = "1.35"
-    endpoint: EndpointConfig = EndpointConfig()
-    #: IAM role or user granted cluster admin through an EKS access entry.
-    admin_principal_arn: str | None = None
-    gpu_nodes: GpuNodeGroupConfig = GpuNodeGroupConfig()
-    system_nodes: SystemNodeGroupConfig = SystemNodeGroupConfig()
-    fsx: FsxConfig = FsxConfig()
-    addons: AddonsConfig = AddonsConfig()
-    image: ImageConfig = ImageConfig()
-    #: The job `render`/`submit` train without --train-config: a name in workloads.config.JOB_PRESETS.
-    default_job: str = "smoke"
-    tags: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("default_job")
-    @classmethod
-    def _default_job(cls, name: str) -> str:
-        from workloads.config import JOB_PRESETS
-
-        if name not in JOB_PRESETS:
-            raise ValueError(f"'{name}' is not a job preset; use one of: {', '.join(sorted(JOB_PRESETS))}")
-        return name
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, name: str) -> str:
-        if not _NAME_RE.match(name):
-            raise ValueError(f"'{name}' must be 3-32 lowercase letters, digits or '-', starting with a letter")
-        return name
-
-    @field_validator("account")
-    @classmethod
-    def _account(cls, account: str) -> str:
-        if not _ACCOUNT_RE.match(account):
-            raise ValueError(f"'{account}' is not a 12-digit AWS account id (quote it in YAML)")
-        return account
-
-    @field_validator("region")
-    @classmethod
-    def _region(cls, region: str) -> str:
-        if not _REGION_RE.match(region):
-            raise ValueError(f"'{region}' is not an AWS region name such as us-east-1")
-        return region
-
-    @field_validator("vpc_cidr")
-    @classmethod
-    def _vpc_cidr(cls, cidr: str) -> str:
-        try:
-            net = ipaddress.IPv4Network(cidr, strict=True)
-        except ValueError as e:
-            raise ValueError(f"'{cidr}' is not an IPv4 network in CIDR form ({e})") from None
-        if not net.is_private or net.prefixlen > 16:
-            raise ValueError(
-                f"'{cidr}' must be a private /16 (or larger) range, e.g. 10.0.0.0/16: each GPU "
-                "node takes hundreds of pod IPs"
-            )
-        return cidr
-
-    @field_validator("kubernetes_version")
-    @classmethod
-    def _k8s_version(cls, version: str) -> str:
-        if version not in SUPPORTED_KUBERNETES_VERSIONS:
-            raise ValueError(
-                f"Kubernetes {version} is not supported; use one of "
-                f'{", ".join(SUPPORTED_KUBERNETES_VERSIONS)} (quote it in YAML: "1.35")'
-            )
-        return version
-
-    @field_validator("admin_principal_arn")
-    @classmethod
-    def _principal(cls, arn: str | None) -> str | None:
-        if arn is not None and not _IAM_PRINCIPAL_RE.match(arn):
-            raise ValueError(f"'{arn}' is not an IAM role or user ARN such as arn:aws:iam::123456789012:role/Admin")
-        return arn
-
-    @field_validator("tags")
-    @classmethod
-    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
-        for key in tags:
-            if key.lower().startswith("aws:"):
-                raise ValueError(f"tag key '{key}' uses the reserved aws: prefix; rename it")
-        return tags
-
-    @model_validator(mode="after")
-    def _az_in_region(self) -> DeploymentConfig:
-        if not re.fullmatch(re.escape(self.region) + r"[a-z]", self.gpu_availability_zone):
-            raise ValueError(
-                f"gpu_availability_zone '{self.gpu_availability_zone}' is not an availability zone of "
-                f"{self.region}; use {self.region} followed by a letter, e.g. {self.region}a"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _fsx_efa_needs_efa_clients(self) -> DeploymentConfig:
-        if self.fsx.efa_enabled and not self.gpu_nodes.facts.fsx_efa_client:
-            raise ValueError(
-                f"fsx.efa_enabled: {self.gpu_nodes.instance_type} cannot mount FSx for Lustre over EFA "
-                "(FSx supports EFA clients on p5, p5e and p5en); set fsx.efa_enabled: false"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _addon_pins_match_the_minor(self) -> DeploymentConfig:
-        for field_name, addon in PER_MINOR_VERSION_FIELDS.items():
-            version = getattr(self.addons.versions, field_name)
-            if version is not None and not addon_matches_minor(addon, version, self.kubernetes_version):
-                raise ValueError(
-                    f"addons.versions.{field_name} '{version}' is a {addon} build for another Kubernetes "
-                    f"version than kubernetes_version {self.kubernetes_version}; use a "
-                    f"v{self.kubernetes_version}.x build (aws eks describe-addon-versions --kubernetes-version "
-                    f"{self.kubernetes_version} --addon-name {addon}) or remove the field to use the pinned one"
-                )
-        return self
-
-    def addon_version(self, addon: str) -> str | None:
-        """The version to install of a per-minor EKS add-on: the profile's override, else the pin
-        for `kubernetes_version` (None: EKS's default build for that minor)."""
-        override = getattr(self.addons.versions, version_field(addon))
-        return override if override is not None else pins_for(self.kubernetes_version).addons[addon]
-
-    @property
-    def training_operator_installer_image(self) -> str:
-        override = self.addons.versions.training_operator_installer_image
-        return override or pins_for(self.kubernetes_version).installer_image
-
-    def stack_name(self, role: str) -> str:
-        """CloudFormation stack name of one of the STACK_ROLES."""
-        if role not in STACK_ROLES:
-            raise ValueError(f"unknown stack role {role!r}; expected one of {STACK_ROLES}")
-        return f"{self.name}-{role}"
-
-    @property
-    def cluster_name(self) -> str:
-        return self.name
-
-    @property
-    def profile_tags(self) -> dict[str, str]:
-        """Tags applied to every resource: the user's, plus the deployment tag teardown sweeps by."""
-        from nvrx_eks.facts.names import DEPLOYMENT_TAG_KEY
-
-        return {**self.tags, DEPLOYMENT_TAG_KEY: self.name}
-
-
-#: The AddonVersions field that overrides each per-minor EKS add-on's pinned build.
-PER_MINOR_VERSION_FIELDS = {
-    "vpc_cni": VPC_CNI,
-    "coredns": COREDNS,
-    "kube_proxy": KUBE_PROXY,
-    "pod_identity_agent": POD_IDENTITY_AGENT,
-    "node_monitoring_agent": NODE_MONITORING_AGENT,
-}
-
-
-def version_field(addon: str) -> str:
-    """The AddonVersions field of a per-minor EKS add-on."""
-    return {a: f for f, a in PER_MINOR_VERSION_FIELDS.items()}[addon]
-
-
-def profile_path(profile: str) -> Path:
-    path = PROFILES_DIR / f"{profile}.yaml"
-    if not path.is_file():
-        names = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yaml")))
-        raise ConfigError(f"unknown profile '{profile}': choose one of {names}, or pass -c config=PATH")
-    return path
-
-
-def load_config(path: str | Path) -> DeploymentConfig:
-    """Load and validate a profile file. Raises ConfigError naming the field and the fix."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path} is a directory; give the path of a deployment config YAML") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror}; check the path and its permissions") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not a text file (not UTF-8); give a deployment config YAML") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path} must contain a mapping of settings at the top level")
-    try:
-        return DeploymentConfig.model_validate(raw)
-    except ValidationError as e:
-        raise describe_validation_error(e, str(path)) from None
-
-
-def resolve_config(profile: str | None = None, config: str | None = None) -> DeploymentConfig:
-    """The config chosen by `-c profile=NAME` or `-c config=PATH` (default: the p5 profile)."""
-    if profile and config:
-        raise ConfigError("give either profile or config, not both")
-    return load_config(config if config else profile_path(profile or DEFAULT_PROFILE))

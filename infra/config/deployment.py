@@ -1,0 +1,166 @@
+"""DeploymentConfig: the one validated description of a training environment.
+
+A profile YAML (infra/profiles/NAME.yaml, or any file given with `-c config=PATH`) is loaded into
+this model (infra/config/profiles.py) before any construct is built. Every mistake a user can
+make is rejected here or in its section (infra/config/sections.py) with a message that names the
+field and the fix; the stacks can then trust what they read.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from infra import addon_catalog as catalog
+from infra.config.sections import (
+    AddonsConfig,
+    EndpointConfig,
+    FsxConfig,
+    GpuNodeGroupConfig,
+    ImageConfig,
+    StrictModel,
+    SystemNodeGroupConfig,
+    ipv4_network,
+)
+from nvrx_eks.facts.job_presets import JOB_PRESETS
+from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS, addon_matches_minor, pins_for
+from nvrx_eks.facts.names import DEPLOYMENT_TAG_KEY
+
+#: The stacks of one deployment, in deployment order (see infra/stacks/environment.py).
+STACK_ROLES = ("network", "storage", "cluster")
+
+#: The fields a pattern decides, with what to say when a value does not match it.
+_PATTERNS = {
+    "name": (
+        re.compile(r"^[a-z][a-z0-9-]{1,30}[a-z0-9]$"),
+        "'{}' must be 3-32 lowercase letters, digits or '-', starting with a letter",
+    ),
+    "account": (re.compile(r"^\d{12}$"), "'{}' is not a 12-digit AWS account id (quote it in YAML)"),
+    "region": (re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$"), "'{}' is not an AWS region name such as us-east-1"),
+    "admin_principal_arn": (
+        re.compile(r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:(role|user|assumed-role)/[\w+=,.@/-]+$"),
+        "'{}' is not an IAM role or user ARN such as arn:aws:iam::123456789012:role/Admin",
+    ),
+}
+
+
+class DeploymentConfig(StrictModel):
+    #: Prefix of the stack names and of the cluster name.
+    name: str = "nvrx-eks"
+    account: str
+    region: str
+    #: The availability zone of the GPU nodes and the file system (EFA traffic stays in one AZ).
+    gpu_availability_zone: str
+    #: How many AZs the VPC spans (the GPU AZ plus the next ones of the region).
+    vpc_max_azs: Annotated[int, Field(ge=2, le=4)] = 2
+    vpc_cidr: str = "10.0.0.0/16"
+    kubernetes_version: str = "1.35"
+    endpoint: EndpointConfig = EndpointConfig()
+    #: IAM role or user granted cluster admin through an EKS access entry.
+    admin_principal_arn: str | None = None
+    gpu_nodes: GpuNodeGroupConfig = GpuNodeGroupConfig()
+    system_nodes: SystemNodeGroupConfig = SystemNodeGroupConfig()
+    fsx: FsxConfig = FsxConfig()
+    addons: AddonsConfig = AddonsConfig()
+    image: ImageConfig = ImageConfig()
+    #: The job `render`/`submit` train without --train-config: a name in nvrx_eks/facts/job_presets.py.
+    default_job: str = "smoke"
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("default_job")
+    @classmethod
+    def _default_job(cls, name: str) -> str:
+        if name not in JOB_PRESETS:
+            raise ValueError(f"'{name}' is not a job preset; use one of: {', '.join(sorted(JOB_PRESETS))}")
+        return name
+
+    @field_validator(*_PATTERNS)
+    @classmethod
+    def _matches_pattern(cls, value: str | None, info: ValidationInfo) -> str | None:
+        pattern, message = _PATTERNS[info.field_name or ""]
+        if value is not None and not pattern.match(value):
+            raise ValueError(message.format(value))
+        return value
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _vpc_cidr(cls, cidr: str) -> str:
+        net = ipv4_network(cidr)
+        if not net.is_private or net.prefixlen > 16:
+            raise ValueError(
+                f"'{cidr}' must be a private /16 (or larger) range, e.g. 10.0.0.0/16: each GPU "
+                "node takes hundreds of pod IPs"
+            )
+        return cidr
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _k8s_version(cls, version: str) -> str:
+        if version not in SUPPORTED_KUBERNETES_VERSIONS:
+            raise ValueError(
+                f"Kubernetes {version} is not supported; use one of "
+                f'{", ".join(SUPPORTED_KUBERNETES_VERSIONS)} (quote it in YAML: "1.35")'
+            )
+        return version
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
+        for key in tags:
+            if key.lower().startswith("aws:"):
+                raise ValueError(f"tag key '{key}' uses the reserved aws: prefix; rename it")
+        return tags
+
+    @model_validator(mode="after")
+    def _az_in_region(self) -> DeploymentConfig:
+        if not re.fullmatch(re.escape(self.region) + r"[a-z]", self.gpu_availability_zone):
+            raise ValueError(
+                f"gpu_availability_zone '{self.gpu_availability_zone}' is not an availability zone of "
+                f"{self.region}; use {self.region} followed by a letter, e.g. {self.region}a"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fsx_efa_needs_efa_clients(self) -> DeploymentConfig:
+        if self.fsx.efa_enabled and not self.gpu_nodes.facts.fsx_efa_client:
+            raise ValueError(
+                f"fsx.efa_enabled: {self.gpu_nodes.instance_type} cannot mount FSx for Lustre over EFA "
+                "(FSx supports EFA clients on p5, p5e and p5en); set fsx.efa_enabled: false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _addon_pins_match_the_minor(self) -> DeploymentConfig:
+        for addon in catalog.PER_MINOR_MANAGED_ADDONS:
+            field_name = addon.config_field
+            version = getattr(self.addons.versions, field_name)
+            if version is not None and not addon_matches_minor(addon.name, version, self.kubernetes_version):
+                raise ValueError(
+                    f"addons.versions.{field_name} '{version}' is a {addon.name} build for another Kubernetes "
+                    f"version than kubernetes_version {self.kubernetes_version}; use a "
+                    f"v{self.kubernetes_version}.x build (aws eks describe-addon-versions --kubernetes-version "
+                    f"{self.kubernetes_version} --addon-name {addon.name}) or remove the field to use the pinned one"
+                )
+        return self
+
+    @property
+    def training_operator_installer_image(self) -> str:
+        override = self.addons.versions.training_operator_installer_image
+        return override or pins_for(self.kubernetes_version).installer_image
+
+    def stack_name(self, role: str) -> str:
+        """CloudFormation stack name of one of the STACK_ROLES."""
+        if role not in STACK_ROLES:
+            raise ValueError(f"unknown stack role {role!r}; expected one of {STACK_ROLES}")
+        return f"{self.name}-{role}"
+
+    @property
+    def cluster_name(self) -> str:
+        return self.name
+
+    @property
+    def profile_tags(self) -> dict[str, str]:
+        """Tags applied to every resource: the user's, plus the deployment tag teardown sweeps by."""
+        return {**self.tags, DEPLOYMENT_TAG_KEY: self.name}

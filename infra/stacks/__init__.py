@@ -1,0 +1,1 @@
+"""The CloudFormation stacks of one deployment (network, storage, cluster), their composition and cdk-nag."""
