@@ -21,13 +21,12 @@ import jinja2
 import yaml
 
 from infra import pod_security
+from nvrx_eks.facts import job_kinds, job_names
 from nvrx_eks.facts import names as conventions
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from nvrx_eks.facts.instances import InstanceFacts
 from nvrx_eks.jobs.spec import (
     FSX_MOUNT_PATH,
-    JOBSET_REPLICATED_JOB,
-    RENDEZVOUS_PORT,
     TRAIN_CONFIG_DIR,
     TRAIN_CONFIG_KEY,
     TRAIN_CONFIG_PATH,
@@ -37,11 +36,6 @@ from nvrx_eks.resources import templates_dir
 from workloads import do_not_requeue
 from workloads.launch import build_ft_launcher_argv, build_preflight_argv, inprocess_store_port
 from workloads.process_env import NCCL_RESTART_ENV
-
-MANAGED_BY = "nvrx-eks"
-#: Label selecting everything this CLI created; teardown deletes jobs by it.
-MANAGED_BY_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
-WORLD_SIZE_ANNOTATION = "nvrx-eks.io/world-size"
 
 #: How long a pod waits for the rendezvous host's DNS record before failing (and being retried).
 RENDEZVOUS_DNS_WAIT_S = 300
@@ -55,8 +49,9 @@ NCCL_EXCHANGE_ROOT = f"{FSX_MOUNT_PATH}/.nvrx-eks/nccl-tests"
 MPIRUN = "/opt/amazon/openmpi/bin/mpirun"
 
 #: p5-class tuning from AWS's published nccl-tests manifests for p5 (8 MiB NCCL buffers, 512 KiB
-#: chunks for point-to-point over the network), which fit 3200 Gbps EFA across 16-32 NICs.
-_P5_CLASS = frozenset({"p5", "p5e", "p5en"})
+#: chunks for point-to-point over the network), which fit 3200 Gbps EFA across 16-32 NICs: applied
+#: to every instance type whose facts give it that network.
+_P5_CLASS_NETWORK_GBPS = 3200
 
 
 def fabric_env(facts: InstanceFacts, *, debug: str = "WARN") -> dict[str, str]:
@@ -78,7 +73,7 @@ def fabric_env(facts: InstanceFacts, *, debug: str = "WARN") -> dict[str, str]:
         "NCCL_SOCKET_IFNAME": "^lo,docker,veth",
         "NCCL_DEBUG": debug,
     }
-    if facts.family in _P5_CLASS:
+    if facts.network_gbps >= _P5_CLASS_NETWORK_GBPS:
         env["NCCL_BUFFSIZE"] = "8388608"
         env["NCCL_P2P_NET_CHUNKSIZE"] = "524288"
     return env
@@ -119,20 +114,20 @@ def trainer_entrypoint_args(spec: JobSpec) -> tuple[list[str], list[str]]:
 ATTEMPT_ID_SOURCES: dict[str, tuple[list[tuple[str, str]], str]] = {
     "jobset": (
         [
-            ("JOBSET_UID", "jobset.sigs.k8s.io/jobset-uid"),
-            ("JOBSET_RESTART_ATTEMPT", "jobset.sigs.k8s.io/restart-attempt"),
+            ("JOBSET_UID", job_kinds.JOBSET_UID_LABEL),
+            ("JOBSET_RESTART_ATTEMPT", job_kinds.JOBSET_RESTART_ATTEMPT_LABEL),
         ],
         "$(JOBSET_UID)-$(JOBSET_RESTART_ATTEMPT)",
     ),
-    "pytorchjob": ([("PYTORCHJOB_NAME", "training.kubeflow.org/job-name")], "$(PYTORCHJOB_NAME)"),
+    "pytorchjob": ([("PYTORCHJOB_NAME", job_kinds.PYTORCHJOB.pod_label)], "$(PYTORCHJOB_NAME)"),
 }
 
 
 def _labels(spec: JobSpec) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": "nvrx-eks-trainer" if spec.workload == "train" else "nvrx-eks-nccl-test",
-        "app.kubernetes.io/instance": spec.name,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        job_names.APP_NAME_LABEL: job_names.TRAINER_APP if spec.workload == "train" else job_names.FABRIC_TEST_APP,
+        job_names.APP_INSTANCE_LABEL: spec.name,
+        job_names.MANAGED_BY_LABEL: job_names.MANAGED_BY,
     }
 
 
@@ -174,8 +169,9 @@ def _common_context(spec: JobSpec) -> dict:
     return {
         "job": spec,
         "labels": _labels(spec),
-        "annotations": {"world_size": WORLD_SIZE_ANNOTATION},
-        "replicated_job": JOBSET_REPLICATED_JOB,
+        "job_kind": job_kinds.JOB_KINDS[spec.api],
+        "annotations": {"world_size": job_names.WORLD_SIZE_ANNOTATION},
+        "replicated_job": job_names.JOBSET_REPLICATED_JOB,
         "exit_do_not_requeue": EXIT_DO_NOT_REQUEUE,
         "mount_path": FSX_MOUNT_PATH,
         "node": {
@@ -187,16 +183,8 @@ def _common_context(spec: JobSpec) -> dict:
             "taint_effect": conventions.GPU_TAINT_EFFECT,
         },
         "resources": {"gpu": conventions.GPU_RESOURCE, "efa": conventions.EFA_RESOURCE},
-        "security": {
-            "seccomp_profile": pod_security.SECCOMP_PROFILE,
-            "trainer_capabilities": pod_security.TRAINER_CAPABILITIES,
-            "fabric_test_capabilities": pod_security.FABRIC_TEST_CAPABILITIES,
-        },
+        "security": {"seccomp_profile": pod_security.SECCOMP_PROFILE},
     }
-
-
-#: Pod labels that tell one job's pods from every other pod: the NetworkPolicy selects by them.
-JOB_POD_SELECTOR_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
 
 
 def _network_policy(spec: JobSpec, context: dict) -> str:
@@ -204,11 +192,11 @@ def _network_policy(spec: JobSpec, context: dict) -> str:
         served = f"mpirun's sshd on {NCCL_SSH_PORT}"
     else:
         served = (
-            f"the rendezvous store on {RENDEZVOUS_PORT}, the in-process restart store on "
+            f"the rendezvous store on {job_names.RENDEZVOUS_PORT}, the in-process restart store on "
             f"{inprocess_store_port(spec.rendezvous_endpoint)}"
         )
     return _ENV.get_template("networkpolicy.yaml.j2").render(
-        **context, ports_served=served, pod_selector_keys=JOB_POD_SELECTOR_KEYS
+        **context, ports_served=served, pod_selector_keys=job_names.JOB_POD_SELECTOR_KEYS
     )
 
 
@@ -225,7 +213,7 @@ class RenderedJob:
 
     @property
     def job_document(self) -> dict:
-        return next(d for d in self.documents if d["kind"] in ("JobSet", "PyTorchJob"))
+        return next(d for d in self.documents if d["kind"] in job_kinds.JOB_KIND_BY_NAME)
 
 
 def render_job(spec: JobSpec) -> RenderedJob:
@@ -244,10 +232,22 @@ def render_job(spec: JobSpec) -> RenderedJob:
             mpirun=MPIRUN,
             max_bytes=nccl_max_bytes(spec.facts),
         )
+        fabric_context = {
+            **context,
+            "env": env,
+            "entrypoint": script,
+            # The entrypoint names its key exchange directory after the JobSet and its attempt.
+            "label_env": [
+                ("JOBSET_UID", job_kinds.JOBSET_UID_LABEL),
+                ("RESTART_ATTEMPT", job_kinds.JOBSET_RESTART_ATTEMPT_LABEL),
+            ],
+            "ports": [("ssh", NCCL_SSH_PORT)],
+            "capabilities": pod_security.FABRIC_TEST_CAPABILITIES,
+            "local_checkpoints": None,
+            "deadline_s": NCCL_DEADLINE_S,
+        }
         texts = [
-            _ENV.get_template("nccl-tests.yaml.j2").render(
-                **context, env=env, entrypoint=script, ssh_port=NCCL_SSH_PORT, deadline_s=NCCL_DEADLINE_S
-            ),
+            _ENV.get_template("nccl-tests.yaml.j2").render(**fabric_context),
             _network_policy(spec, context),
         ]
     else:
@@ -267,13 +267,15 @@ def render_job(spec: JobSpec) -> RenderedJob:
             **context,
             "env": trainer_env(spec),
             "entrypoint": entrypoint,
-            "rendezvous_port": RENDEZVOUS_PORT,
-            "inprocess_store_port": inprocess_store_port(spec.rendezvous_endpoint),
-            # The training operator takes MASTER_PORT from the port with this name.
-            "rendezvous_port_name": "pytorchjob-port" if spec.api == "pytorchjob" else "rendezvous",
+            "ports": [
+                # The training operator takes MASTER_PORT from the port with this name.
+                ("pytorchjob-port" if spec.api == "pytorchjob" else "rendezvous", job_names.RENDEZVOUS_PORT),
+                ("inprocess-store", inprocess_store_port(spec.rendezvous_endpoint)),
+            ],
+            "capabilities": pod_security.TRAINER_CAPABILITIES,
             "config_dir": TRAIN_CONFIG_DIR,
             "local_checkpoints": local_checkpoint_volume(spec),
-            "attempt_fields": attempt_fields,
+            "label_env": attempt_fields,
             "attempt_env": {do_not_requeue.ATTEMPT_ID_ENV: attempt_value},
         }
         config_map = _ENV.get_template("trainer-configmap.yaml.j2").render(
