@@ -7,20 +7,16 @@ raise ConfigError and end here as one message with exit code 2, never a tracebac
 
 from __future__ import annotations
 
-import functools
-import inspect
 import sys
-import typing
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from nvrx_eks.facts.errors import ConfigError
-from nvrx_eks.jobs.options import JobOptions
+from nvrx_eks.jobs.options import FROM_JOB_FLAGS, JobOptions, data_overrides, job_flags
 
 if TYPE_CHECKING:
     from nvrx_eks.deploy.deployment import Deployment
@@ -114,137 +110,8 @@ def demo(
 
 # ----- training jobs: render, validate, submit, follow, delete -------------------------------
 
-#: The flags of render, validate and submit that describe the job, declared once: (type, option).
-#: Commands take them through @job_flags as one JobOptions.
-JOB_FLAGS: dict[str, tuple[object, Any]] = {
-    "nodes": (
-        int | None,
-        typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes (default: the profile's desired_size)."),
-    ),
-    "api": (str, typer.Option("jobset", "--api", help="jobset (default) or pytorchjob (needs the training operator).")),
-    "fabric_test": (
-        bool,
-        typer.Option(False, "--fabric-test", help="The NCCL/EFA nccl-tests all_reduce smoke job instead of training."),
-    ),
-    "name": (
-        str | None,
-        typer.Option(None, "--name", help="Job name (default: train, or nccl-test with --fabric-test)."),
-    ),
-    "image": (
-        str | None,
-        typer.Option(
-            None,
-            "--image",
-            help="Container image. Offline default: the profile's image.uri, else a localhost/ placeholder; "
-            "live: the stack's.",
-        ),
-    ),
-    "train_config": (
-        str | None,
-        typer.Option(None, "--train-config", help="Trainer config YAML (default: the trainer's defaults)."),
-    ),
-    "overrides": (
-        list[str] | None,
-        typer.Option(None, "--set", help="Trainer config override KEY=VALUE (repeatable), e.g. steps=500."),
-    ),
-    "faults": (
-        str | None,
-        typer.Option(None, "--faults", help="Fault-injection spec passed to the trainer, e.g. sigkill@50:3."),
-    ),
-    "max_restarts": (int, typer.Option(3, "--max-restarts", min=0, help="Whole-job restarts by Kubernetes (layer 3).")),
-    "max_step_time_s": (
-        float | None,
-        typer.Option(
-            None,
-            "--max-step-time-s",
-            help="Longest healthy training step; sizes the job's deadline "
-            "(default: the trainer's step section timeout).",
-        ),
-    ),
-    "data": (
-        str | None,
-        typer.Option(
-            None, "--data", help="Token shards for the job (a `data prepare` directory, relative paths under /fsx)."
-        ),
-    ),
-    "spare_nodes": (
-        int,
-        typer.Option(
-            0,
-            "--spare-nodes",
-            min=0,
-            help="Hot spare nodes beyond --nodes (JobSet): they replace a lost node in process.",
-        ),
-    ),
-}
 LiveOption = typer.Option(False, "--live", help="Take namespace, claim, image and versions from the deployed stack.")
 OutputOption = typer.Option(None, "--output", "-o", help="Write one file per object into this directory.")
-
-
-def job_flags(*, without: tuple[str, ...] = ()) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Give a command the JOB_FLAGS (less `without`) where its `options` parameter stands; it
-    receives them as one JobOptions in `options`."""
-    flags = {name: flag for name, flag in JOB_FLAGS.items() if name not in without}
-
-    def decorate(command: Callable[..., None]) -> Callable[..., None]:
-        hints = typing.get_type_hints(command)
-        parameters: list[inspect.Parameter] = []
-        for parameter in inspect.signature(command).parameters.values():
-            if parameter.name == "options":
-                parameters += [
-                    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
-                    for name, (kind, option) in flags.items()
-                ]
-            else:
-                parameters.append(
-                    parameter.replace(annotation=hints[parameter.name], kind=inspect.Parameter.KEYWORD_ONLY)
-                )
-
-        @functools.wraps(command)
-        def with_options(**values: Any) -> None:
-            options = _job_options(**{name: values.pop(name) for name in flags})
-            command(**values, options=options)
-
-        with_options.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-        with_options.__annotations__ = {p.name: p.annotation for p in parameters}
-        return with_options
-
-    return decorate
-
-
-def _job_options(
-    *,
-    nodes: int | None,
-    api: str,
-    fabric_test: bool,
-    name: str | None,
-    image: str | None,
-    train_config: str | None,
-    overrides: list[str] | None,
-    faults: str | None,
-    max_restarts: int,
-    max_step_time_s: float | None,
-    spare_nodes: int,
-    data: str | None = None,
-) -> JobOptions:
-    return JobOptions(
-        nodes=nodes,
-        api=api,
-        fabric_test=fabric_test,
-        name=name,
-        image=image,
-        train_config=train_config,
-        overrides=list(overrides or []) + _data_overrides(data),
-        faults=faults,
-        max_restarts=max_restarts,
-        max_step_time_s=max_step_time_s,
-        spare_nodes=spare_nodes,
-    )
-
-
-def _data_overrides(data: str | None) -> list[str]:
-    """--data PATH: train on the token shards there (the trainer checks them against its manifest)."""
-    return [] if data is None else ["data.source=memmap", f"data.path={data}"]
 
 
 def _deployment(profile: str | None, config: str | None) -> Deployment:
@@ -258,7 +125,7 @@ def _deployment(profile: str | None, config: str | None) -> Deployment:
 def render(
     profile: str | None = ProfileOption,
     config: str | None = ConfigOption,
-    options: JobOptions = None,  # type: ignore[assignment]  # filled in by @job_flags
+    options: JobOptions = FROM_JOB_FLAGS,
     live: bool = LiveOption,
     output: Path | None = OutputOption,
 ) -> None:
@@ -274,7 +141,7 @@ def validate(
     path: str | None = typer.Argument(None, help="Manifest file, or - for stdin (default: render with the flags)."),
     profile: str | None = ProfileOption,
     config: str | None = ConfigOption,
-    options: JobOptions = None,  # type: ignore[assignment]  # filled in by @job_flags
+    options: JobOptions = FROM_JOB_FLAGS,
     live: bool = LiveOption,
 ) -> None:
     """Validate manifests offline: strict Kubernetes schemas, the JobSet/PyTorchJob CRDs, project rules."""
@@ -288,7 +155,7 @@ def validate(
 def submit(
     profile: str | None = ProfileOption,
     config: str | None = ConfigOption,
-    options: JobOptions = None,  # type: ignore[assignment]  # filled in by @job_flags
+    options: JobOptions = FROM_JOB_FLAGS,
     dry_run: bool = typer.Option(False, "--dry-run", help="Render and validate offline and print; no cluster needed."),
 ) -> None:
     """Render, validate, server-side dry-run, then create the job on the deployed cluster."""
@@ -436,7 +303,7 @@ def local(
         checkpoint_interval=checkpoint_interval,
         backend=backend,
         resume=resume,
-        overrides=list(overrides) + _data_overrides(str(data.resolve()) if data else None),
+        overrides=list(overrides) + data_overrides(str(data.resolve()) if data else None),
         port=port,
         console=Console(),
         nodes=nodes,
@@ -534,7 +401,7 @@ def data_prepare(
         deployment = _deployment(profile, config).config
         pod_path(deployment, parse_s3_url(upload_to)[1])
     prepare(inputs, out, tokenizer, text_field, shard_tokens, Console())
-    if deployment is not None:
+    if deployment is not None and upload_to is not None:
         upload(deployment, out, upload_to, Console())
 
 

@@ -29,8 +29,13 @@ TRAINER_CONTAINER = "trainer"
 PYTORCHJOB_CONTAINER = "pytorch"
 FABRIC_TEST_CONTAINER = "nccl-tests"
 
-#: c10d rendezvous port on pod 0 (ft_launcher's store).
+#: c10d rendezvous port on pod 0 (ft_launcher's store), and the name of the container port that
+#: serves it; the training operator requires this name in a PyTorchJob and takes MASTER_PORT from it.
 RENDEZVOUS_PORT = 29500
+RENDEZVOUS_PORT_NAME = "rendezvous"
+PYTORCHJOB_PORT_NAME = "pytorchjob-port"
+#: Container port of the trainer's in-process restart store.
+INPROCESS_STORE_PORT_NAME = "inprocess-store"
 
 
 def trainer_container(api: Api) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -25,6 +27,8 @@ from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.job_kinds import JOB_KIND_BY_NAME, JOB_KINDS, JobKind
 from nvrx_eks.jobs.render import RenderedJob
 from nvrx_eks.jobs.status import JobStatus, node_rank
+
+T = TypeVar("T")
 
 #: What submit creates beside the job, owned by it.
 _OWNED_KINDS = ("ConfigMap", "NetworkPolicy")
@@ -60,6 +64,19 @@ def api_error(error: Exception, doing: str) -> ConfigError:
     )
 
 
+def unless_missing(request: Callable[[], T], doing: str) -> T | None:
+    """request()'s result, None where the API server answers 404, and any other failure as the
+    ConfigError of api_error."""
+    try:
+        return request()
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise api_error(e, doing) from None
+    except Urllib3Error as e:
+        raise api_error(e, doing) from None
+
+
 class JobClient:
     def __init__(self, api_client: k8s.ApiClient, namespace: str, console: Console | None = None):
         self.api_client = api_client
@@ -73,15 +90,12 @@ class JobClient:
 
     def serves(self, kind: JobKind) -> bool:
         """Whether the cluster has the custom resource (its controller's CRD is installed)."""
-        try:
+
+        def discover() -> bool:
             self.custom.get_api_resources(kind.group, kind.version)
             return True
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise api_error(e, f"discovering {kind.api_version}") from None
-        except Urllib3Error as e:
-            raise api_error(e, f"discovering {kind.api_version}") from None
+
+        return unless_missing(discover, f"discovering {kind.api_version}") or False
 
     def find(self, name: str) -> tuple[JobKind, dict]:
         """The job named `name`, whichever kind it is; ConfigError if there is none."""
@@ -97,14 +111,12 @@ class JobClient:
         )
 
     def _get_job(self, kind: JobKind, name: str) -> dict | None:
-        try:
-            return self.custom.get_namespaced_custom_object(kind.group, kind.version, self.namespace, kind.plural, name)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise api_error(e, f"reading {kind.kind} {name}") from None
-        except Urllib3Error as e:
-            raise api_error(e, f"reading {kind.kind} {name}") from None
+        return unless_missing(
+            lambda: self.custom.get_namespaced_custom_object(
+                kind.group, kind.version, self.namespace, kind.plural, name
+            ),
+            f"reading {kind.kind} {name}",
+        )
 
     def list_jobs(self, selector: str = job_names.MANAGED_BY_SELECTOR) -> list[tuple[JobKind, dict]]:
         jobs: list[tuple[JobKind, dict]] = []
@@ -216,7 +228,8 @@ class JobClient:
     def _delete_object(self, kind: str, name: str) -> bool:
         """Delete one object (foreground, so its pods go first); False if it did not exist."""
         body = k8s.V1DeleteOptions(propagation_policy="Foreground")
-        try:
+
+        def delete() -> bool:
             if kind == "ConfigMap":
                 self.core.delete_namespaced_config_map(name, self.namespace, body=body)
             elif kind == "NetworkPolicy":
@@ -227,12 +240,8 @@ class JobClient:
                     job_kind.group, job_kind.version, self.namespace, job_kind.plural, name, body=body
                 )
             return True
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise api_error(e, f"deleting {kind} {name}") from None
-        except Urllib3Error as e:
-            raise api_error(e, f"deleting {kind} {name}") from None
+
+        return unless_missing(delete, f"deleting {kind} {name}") or False
 
     # ----- delete ---------------------------------------------------------------------------
 

@@ -268,14 +268,18 @@ def render_job(spec: JobSpec) -> RenderedJob:
             "env": trainer_env(spec),
             "entrypoint": entrypoint,
             "ports": [
-                # The training operator takes MASTER_PORT from the port with this name.
-                ("pytorchjob-port" if spec.api == "pytorchjob" else "rendezvous", job_names.RENDEZVOUS_PORT),
-                ("inprocess-store", inprocess_store_port(spec.rendezvous_endpoint)),
+                (
+                    job_names.PYTORCHJOB_PORT_NAME if spec.api == "pytorchjob" else job_names.RENDEZVOUS_PORT_NAME,
+                    job_names.RENDEZVOUS_PORT,
+                ),
+                (job_names.INPROCESS_STORE_PORT_NAME, inprocess_store_port(spec.rendezvous_endpoint)),
             ],
             "capabilities": pod_security.TRAINER_CAPABILITIES,
             "config_dir": TRAIN_CONFIG_DIR,
             "local_checkpoints": local_checkpoint_volume(spec),
             "label_env": attempt_fields,
+            # PyTorchJob: the master is node 0, the Worker replicas are the other nodes.
+            "worker_replicas": spec.nodes - 1,
             "attempt_env": {do_not_requeue.ATTEMPT_ID_ENV: attempt_value},
         }
         config_map = _ENV.get_template("trainer-configmap.yaml.j2").render(

@@ -157,8 +157,9 @@ class TrainingRules(PodRules, SecurityRules, PolicyRules, EntrypointRules):
             if site.container is None:
                 continue
             ports = site.container.get("ports") or []
-            if not any(isinstance(p, dict) and p.get("name") == "pytorchjob-port" for p in ports):
+            if not any(isinstance(p, dict) and p.get("name") == job_names.PYTORCHJOB_PORT_NAME for p in ports):
                 self.error(
                     site.path + ["spec", "containers", site.container_index, "ports"],
-                    "needs a port named pytorchjob-port: the training operator builds the master service from it",
+                    f"needs a port named {job_names.PYTORCHJOB_PORT_NAME}: the training operator builds the master "
+                    "service from it",
                 )
