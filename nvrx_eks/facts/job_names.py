@@ -52,11 +52,22 @@ def network_policy_name(job: str) -> str:
     return job
 
 
+def jobset_pod_host(job: str, index: int | str) -> str:
+    """The host name of a JobSet pod, by its completion index (a number, or a shell variable in a
+    script that loops over them): <jobset>-<replicated job>-<job index 0>-<pod index>."""
+    return f"{job}-{JOBSET_REPLICATED_JOB}-0-{index}"
+
+
+def jobset_pod_dns_name(job: str, index: int | str) -> str:
+    """The stable DNS name of a JobSet pod: its host name under the JobSet's headless service."""
+    return f"{jobset_pod_host(job, index)}.{job}"
+
+
 def rendezvous_host(api: Api, job: str) -> str:
     """Pod 0's stable DNS name: the JobSet headless service (subdomain = JobSet name) or the
     per-replica service the training operator creates for the PyTorchJob master."""
     if api == "jobset":
-        return f"{job}-{JOBSET_REPLICATED_JOB}-0-0.{job}"
+        return jobset_pod_dns_name(job, 0)
     return f"{job}-master-0"
 
 

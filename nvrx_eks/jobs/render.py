@@ -229,6 +229,9 @@ def render_job(spec: JobSpec) -> RenderedJob:
             exchange_root=NCCL_EXCHANGE_ROOT,
             wait_s=NCCL_WAIT_S,
             ssh_port=NCCL_SSH_PORT,
+            # Pod names by the loop's $node index.
+            pod_host=job_names.jobset_pod_host(spec.name, "$node"),
+            pod_dns_name=job_names.jobset_pod_dns_name(spec.name, "$node"),
             mpirun=MPIRUN,
             max_bytes=nccl_max_bytes(spec.facts),
         )

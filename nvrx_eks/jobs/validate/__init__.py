@@ -22,6 +22,7 @@ __all__ = ["Expectations", "Finding", "ValidationReport", "load_documents", "val
 
 
 def validate_documents(documents: list[dict], expected: Expectations) -> ValidationReport:
+    """Every layer over the documents (copies: no layer can change what the caller submits)."""
     report = ValidationReport(documents_checked=len(documents))
     documents = [copy.deepcopy(d) for d in documents]
     for index, doc in enumerate(documents):
@@ -47,6 +48,7 @@ def validate_documents(documents: list[dict], expected: Expectations) -> Validat
 
 
 def load_documents(text: str, source: str) -> list[dict]:
+    """The Kubernetes objects of a multi-document YAML text; ConfigError naming `source` if none."""
     try:
         documents = [d for d in yaml.load_all(text, Loader=YamlLoader) if d is not None]
     except yaml.YAMLError as e:

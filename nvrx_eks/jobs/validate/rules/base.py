@@ -10,6 +10,8 @@ from nvrx_eks.jobs.validate.findings import Expectations, Finding, format_path
 
 
 class _Missing:
+    """What `get` returns for a field the document does not have (None is a value YAML can hold)."""
+
     def __repr__(self) -> str:
         return "<missing>"
 
@@ -18,6 +20,7 @@ MISSING = _Missing()
 
 
 def get(node, path: Sequence):
+    """The value at `path` (keys and list indexes), or MISSING wherever the document stops short."""
     for part in path:
         if isinstance(part, int):
             if not isinstance(node, list) or part >= len(node):
