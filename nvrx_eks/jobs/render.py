@@ -34,7 +34,7 @@ from nvrx_eks.jobs.spec import (
 )
 from nvrx_eks.resources import templates_dir
 from workloads import do_not_requeue
-from workloads.launch import build_ft_launcher_argv, build_preflight_argv, inprocess_store_port
+from workloads.launch import build_ft_launcher_argv, build_preflight_argv
 from workloads.process_env import NCCL_RESTART_ENV
 
 #: How long a pod waits for the rendezvous host's DNS record before failing (and being retried).
@@ -193,7 +193,7 @@ def _network_policy(spec: JobSpec, context: dict) -> str:
     else:
         served = (
             f"the rendezvous store on {job_names.RENDEZVOUS_PORT}, the in-process restart store on "
-            f"{inprocess_store_port(spec.rendezvous_endpoint)}"
+            f"{spec.inprocess_store_port}"
         )
     return _ENV.get_template("networkpolicy.yaml.j2").render(
         **context, ports_served=served, pod_selector_keys=job_names.JOB_POD_SELECTOR_KEYS
@@ -220,82 +220,81 @@ def render_job(spec: JobSpec) -> RenderedJob:
     """All manifests of the job: the trainer ConfigMap then the JobSet/PyTorchJob, or the
     fabric test JobSet alone; then the job's NetworkPolicy (submit creates it first)."""
     context = _common_context(spec)
-    if spec.workload == "nccl-test":
-        # INFO for INIT and NET prints which network and libfabric provider NCCL chose on each node.
-        env = {**fabric_env(spec.facts, debug="INFO"), "NCCL_DEBUG_SUBSYS": "INIT,NET"}
-        script = _ENV.get_template("scripts/nccl-tests.sh.j2").render(
-            **context,
-            env=env,
-            exchange_root=NCCL_EXCHANGE_ROOT,
-            wait_s=NCCL_WAIT_S,
-            ssh_port=NCCL_SSH_PORT,
-            # Pod names by the loop's $node index.
-            pod_host=job_names.jobset_pod_host(spec.name, "$node"),
-            pod_dns_name=job_names.jobset_pod_dns_name(spec.name, "$node"),
-            mpirun=MPIRUN,
-            max_bytes=nccl_max_bytes(spec.facts),
-        )
-        fabric_context = {
-            **context,
-            "env": env,
-            "entrypoint": script,
-            # The entrypoint names its key exchange directory after the JobSet and its attempt.
-            "label_env": [
-                ("JOBSET_UID", job_kinds.JOBSET_UID_LABEL),
-                ("RESTART_ATTEMPT", job_kinds.JOBSET_RESTART_ATTEMPT_LABEL),
-            ],
-            "ports": [("ssh", NCCL_SSH_PORT)],
-            "capabilities": pod_security.FABRIC_TEST_CAPABILITIES,
-            "local_checkpoints": None,
-            "deadline_s": NCCL_DEADLINE_S,
-        }
-        texts = [
-            _ENV.get_template("nccl-tests.yaml.j2").render(**fabric_context),
-            _network_policy(spec, context),
-        ]
-    else:
-        preflight, launcher = trainer_entrypoint_args(spec)
-        entrypoint = _ENV.get_template("scripts/trainer-entrypoint.sh.j2").render(
-            map_exit_codes=spec.api == "pytorchjob",
-            exit_do_not_requeue=EXIT_DO_NOT_REQUEUE,
-            dns_wait_s=RENDEZVOUS_DNS_WAIT_S,
-            rendezvous_host=shlex.quote(spec.rendezvous_host),
-            preflight=shlex.join(preflight),
-            launcher=shlex.join(launcher),
-            attempt_env=do_not_requeue.ATTEMPT_ID_ENV,
-            record_check=shlex.join(do_not_requeue.check_argv(spec.train.run_dir)),
-        )
-        attempt_fields, attempt_value = ATTEMPT_ID_SOURCES[spec.api]
-        train_context = {
-            **context,
-            "env": trainer_env(spec),
-            "entrypoint": entrypoint,
-            "ports": [
-                (
-                    job_names.PYTORCHJOB_PORT_NAME if spec.api == "pytorchjob" else job_names.RENDEZVOUS_PORT_NAME,
-                    job_names.RENDEZVOUS_PORT,
-                ),
-                (job_names.INPROCESS_STORE_PORT_NAME, inprocess_store_port(spec.rendezvous_endpoint)),
-            ],
-            "capabilities": pod_security.TRAINER_CAPABILITIES,
-            "config_dir": TRAIN_CONFIG_DIR,
-            "local_checkpoints": local_checkpoint_volume(spec),
-            "label_env": attempt_fields,
-            # PyTorchJob: the master is node 0, the Worker replicas are the other nodes.
-            "worker_replicas": spec.nodes - 1,
-            "attempt_env": {do_not_requeue.ATTEMPT_ID_ENV: attempt_value},
-        }
-        config_map = _ENV.get_template("trainer-configmap.yaml.j2").render(
-            **context, config_key=TRAIN_CONFIG_KEY, config_path=TRAIN_CONFIG_PATH, train_yaml=spec.train.to_yaml()
-        )
-        job_template = "jobset.yaml.j2" if spec.api == "jobset" else "pytorchjob.yaml.j2"
-        texts = [
-            config_map,
-            _ENV.get_template(job_template).render(**train_context),
-            _network_policy(spec, context),
-        ]
+    render = _render_fabric_test if spec.workload == "nccl-test" else _render_training
+    texts = [*render(spec, context), _network_policy(spec, context)]
     documents = [yaml.safe_load(t) for t in texts]
     return RenderedJob(spec, texts, documents)
+
+
+def _render_fabric_test(spec: JobSpec, context: dict) -> list[str]:
+    # INFO for INIT and NET prints which network and libfabric provider NCCL chose on each node.
+    env = {**fabric_env(spec.facts, debug="INFO"), "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    script = _ENV.get_template("scripts/nccl-tests.sh.j2").render(
+        **context,
+        env=env,
+        exchange_root=NCCL_EXCHANGE_ROOT,
+        wait_s=NCCL_WAIT_S,
+        ssh_port=NCCL_SSH_PORT,
+        # Pod names by the loop's $node index.
+        pod_host=job_names.jobset_pod_host(spec.name, "$node"),
+        pod_dns_name=job_names.jobset_pod_dns_name(spec.name, "$node"),
+        mpirun=MPIRUN,
+        max_bytes=nccl_max_bytes(spec.facts),
+    )
+    fabric_context = {
+        **context,
+        "env": env,
+        "entrypoint": script,
+        # The entrypoint names its key exchange directory after the JobSet and its attempt.
+        "label_env": [
+            ("JOBSET_UID", job_kinds.JOBSET_UID_LABEL),
+            ("RESTART_ATTEMPT", job_kinds.JOBSET_RESTART_ATTEMPT_LABEL),
+        ],
+        "ports": [("ssh", NCCL_SSH_PORT)],
+        "capabilities": pod_security.FABRIC_TEST_CAPABILITIES,
+        "local_checkpoints": None,
+        "deadline_s": NCCL_DEADLINE_S,
+    }
+    return [_ENV.get_template("nccl-tests.yaml.j2").render(**fabric_context)]
+
+
+def _render_training(spec: JobSpec, context: dict) -> list[str]:
+    preflight, launcher = trainer_entrypoint_args(spec)
+    entrypoint = _ENV.get_template("scripts/trainer-entrypoint.sh.j2").render(
+        map_exit_codes=spec.api == "pytorchjob",
+        exit_do_not_requeue=EXIT_DO_NOT_REQUEUE,
+        dns_wait_s=RENDEZVOUS_DNS_WAIT_S,
+        rendezvous_host=shlex.quote(spec.rendezvous_host),
+        preflight=shlex.join(preflight),
+        launcher=shlex.join(launcher),
+        attempt_env=do_not_requeue.ATTEMPT_ID_ENV,
+        record_check=shlex.join(do_not_requeue.check_argv(spec.train.run_dir)),
+    )
+    attempt_fields, attempt_value = ATTEMPT_ID_SOURCES[spec.api]
+    rendezvous_port_name = (
+        job_names.PYTORCHJOB_PORT_NAME if spec.api == "pytorchjob" else job_names.RENDEZVOUS_PORT_NAME
+    )
+    train_context = {
+        **context,
+        "env": trainer_env(spec),
+        "entrypoint": entrypoint,
+        "ports": [
+            (rendezvous_port_name, job_names.RENDEZVOUS_PORT),
+            (job_names.INPROCESS_STORE_PORT_NAME, spec.inprocess_store_port),
+        ],
+        "capabilities": pod_security.TRAINER_CAPABILITIES,
+        "config_dir": TRAIN_CONFIG_DIR,
+        "local_checkpoints": local_checkpoint_volume(spec),
+        "label_env": attempt_fields,
+        # PyTorchJob: the master is node 0, the Worker replicas are the other nodes.
+        "worker_replicas": spec.nodes - 1,
+        "attempt_env": {do_not_requeue.ATTEMPT_ID_ENV: attempt_value},
+    }
+    config_map = _ENV.get_template("trainer-configmap.yaml.j2").render(
+        **context, config_key=TRAIN_CONFIG_KEY, config_path=TRAIN_CONFIG_PATH, train_yaml=spec.train.to_yaml()
+    )
+    job_template = "jobset.yaml.j2" if spec.api == "jobset" else "pytorchjob.yaml.j2"
+    return [config_map, _ENV.get_template(job_template).render(**train_context)]
 
 
 def local_checkpoint_volume(spec: JobSpec) -> dict | None:

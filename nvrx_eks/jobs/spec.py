@@ -5,6 +5,7 @@ A JobSpec is built from facts stated elsewhere and never retyped here:
   namespace, the FSx claim, the instance type and the Kubernetes version;
 - the instance facts table, for GPUs (= processes per node), EFA interfaces, CPU and memory;
 - nvrx_eks/facts/names.py, for node labels, taints and extended resource names;
+- nvrx_eks/facts/job_names.py, for the names of the job's objects and pod 0's rendezvous host;
 - the TrainConfig, for everything the trainer and ft_launcher need, including the timeouts that
   size the pod's termination grace period.
 
@@ -34,6 +35,7 @@ from nvrx_eks.facts.names import FSX_PVC_NAME, TRAINING_NAMESPACE
 from nvrx_eks.jobs.backstop import active_deadline_s
 from nvrx_eks.jobs.options import Workload
 from workloads.config import JOB_PRESETS, TrainConfig
+from workloads.launch import inprocess_store_port
 from workloads.memory import check_fits
 
 #: Where the FSx claim is mounted in every pod: data, checkpoints and run directories live there.
@@ -141,6 +143,11 @@ class JobSpec(BaseModel):
     @property
     def rendezvous_endpoint(self) -> str:
         return job_names.rendezvous_endpoint(self.api, self.name)
+
+    @property
+    def inprocess_store_port(self) -> int:
+        """The trainer's in-process restart store, which workloads/launch.py places beside the rendezvous."""
+        return inprocess_store_port(self.rendezvous_endpoint)
 
     @property
     def config_map_name(self) -> str:
