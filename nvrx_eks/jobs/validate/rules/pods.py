@@ -101,22 +101,17 @@ class PodRules(RuleBase):
                         f"is {value}, but {facts.instance_type} has {expected} {what}; "
                         "one pod per node must take all of them",
                     )
-        cpu = get(site.container, ["resources", "requests", "cpu"])
-        if cpu is MISSING:
-            self.error(cpath + ["resources", "requests", "cpu"], "missing; request the node's allocatable vCPUs")
-        elif (cores := _cpu_cores(cpu)) is None or cores > facts.allocatable_vcpus:
-            self.error(
-                cpath + ["resources", "requests", "cpu"],
-                f"{cpu} exceeds the {facts.allocatable_vcpus} vCPUs allocatable on {facts.instance_type}",
-            )
-        memory = get(site.container, ["resources", "requests", "memory"])
-        if memory is MISSING:
-            self.error(cpath + ["resources", "requests", "memory"], "missing; request the node's allocatable memory")
-        elif (gib := _memory_gib(memory)) is None or gib > facts.allocatable_memory_gib:
-            self.error(
-                cpath + ["resources", "requests", "memory"],
-                f"{memory} exceeds the {facts.allocatable_memory_gib}Gi allocatable on {facts.instance_type}",
-            )
+        # Requests within what the node can give a pod: (resource, parser, allocatable, its words).
+        for resource, amount, allocatable, words, what in (
+            ("cpu", _cpu_cores, facts.allocatable_vcpus, f"{facts.allocatable_vcpus} vCPUs", "vCPUs"),
+            ("memory", _memory_gib, facts.allocatable_memory_gib, f"{facts.allocatable_memory_gib}Gi", "memory"),
+        ):
+            path = cpath + ["resources", "requests", resource]
+            requested = get(site.container, ["resources", "requests", resource])
+            if requested is MISSING:
+                self.error(path, f"missing; request the node's allocatable {what}")
+            elif (quantity := amount(requested)) is None or quantity > allocatable:
+                self.error(path, f"{requested} exceeds the {words} allocatable on {facts.instance_type}")
 
     def _check_volumes(self, site: PodSite, *, needs_config: bool) -> None:
         spec_path = site.path + ["spec"]
