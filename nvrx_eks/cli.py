@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -16,6 +17,10 @@ from rich.markup import escape
 
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
+from nvrx_eks.jobs.options import FROM_JOB_FLAGS, JobOptions, data_overrides, job_flags
+
+if TYPE_CHECKING:
+    from nvrx_eks.deploy.deployment import Deployment
 
 app = typer.Typer(
     name="nvrx-eks",
@@ -106,190 +111,57 @@ def demo(
 
 # ----- training jobs: render, validate, submit, follow, delete -------------------------------
 
-NodesOption = typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes (default: the profile's desired_size).")
-ApiOption = typer.Option("jobset", "--api", help="jobset (default) or pytorchjob (needs the training operator).")
-FabricTestOption = typer.Option(
-    False, "--fabric-test", help="The NCCL/EFA nccl-tests all_reduce smoke job instead of training."
-)
-NameOption = typer.Option(None, "--name", help="Job name (default: train, or nccl-test with --fabric-test).")
-ImageOption = typer.Option(
-    None,
-    "--image",
-    help="Container image. Offline default: the profile's image.uri, else a localhost/ placeholder; live: the stack's.",
-)
-TrainConfigOption = typer.Option(None, "--train-config", help="Trainer config YAML (default: the trainer's defaults).")
-SetOption = typer.Option(None, "--set", help="Trainer config override KEY=VALUE (repeatable), e.g. steps=500.")
-DataOption = typer.Option(
-    None, "--data", help="Token shards for the job (a `data prepare` directory, relative paths under /fsx)."
-)
-FaultsOption = typer.Option(None, "--faults", help="Fault-injection spec passed to the trainer, e.g. sigkill@50:3.")
-MaxRestartsOption = typer.Option(3, "--max-restarts", min=0, help="Whole-job restarts by Kubernetes (layer 3).")
-SpareNodesOption = typer.Option(
-    0, "--spare-nodes", min=0, help="Hot spare nodes beyond --nodes (JobSet): they replace a lost node in process."
-)
-MaxStepTimeOption = typer.Option(
-    None,
-    "--max-step-time-s",
-    help="Longest healthy training step; sizes the job's deadline (default: the trainer's step section timeout).",
-)
 LiveOption = typer.Option(False, "--live", help="Take namespace, claim, image and versions from the deployed stack.")
 OutputOption = typer.Option(None, "--output", "-o", help="Write one file per object into this directory.")
 
 
-def _job_options(
-    nodes,
-    api,
-    fabric_test,
-    name,
-    image,
-    train_config,
-    overrides,
-    faults,
-    max_restarts,
-    max_step_time_s=None,
-    data=None,
-    spare_nodes=0,
-):
-    from nvrx_eks.jobs.commands import JobOptions
-
-    return JobOptions(
-        nodes,
-        api,
-        fabric_test,
-        name,
-        image,
-        train_config,
-        list(overrides or []) + _data_overrides(data),
-        faults,
-        max_restarts,
-        max_step_time_s,
-        spare_nodes,
-    )
-
-
-def _data_overrides(data: str | None) -> list[str]:
-    """--data PATH: train on the token shards there (the trainer checks them against its manifest)."""
-    return [] if data is None else ["data.source=memmap", f"data.path={data}"]
-
-
-def _deployment(profile: str | None, config: str | None):
+def _deployment(profile: str | None, config: str | None) -> Deployment:
     from nvrx_eks.deploy.deployment import load_deployment
 
     return load_deployment(profile, config)
 
 
 @app.command()
+@job_flags()
 def render(
     profile: str | None = ProfileOption,
     config: str | None = ConfigOption,
-    nodes: int | None = NodesOption,
-    api: str = ApiOption,
-    fabric_test: bool = FabricTestOption,
-    name: str | None = NameOption,
-    image: str | None = ImageOption,
-    train_config: str | None = TrainConfigOption,
-    overrides: list[str] | None = SetOption,
-    faults: str | None = FaultsOption,
-    max_restarts: int = MaxRestartsOption,
-    max_step_time_s: float | None = MaxStepTimeOption,
-    data: str | None = DataOption,
-    spare_nodes: int = SpareNodesOption,
+    options: JobOptions = FROM_JOB_FLAGS,
     live: bool = LiveOption,
     output: Path | None = OutputOption,
 ) -> None:
     """Render the training job (JobSet or PyTorchJob + trainer ConfigMap + NetworkPolicy) to stdout or a directory."""
     from nvrx_eks.jobs import commands as job_commands
 
-    options = _job_options(
-        nodes,
-        api,
-        fabric_test,
-        name,
-        image,
-        train_config,
-        overrides,
-        faults,
-        max_restarts,
-        max_step_time_s,
-        data,
-        spare_nodes,
-    )
     job_commands.render(_deployment(profile, config), options, live=live, output=output, out=Console(), err=err_console)
 
 
 @app.command()
+@job_flags(without=("data",))
 def validate(
     path: str | None = typer.Argument(None, help="Manifest file, or - for stdin (default: render with the flags)."),
     profile: str | None = ProfileOption,
     config: str | None = ConfigOption,
-    nodes: int | None = NodesOption,
-    api: str = ApiOption,
-    fabric_test: bool = FabricTestOption,
-    name: str | None = NameOption,
-    image: str | None = ImageOption,
-    train_config: str | None = TrainConfigOption,
-    overrides: list[str] | None = SetOption,
-    faults: str | None = FaultsOption,
-    max_restarts: int = MaxRestartsOption,
-    max_step_time_s: float | None = MaxStepTimeOption,
-    spare_nodes: int = SpareNodesOption,
+    options: JobOptions = FROM_JOB_FLAGS,
     live: bool = LiveOption,
 ) -> None:
     """Validate manifests offline: strict Kubernetes schemas, the JobSet/PyTorchJob CRDs, project rules."""
     from nvrx_eks.jobs import commands as job_commands
 
-    options = _job_options(
-        nodes,
-        api,
-        fabric_test,
-        name,
-        image,
-        train_config,
-        overrides,
-        faults,
-        max_restarts,
-        max_step_time_s,
-        None,
-        spare_nodes,
-    )
     job_commands.validate(_deployment(profile, config), options, path=path, live=live, console=Console())
 
 
 @app.command()
+@job_flags()
 def submit(
     profile: str | None = ProfileOption,
     config: str | None = ConfigOption,
-    nodes: int | None = NodesOption,
-    api: str = ApiOption,
-    fabric_test: bool = FabricTestOption,
-    name: str | None = NameOption,
-    image: str | None = ImageOption,
-    train_config: str | None = TrainConfigOption,
-    overrides: list[str] | None = SetOption,
-    faults: str | None = FaultsOption,
-    max_restarts: int = MaxRestartsOption,
-    max_step_time_s: float | None = MaxStepTimeOption,
-    data: str | None = DataOption,
-    spare_nodes: int = SpareNodesOption,
+    options: JobOptions = FROM_JOB_FLAGS,
     dry_run: bool = typer.Option(False, "--dry-run", help="Render and validate offline and print; no cluster needed."),
 ) -> None:
     """Render, validate, server-side dry-run, then create the job on the deployed cluster."""
     from nvrx_eks.jobs import commands as job_commands
 
-    options = _job_options(
-        nodes,
-        api,
-        fabric_test,
-        name,
-        image,
-        train_config,
-        overrides,
-        faults,
-        max_restarts,
-        max_step_time_s,
-        data,
-        spare_nodes,
-    )
     job_commands.submit(_deployment(profile, config), options, dry_run=dry_run, out=Console(), err=err_console)
 
 
@@ -432,7 +304,7 @@ def local(
         checkpoint_interval=checkpoint_interval,
         backend=backend,
         resume=resume,
-        overrides=list(overrides) + _data_overrides(str(data.resolve()) if data else None),
+        overrides=list(overrides) + data_overrides(str(data.resolve()) if data else None),
         port=port,
         console=Console(),
         nodes=nodes,
@@ -530,7 +402,7 @@ def data_prepare(
         deployment = _deployment(profile, config).config
         pod_path(deployment, parse_s3_url(upload_to)[1])
     prepare(inputs, out, tokenizer, text_field, shard_tokens, Console())
-    if deployment is not None:
+    if deployment is not None and upload_to is not None:
         upload(deployment, out, upload_to, Console())
 
 

@@ -38,7 +38,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from nvrx_eks.facts.errors import ConfigError, describe_validation_error
+from nvrx_eks.facts.errors import ConfigError, validation_issues
 from workloads.faults import KINDS_NEEDING_CHECKPOINTS, parse_fault_spec
 
 
@@ -513,21 +513,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
 
 
 def _config_error(err: ValidationError, source: str) -> ConfigError:
-    """describe_validation_error, with our cross-field messages ("path: message") filed under
-    their own field path instead of "(top level)" or the enclosing section."""
-    described = describe_validation_error(err, source)
-    lines = str(described).split("\n")
-    fixed = [lines[0]]
-    for line in lines[1:]:
-        head, sep, rest = line.strip().partition(": ")
-        first, _, _ = rest.partition(": ")
-        if sep and "." in first and " " not in first or sep and first == "faults":
-            fixed.append(f"  {rest}")
-        else:
-            fixed.append(line)
-    # A multi-line validator message arrives as one entry whose continuation lines lack the
-    # indentation; indent them like the rest.
-    out = []
-    for line in fixed:
-        out.append(line if line.startswith("  ") or line is fixed[0] else f"  {line}")
-    return ConfigError("\n".join(out))
+    """The pydantic errors as issues, with our cross-field messages ("a.b: message", "faults:
+    message") filed under the field they name instead of "(top level)" or the enclosing section."""
+    issues = []
+    for path, message in validation_issues(err):
+        named, sep, rest = message.split("\n", 1)[0].partition(": ")
+        if sep and ("." in named and " " not in named or named == "faults"):
+            path, message = tuple(named.split(".")), message[len(named) + len(sep) :]
+        issues.append((path, message))
+    return ConfigError(issues=issues, source=source)

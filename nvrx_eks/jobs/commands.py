@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -23,6 +22,8 @@ from rich.table import Table
 from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_session, read_stack_outputs
 from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.job_kinds import JOB_KINDS, Api
+from nvrx_eks.jobs.options import JobOptions
 from nvrx_eks.jobs.render import RenderedJob, render_job, write_documents
 from nvrx_eks.jobs.spec import JobSpec, build_jobspec, load_train_config
 from nvrx_eks.jobs.validate import Expectations, ValidationReport, load_documents, validate_documents
@@ -30,31 +31,11 @@ from nvrx_eks.jobs.validate import Expectations, ValidationReport, load_document
 DEFAULT_JOB_NAME = {"train": "train", "nccl-test": "nccl-test"}
 
 
-@dataclass
-class JobOptions:
-    """The flags shared by render, validate and submit."""
-
-    nodes: int | None = None
-    api: str = "jobset"
-    fabric_test: bool = False
-    name: str | None = None
-    image: str | None = None
-    train_config: str | None = None
-    overrides: list[str] = field(default_factory=list)
-    faults: str | None = None
-    max_restarts: int = 3
-    max_step_time_s: float | None = None
-    spare_nodes: int = 0
-
-    @property
-    def workload(self) -> str:
-        return "nccl-test" if self.fabric_test else "train"
-
-
-def _check_api(api: str) -> str:
-    if api not in ("jobset", "pytorchjob"):
-        raise ConfigError(f"--api {api!r}: use jobset (default) or pytorchjob")
-    return api
+def _check_api(api: str) -> Api:
+    for kind in JOB_KINDS.values():
+        if kind.api == api:
+            return kind.api
+    raise ConfigError(f"--api {api!r}: use jobset (default) or pytorchjob")
 
 
 def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutputs | None) -> JobSpec:
@@ -240,8 +221,10 @@ def logs(
 ):
     if node is not None and rank is not None:
         raise ConfigError("give either --node or --rank, not both")
+    from nvrx_eks.jobs.logs import stream_logs
+
     _, client = connect(deployment, console)
-    return client.logs(name, node=node, rank=rank, follow=follow, tail_lines=tail)
+    return stream_logs(client, name, node=node, rank=rank, follow=follow, tail_lines=tail)
 
 
 def delete(deployment: Deployment, name: str, *, wait: bool, console: Console):

@@ -19,6 +19,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvrx_eks.facts.job_kinds import JOBSET, PYTORCHJOB, JobKind
+
 CRD_DIR_ENV = "NVRX_EKS_CRD_DIR"
 #: Seconds to wait for GitHub before declaring this machine offline.
 FETCH_TIMEOUT_S = 15
@@ -31,17 +33,24 @@ class PinnedCrd:
     sha256: str
 
 
+def _pinned(kind: JobKind, release: str, url_dir: str, sha256: str) -> PinnedCrd:
+    """The CRD of `kind` at a release tag; upstream names the file <group>_<plural>.yaml."""
+    file = f"{kind.group}_{kind.plural}.yaml"
+    return PinnedCrd(file.replace(".yaml", f".{release}.yaml"), f"{url_dir}/{file}", sha256)
+
+
 #: The versions the cluster stack installs (JobSet chart 0.12.0, training operator v1.9.4).
 PINNED_CRDS = (
-    PinnedCrd(
-        "jobset.x-k8s.io_jobsets.v0.12.0.yaml",
-        "https://raw.githubusercontent.com/kubernetes-sigs/jobset/v0.12.0/"
-        "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
+    _pinned(
+        JOBSET,
+        "v0.12.0",
+        "https://raw.githubusercontent.com/kubernetes-sigs/jobset/v0.12.0/config/components/crd/bases",
         "d022b87624512cf0b6741b31b24a2bea9945b5a838b50713af29332c878bb6fe",
     ),
-    PinnedCrd(
-        "kubeflow.org_pytorchjobs.v1.9.4.yaml",
-        "https://raw.githubusercontent.com/kubeflow/trainer/v1.9.4/manifests/base/crds/kubeflow.org_pytorchjobs.yaml",
+    _pinned(
+        PYTORCHJOB,
+        "v1.9.4",
+        "https://raw.githubusercontent.com/kubeflow/trainer/v1.9.4/manifests/base/crds",
         "8b8a8a719cc94173169290251e817f7ac2bb425c20b6c2fa813397bcf4e932ed",
     ),
 )

@@ -21,13 +21,12 @@ import jinja2
 import yaml
 
 from infra import pod_security
+from nvrx_eks.facts import job_kinds, job_names
 from nvrx_eks.facts import names as conventions
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from nvrx_eks.facts.instances import InstanceFacts
 from nvrx_eks.jobs.spec import (
     FSX_MOUNT_PATH,
-    JOBSET_REPLICATED_JOB,
-    RENDEZVOUS_PORT,
     TRAIN_CONFIG_DIR,
     TRAIN_CONFIG_KEY,
     TRAIN_CONFIG_PATH,
@@ -35,13 +34,8 @@ from nvrx_eks.jobs.spec import (
 )
 from nvrx_eks.resources import templates_dir
 from workloads import do_not_requeue
-from workloads.launch import build_ft_launcher_argv, build_preflight_argv, inprocess_store_port
+from workloads.launch import build_ft_launcher_argv, build_preflight_argv
 from workloads.process_env import NCCL_RESTART_ENV
-
-MANAGED_BY = "nvrx-eks"
-#: Label selecting everything this CLI created; teardown deletes jobs by it.
-MANAGED_BY_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
-WORLD_SIZE_ANNOTATION = "nvrx-eks.io/world-size"
 
 #: How long a pod waits for the rendezvous host's DNS record before failing (and being retried).
 RENDEZVOUS_DNS_WAIT_S = 300
@@ -55,8 +49,9 @@ NCCL_EXCHANGE_ROOT = f"{FSX_MOUNT_PATH}/.nvrx-eks/nccl-tests"
 MPIRUN = "/opt/amazon/openmpi/bin/mpirun"
 
 #: p5-class tuning from AWS's published nccl-tests manifests for p5 (8 MiB NCCL buffers, 512 KiB
-#: chunks for point-to-point over the network), which fit 3200 Gbps EFA across 16-32 NICs.
-_P5_CLASS = frozenset({"p5", "p5e", "p5en"})
+#: chunks for point-to-point over the network), which fit 3200 Gbps EFA across 16-32 NICs: applied
+#: to every instance type whose facts give it that network.
+_P5_CLASS_NETWORK_GBPS = 3200
 
 
 def fabric_env(facts: InstanceFacts, *, debug: str = "WARN") -> dict[str, str]:
@@ -78,7 +73,7 @@ def fabric_env(facts: InstanceFacts, *, debug: str = "WARN") -> dict[str, str]:
         "NCCL_SOCKET_IFNAME": "^lo,docker,veth",
         "NCCL_DEBUG": debug,
     }
-    if facts.family in _P5_CLASS:
+    if facts.network_gbps >= _P5_CLASS_NETWORK_GBPS:
         env["NCCL_BUFFSIZE"] = "8388608"
         env["NCCL_P2P_NET_CHUNKSIZE"] = "524288"
     return env
@@ -119,20 +114,20 @@ def trainer_entrypoint_args(spec: JobSpec) -> tuple[list[str], list[str]]:
 ATTEMPT_ID_SOURCES: dict[str, tuple[list[tuple[str, str]], str]] = {
     "jobset": (
         [
-            ("JOBSET_UID", "jobset.sigs.k8s.io/jobset-uid"),
-            ("JOBSET_RESTART_ATTEMPT", "jobset.sigs.k8s.io/restart-attempt"),
+            ("JOBSET_UID", job_kinds.JOBSET_UID_LABEL),
+            ("JOBSET_RESTART_ATTEMPT", job_kinds.JOBSET_RESTART_ATTEMPT_LABEL),
         ],
         "$(JOBSET_UID)-$(JOBSET_RESTART_ATTEMPT)",
     ),
-    "pytorchjob": ([("PYTORCHJOB_NAME", "training.kubeflow.org/job-name")], "$(PYTORCHJOB_NAME)"),
+    "pytorchjob": ([("PYTORCHJOB_NAME", job_kinds.PYTORCHJOB.pod_label)], "$(PYTORCHJOB_NAME)"),
 }
 
 
 def _labels(spec: JobSpec) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": "nvrx-eks-trainer" if spec.workload == "train" else "nvrx-eks-nccl-test",
-        "app.kubernetes.io/instance": spec.name,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        job_names.APP_NAME_LABEL: job_names.TRAINER_APP if spec.workload == "train" else job_names.FABRIC_TEST_APP,
+        job_names.APP_INSTANCE_LABEL: spec.name,
+        job_names.MANAGED_BY_LABEL: job_names.MANAGED_BY,
     }
 
 
@@ -174,8 +169,9 @@ def _common_context(spec: JobSpec) -> dict:
     return {
         "job": spec,
         "labels": _labels(spec),
-        "annotations": {"world_size": WORLD_SIZE_ANNOTATION},
-        "replicated_job": JOBSET_REPLICATED_JOB,
+        "job_kind": job_kinds.JOB_KINDS[spec.api],
+        "annotations": {"world_size": job_names.WORLD_SIZE_ANNOTATION},
+        "replicated_job": job_names.JOBSET_REPLICATED_JOB,
         "exit_do_not_requeue": EXIT_DO_NOT_REQUEUE,
         "mount_path": FSX_MOUNT_PATH,
         "node": {
@@ -187,16 +183,8 @@ def _common_context(spec: JobSpec) -> dict:
             "taint_effect": conventions.GPU_TAINT_EFFECT,
         },
         "resources": {"gpu": conventions.GPU_RESOURCE, "efa": conventions.EFA_RESOURCE},
-        "security": {
-            "seccomp_profile": pod_security.SECCOMP_PROFILE,
-            "trainer_capabilities": pod_security.TRAINER_CAPABILITIES,
-            "fabric_test_capabilities": pod_security.FABRIC_TEST_CAPABILITIES,
-        },
+        "security": {"seccomp_profile": pod_security.SECCOMP_PROFILE},
     }
-
-
-#: Pod labels that tell one job's pods from every other pod: the NetworkPolicy selects by them.
-JOB_POD_SELECTOR_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
 
 
 def _network_policy(spec: JobSpec, context: dict) -> str:
@@ -204,11 +192,11 @@ def _network_policy(spec: JobSpec, context: dict) -> str:
         served = f"mpirun's sshd on {NCCL_SSH_PORT}"
     else:
         served = (
-            f"the rendezvous store on {RENDEZVOUS_PORT}, the in-process restart store on "
-            f"{inprocess_store_port(spec.rendezvous_endpoint)}"
+            f"the rendezvous store on {job_names.RENDEZVOUS_PORT}, the in-process restart store on "
+            f"{spec.inprocess_store_port}"
         )
     return _ENV.get_template("networkpolicy.yaml.j2").render(
-        **context, ports_served=served, pod_selector_keys=JOB_POD_SELECTOR_KEYS
+        **context, ports_served=served, pod_selector_keys=job_names.JOB_POD_SELECTOR_KEYS
     )
 
 
@@ -225,68 +213,88 @@ class RenderedJob:
 
     @property
     def job_document(self) -> dict:
-        return next(d for d in self.documents if d["kind"] in ("JobSet", "PyTorchJob"))
+        return next(d for d in self.documents if d["kind"] in job_kinds.JOB_KIND_BY_NAME)
 
 
 def render_job(spec: JobSpec) -> RenderedJob:
     """All manifests of the job: the trainer ConfigMap then the JobSet/PyTorchJob, or the
     fabric test JobSet alone; then the job's NetworkPolicy (submit creates it first)."""
     context = _common_context(spec)
-    if spec.workload == "nccl-test":
-        # INFO for INIT and NET prints which network and libfabric provider NCCL chose on each node.
-        env = {**fabric_env(spec.facts, debug="INFO"), "NCCL_DEBUG_SUBSYS": "INIT,NET"}
-        script = _ENV.get_template("scripts/nccl-tests.sh.j2").render(
-            **context,
-            env=env,
-            exchange_root=NCCL_EXCHANGE_ROOT,
-            wait_s=NCCL_WAIT_S,
-            ssh_port=NCCL_SSH_PORT,
-            mpirun=MPIRUN,
-            max_bytes=nccl_max_bytes(spec.facts),
-        )
-        texts = [
-            _ENV.get_template("nccl-tests.yaml.j2").render(
-                **context, env=env, entrypoint=script, ssh_port=NCCL_SSH_PORT, deadline_s=NCCL_DEADLINE_S
-            ),
-            _network_policy(spec, context),
-        ]
-    else:
-        preflight, launcher = trainer_entrypoint_args(spec)
-        entrypoint = _ENV.get_template("scripts/trainer-entrypoint.sh.j2").render(
-            map_exit_codes=spec.api == "pytorchjob",
-            exit_do_not_requeue=EXIT_DO_NOT_REQUEUE,
-            dns_wait_s=RENDEZVOUS_DNS_WAIT_S,
-            rendezvous_host=shlex.quote(spec.rendezvous_host),
-            preflight=shlex.join(preflight),
-            launcher=shlex.join(launcher),
-            attempt_env=do_not_requeue.ATTEMPT_ID_ENV,
-            record_check=shlex.join(do_not_requeue.check_argv(spec.train.run_dir)),
-        )
-        attempt_fields, attempt_value = ATTEMPT_ID_SOURCES[spec.api]
-        train_context = {
-            **context,
-            "env": trainer_env(spec),
-            "entrypoint": entrypoint,
-            "rendezvous_port": RENDEZVOUS_PORT,
-            "inprocess_store_port": inprocess_store_port(spec.rendezvous_endpoint),
-            # The training operator takes MASTER_PORT from the port with this name.
-            "rendezvous_port_name": "pytorchjob-port" if spec.api == "pytorchjob" else "rendezvous",
-            "config_dir": TRAIN_CONFIG_DIR,
-            "local_checkpoints": local_checkpoint_volume(spec),
-            "attempt_fields": attempt_fields,
-            "attempt_env": {do_not_requeue.ATTEMPT_ID_ENV: attempt_value},
-        }
-        config_map = _ENV.get_template("trainer-configmap.yaml.j2").render(
-            **context, config_key=TRAIN_CONFIG_KEY, config_path=TRAIN_CONFIG_PATH, train_yaml=spec.train.to_yaml()
-        )
-        job_template = "jobset.yaml.j2" if spec.api == "jobset" else "pytorchjob.yaml.j2"
-        texts = [
-            config_map,
-            _ENV.get_template(job_template).render(**train_context),
-            _network_policy(spec, context),
-        ]
+    render = _render_fabric_test if spec.workload == "nccl-test" else _render_training
+    texts = [*render(spec, context), _network_policy(spec, context)]
     documents = [yaml.safe_load(t) for t in texts]
     return RenderedJob(spec, texts, documents)
+
+
+def _render_fabric_test(spec: JobSpec, context: dict) -> list[str]:
+    # INFO for INIT and NET prints which network and libfabric provider NCCL chose on each node.
+    env = {**fabric_env(spec.facts, debug="INFO"), "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    script = _ENV.get_template("scripts/nccl-tests.sh.j2").render(
+        **context,
+        env=env,
+        exchange_root=NCCL_EXCHANGE_ROOT,
+        wait_s=NCCL_WAIT_S,
+        ssh_port=NCCL_SSH_PORT,
+        # Pod names by the loop's $node index.
+        pod_host=job_names.jobset_pod_host(spec.name, "$node"),
+        pod_dns_name=job_names.jobset_pod_dns_name(spec.name, "$node"),
+        mpirun=MPIRUN,
+        max_bytes=nccl_max_bytes(spec.facts),
+    )
+    fabric_context = {
+        **context,
+        "env": env,
+        "entrypoint": script,
+        # The entrypoint names its key exchange directory after the JobSet and its attempt.
+        "label_env": [
+            ("JOBSET_UID", job_kinds.JOBSET_UID_LABEL),
+            ("RESTART_ATTEMPT", job_kinds.JOBSET_RESTART_ATTEMPT_LABEL),
+        ],
+        "ports": [("ssh", NCCL_SSH_PORT)],
+        "capabilities": pod_security.FABRIC_TEST_CAPABILITIES,
+        "local_checkpoints": None,
+        "deadline_s": NCCL_DEADLINE_S,
+    }
+    return [_ENV.get_template("nccl-tests.yaml.j2").render(**fabric_context)]
+
+
+def _render_training(spec: JobSpec, context: dict) -> list[str]:
+    preflight, launcher = trainer_entrypoint_args(spec)
+    entrypoint = _ENV.get_template("scripts/trainer-entrypoint.sh.j2").render(
+        map_exit_codes=spec.api == "pytorchjob",
+        exit_do_not_requeue=EXIT_DO_NOT_REQUEUE,
+        dns_wait_s=RENDEZVOUS_DNS_WAIT_S,
+        rendezvous_host=shlex.quote(spec.rendezvous_host),
+        preflight=shlex.join(preflight),
+        launcher=shlex.join(launcher),
+        attempt_env=do_not_requeue.ATTEMPT_ID_ENV,
+        record_check=shlex.join(do_not_requeue.check_argv(spec.train.run_dir)),
+    )
+    attempt_fields, attempt_value = ATTEMPT_ID_SOURCES[spec.api]
+    rendezvous_port_name = (
+        job_names.PYTORCHJOB_PORT_NAME if spec.api == "pytorchjob" else job_names.RENDEZVOUS_PORT_NAME
+    )
+    train_context = {
+        **context,
+        "env": trainer_env(spec),
+        "entrypoint": entrypoint,
+        "ports": [
+            (rendezvous_port_name, job_names.RENDEZVOUS_PORT),
+            (job_names.INPROCESS_STORE_PORT_NAME, spec.inprocess_store_port),
+        ],
+        "capabilities": pod_security.TRAINER_CAPABILITIES,
+        "config_dir": TRAIN_CONFIG_DIR,
+        "local_checkpoints": local_checkpoint_volume(spec),
+        "label_env": attempt_fields,
+        # PyTorchJob: the master is node 0, the Worker replicas are the other nodes.
+        "worker_replicas": spec.nodes - 1,
+        "attempt_env": {do_not_requeue.ATTEMPT_ID_ENV: attempt_value},
+    }
+    config_map = _ENV.get_template("trainer-configmap.yaml.j2").render(
+        **context, config_key=TRAIN_CONFIG_KEY, config_path=TRAIN_CONFIG_PATH, train_yaml=spec.train.to_yaml()
+    )
+    job_template = "jobset.yaml.j2" if spec.api == "jobset" else "pytorchjob.yaml.j2"
+    return [config_map, _ENV.get_template(job_template).render(**train_context)]
 
 
 def local_checkpoint_volume(spec: JobSpec) -> dict | None:

@@ -5,6 +5,7 @@ A JobSpec is built from facts stated elsewhere and never retyped here:
   namespace, the FSx claim, the instance type and the Kubernetes version;
 - the instance facts table, for GPUs (= processes per node), EFA interfaces, CPU and memory;
 - nvrx_eks/facts/names.py, for node labels, taints and extended resource names;
+- nvrx_eks/facts/job_names.py, for the names of the job's objects and pod 0's rendezvous host;
 - the TrainConfig, for everything the trainer and ft_launcher need, including the timeouts that
   size the pod's termination grace period.
 
@@ -20,18 +21,22 @@ from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra.config import DeploymentConfig
 from nvrx_eks.deploy.stack_outputs import StackOutputs
+from nvrx_eks.facts import job_names
 from nvrx_eks.facts.errors import ConfigError, describe_validation_error
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, facts_for
+from nvrx_eks.facts.job_kinds import Api
 from nvrx_eks.facts.job_presets import JOB_PRESETS
 from nvrx_eks.facts.names import FSX_PVC_NAME, TRAINING_NAMESPACE
 from nvrx_eks.jobs.backstop import active_deadline_s
+from nvrx_eks.jobs.options import Workload
 from workloads.config import TrainConfig
+from workloads.launch import inprocess_store_port
 from workloads.memory import check_fits
 
 #: Where the FSx claim is mounted in every pod: data, checkpoints and run directories live there.
@@ -52,16 +57,6 @@ OFFLINE_PLACEHOLDER_IMAGE = "localhost/nvrx-eks-trainer:offline-render"
 #: not `latest`, which moves; pin a digest (`--image ...@sha256:...`) for repeatable fabric baselines.
 NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:cuda13.0.2-efa1.48.0-ofiv1.19.0-ncclv2.30.4-1-testsv2.18.3"
 
-#: c10d rendezvous port on pod 0 (ft_launcher's store); the trainer's in-process store uses +1.
-RENDEZVOUS_PORT = 29500
-#: The replicated job / replica type that runs the trainer, and its container.
-JOBSET_REPLICATED_JOB = "worker"
-TRAINER_CONTAINER = "trainer"
-#: The training operator requires this container name in every PyTorchJob replica.
-PYTORCHJOB_CONTAINER = "pytorch"
-
-Api = Literal["jobset", "pytorchjob"]
-Workload = Literal["train", "nccl-test"]
 
 # Kubernetes object names here become DNS labels: pod hostnames are
 # `<name>-worker-<job>-<index>` (JobSet) or `<name>-worker-<index>` (PyTorchJob), which must fit 63.
@@ -89,7 +84,7 @@ class JobSpec(BaseModel):
     spare_nodes: Annotated[int, Field(ge=0, le=64)] = 0
     #: Longest healthy training step; sizes the job's deadline (nvrx_eks/jobs/backstop.py).
     max_step_time_s: Annotated[float, Field(gt=0)] | None = None
-    train: TrainConfig = TrainConfig()
+    train: TrainConfig = TrainConfig.model_validate({})
 
     @field_validator("name")
     @classmethod
@@ -144,23 +139,30 @@ class JobSpec(BaseModel):
 
     @property
     def rendezvous_host(self) -> str:
-        """Pod 0's stable DNS name: the JobSet headless service (subdomain = JobSet name) or the
-        per-replica service the training operator creates for the PyTorchJob master."""
-        if self.api == "jobset":
-            return f"{self.name}-{JOBSET_REPLICATED_JOB}-0-0.{self.name}"
-        return f"{self.name}-master-0"
+        return job_names.rendezvous_host(self.api, self.name)
 
     @property
     def rendezvous_endpoint(self) -> str:
-        return f"{self.rendezvous_host}:{RENDEZVOUS_PORT}"
+        return job_names.rendezvous_endpoint(self.api, self.name)
+
+    @property
+    def inprocess_store_port(self) -> int:
+        """The trainer's in-process restart store, which workloads/launch.py places beside the rendezvous."""
+        return inprocess_store_port(self.rendezvous_endpoint)
 
     @property
     def config_map_name(self) -> str:
-        return f"{self.name}-config"
+        return job_names.config_map_name(self.name)
+
+    @property
+    def network_policy_name(self) -> str:
+        return job_names.network_policy_name(self.name)
 
     @property
     def container_name(self) -> str:
-        return PYTORCHJOB_CONTAINER if self.api == "pytorchjob" else TRAINER_CONTAINER
+        if self.workload == "nccl-test":
+            return job_names.FABRIC_TEST_CONTAINER
+        return job_names.trainer_container(self.api)
 
     @property
     def cpu_request(self) -> int:
@@ -321,7 +323,7 @@ def build_jobspec(
         default_image = config.image.uri or OFFLINE_PLACEHOLDER_IMAGE
     if workload == "nccl-test":
         default_image = NCCL_TESTS_IMAGE
-    train = require_efa_where_expected(train or TrainConfig(), instance_type)
+    train = require_efa_where_expected(train or TrainConfig.model_validate({}), instance_type)
     if spare_nodes:
         train = TrainConfig.from_dict(
             train.model_dump(mode="json"), source="--spare-nodes", overrides=[f"distributed.spare_nodes={spare_nodes}"]
@@ -384,12 +386,11 @@ _FLAGS = {
 
 
 def _flag_error(err: ValidationError) -> ConfigError:
-    lines = []
+    issues = []
     for e in err.errors():
         field = str(e["loc"][0]) if e["loc"] else ""
         where = _FLAGS.get(field, field or "job")
-        message = e["msg"].removeprefix("Value error, ")
-        lines.append(f"  {where}: {message}")
-    if not lines:
+        issues.append(((where,), e["msg"].removeprefix("Value error, ")))
+    if not issues:
         return describe_validation_error(err, "job spec")
-    return ConfigError("invalid job options:\n" + "\n".join(lines))
+    return ConfigError("invalid job options:", issues=issues)

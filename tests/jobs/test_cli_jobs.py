@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
+from nvrx_eks.facts.job_kinds import JOBSET, PYTORCHJOB
 from nvrx_eks.facts.stack_outputs import OutputKey
 from tests.conftest import CRDS_PRESENT
 from tests.support import REPO_ROOT, cli_harness
@@ -31,7 +32,7 @@ no_credentials = cli_harness.no_credentials
 k8s_server = cli_harness.k8s_server
 
 ROOT = REPO_ROOT
-JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/training/jobsets"
+JOBSETS = f"/apis/{JOBSET.api_version}/namespaces/training/{JOBSET.plural}"
 CONFIGMAPS = "/api/v1/namespaces/training/configmaps"
 NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/training/networkpolicies"
 
@@ -195,7 +196,7 @@ def test_submit_dry_runs_on_the_server_then_creates(cluster):
     ]
     assert all(r.param("fieldValidation") == "Strict" for r in posts)
 
-    jobset = cluster.get("jobset.x-k8s.io/v1alpha2", "jobsets", "training", "train")
+    jobset = cluster.get(JOBSET.api_version, JOBSET.plural, "training", "train")
     container = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == DEPLOYED_IMAGE  # live submit takes the image from the stack
     config_map = cluster.get("v1", "configmaps", "training", "train-config")
@@ -220,13 +221,13 @@ def test_requests_carry_an_eks_token_signed_for_the_cluster(cluster):
 
 def test_submit_refused_by_the_server_dry_run_creates_nothing(cluster):
     cluster.inject_error(
-        "POST", JOBSETS, 422, "Invalid", 'JobSet.jobset.x-k8s.io "train" is invalid: denied by webhook'
+        "POST", JOBSETS, 422, "Invalid", f'JobSet.{JOBSET.group} "train" is invalid: denied by webhook'
     )
     result = run_cli("submit", "--nodes", "2")
     assert result.code == 2
     assert "denied by webhook" in result.stderr and "dry-run creating JobSet train" in result.stderr
     assert [r.param("dryRun") for r in cluster.requests if r.method == "POST"] == ["All", "All", "All"]
-    assert cluster.list("v1", "configmaps") == [] and cluster.list("jobset.x-k8s.io/v1alpha2", "jobsets") == []
+    assert cluster.list("v1", "configmaps") == [] and cluster.list(JOBSET.api_version, JOBSET.plural) == []
     assert cluster.list("networking.k8s.io/v1", "networkpolicies") == []
 
 
@@ -259,20 +260,20 @@ def test_pytorchjob_needs_the_training_operator(cluster):
     result = run_cli("submit", "--nodes", "2", "--api", "pytorchjob")
     assert result.code == 2
     assert "install_training_operator: true" in result.stderr
-    cluster.installed.add("kubeflow.org/v1")
+    cluster.installed.add(PYTORCHJOB.api_version)
     assert run_cli("submit", "--nodes", "2", "--api", "pytorchjob").code == 0
-    assert cluster.get("kubeflow.org/v1", "pytorchjobs", "training", "train") is not None
+    assert cluster.get(PYTORCHJOB.api_version, PYTORCHJOB.plural, "training", "train") is not None
 
 
 def test_forbidden_identity_gets_the_access_entry_hint(cluster):
-    cluster.inject_error("GET", "/apis/jobset.x-k8s.io/v1alpha2$", 403, "Forbidden", "User cannot get resource")
+    cluster.inject_error("GET", f"/apis/{JOBSET.api_version}$", 403, "Forbidden", "User cannot get resource")
     result = run_cli("submit", "--nodes", "2")
     assert result.code == 2 and "EKS access entry" in result.stderr
 
 
 def test_status_shows_phase_pods_and_restarts_per_layer(cluster):
     assert run_cli("submit", "--nodes", "2").code == 0
-    jobset = cluster.objects[("jobset.x-k8s.io/v1alpha2", "jobsets", "training", "train")]
+    jobset = cluster.objects[(JOBSET.api_version, JOBSET.plural, "training", "train")]
     jobset["status"] = {"restarts": 2, "conditions": []}
     add_job_pods(cluster, "train", 2, restart_attempt=2)
     result = run_cli("status", "train")
@@ -285,7 +286,7 @@ def test_status_shows_phase_pods_and_restarts_per_layer(cluster):
 
 def test_status_reports_a_failed_job_with_exit_93(cluster):
     assert run_cli("submit", "--nodes", "2").code == 0
-    jobset = cluster.objects[("jobset.x-k8s.io/v1alpha2", "jobsets", "training", "train")]
+    jobset = cluster.objects[(JOBSET.api_version, JOBSET.plural, "training", "train")]
     jobset["status"] = {
         "restarts": 0,
         "conditions": [
@@ -359,7 +360,7 @@ def test_delete_removes_the_job_its_config_and_pods(cluster):
     assert "deleted JobSet train and its pods" in result.stdout
     delete = cluster.requests_to("DELETE", f"{JOBSETS}/train")[0]
     assert delete.body["propagationPolicy"] == "Foreground"
-    assert cluster.list("jobset.x-k8s.io/v1alpha2", "jobsets") == []
+    assert cluster.list(JOBSET.api_version, JOBSET.plural) == []
     assert cluster.list("v1", "configmaps") == [] and cluster.list("v1", "pods") == []
     assert cluster.list("networking.k8s.io/v1", "networkpolicies") == []
     # The claim (checkpoints, data) is untouched.

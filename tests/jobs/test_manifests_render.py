@@ -12,6 +12,7 @@ from infra.config import resolve_config
 from nvrx_eks.facts import names as conventions
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import facts_for
+from nvrx_eks.facts.job_kinds import JOBSET
 from nvrx_eks.jobs.render import _ENV, render_job
 from nvrx_eks.jobs.spec import OFFLINE_PLACEHOLDER_IMAGE, TRAIN_CONFIG_PATH, build_jobspec
 from tests.support.manifest_cases import GOLDEN_CASES, UPDATE_GOLDEN, Case
@@ -47,7 +48,7 @@ def test_four_node_jobset_acceptance():
     devices per pod; exit 93 fails the job without restart."""
     rendered = render_job(build_jobspec(resolve_config(), nodes=4, name="train"))
     job = rendered.job_document
-    assert job["kind"] == "JobSet" and job["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+    assert job["kind"] == "JobSet" and job["apiVersion"] == JOBSET.api_version
     [replicated] = job["spec"]["replicatedJobs"]
     job_spec = replicated["template"]["spec"]
     assert (replicated["replicas"], job_spec["parallelism"], job_spec["completions"]) == (1, 4, 4)

@@ -14,7 +14,8 @@ from infra.config import resolve_config
 from nvrx_eks.jobs.crds import CRD_DIR_ENV
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import OFFLINE_PLACEHOLDER_IMAGE, build_jobspec
-from nvrx_eks.jobs.validate import Expectations, format_path, validate_documents
+from nvrx_eks.jobs.validate import Expectations, validate_documents
+from nvrx_eks.jobs.validate.findings import format_path
 from tests.conftest import CRDS_PRESENT
 from tests.support.manifest_cases import GOLDEN_CASES, GOLDEN_IMAGE, Case
 from workloads.config import TrainConfig
@@ -499,9 +500,9 @@ def test_the_same_pod_inside_the_jobset_is_rejected_too():
 
 
 def _pod_specs_of(documents):
-    from nvrx_eks.jobs.validate import _pod_specs
+    from nvrx_eks.jobs.validate.rules.base import pod_specs
 
-    return [spec for doc in documents for _, spec in _pod_specs(doc)]
+    return [spec for doc in documents for _, spec in pod_specs(doc)]
 
 
 @pytest.mark.parametrize("case", GOLDEN_CASES, ids=lambda c: c.id)

@@ -11,6 +11,7 @@ from rich.console import Console
 from infra.config import resolve_config
 from nvrx_eks.deploy.deployment import load_deployment
 from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.job_kinds import JOBSET
 from nvrx_eks.facts.names import DEPLOYMENT_TAG_KEY
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import build_jobspec
@@ -37,7 +38,7 @@ class FakeCdk:
     def __call__(self, argv: list[str]) -> int:
         self.calls.append(argv)
         if self.server is not None:
-            assert self.server.list("jobset.x-k8s.io/v1alpha2", "jobsets") == []
+            assert self.server.list(JOBSET.api_version, JOBSET.plural) == []
             assert self.server.list("v1", "pods") == []
             assert self.server.list("v1", "persistentvolumeclaims") == []
             assert self.server.list("v1", "persistentvolumes") == []
@@ -178,7 +179,7 @@ def test_nothing_is_deleted_without_confirmation(deployed):
     result = _teardown(session, yes=False, confirm=lambda q: questions.append(q) or False, run_cdk=cdk)
     assert result.aborted and questions == ["Proceed with the teardown?"]
     assert cdk.calls == []
-    assert server.get("jobset.x-k8s.io/v1alpha2", "jobsets", "training", "train") is not None
+    assert server.get(JOBSET.api_version, JOBSET.plural, "training", "train") is not None
     assert left.efa_eni in left.enis() and left.backup in left.backups()
 
 
@@ -288,7 +289,7 @@ def test_cli_teardown_asks_and_aborts(deployed):
     result = run_cli("teardown", stdin="n\n")
     assert result.code == 1
     assert "Proceed with the teardown?" in result.stdout and "aborted; nothing was deleted" in result.stdout
-    assert server.get("jobset.x-k8s.io/v1alpha2", "jobsets", "training", "train") is not None
+    assert server.get(JOBSET.api_version, JOBSET.plural, "training", "train") is not None
     assert left.efa_eni in left.enis()
 
 

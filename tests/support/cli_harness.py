@@ -20,7 +20,9 @@ import boto3
 import pytest
 
 from infra.config import resolve_config
-from nvrx_eks.facts.names import FSX_PV_NAME, FSX_PVC_NAME, TRAINING_NAMESPACE
+from nvrx_eks.facts.job_kinds import JOB_COMPLETION_INDEX_LABEL, JOBSET, JOBSET_RESTART_ATTEMPT_LABEL
+from nvrx_eks.facts.job_names import TRAINER_CONTAINER
+from nvrx_eks.facts.names import FSX_PV_NAME, FSX_PVC_NAME, GPU_RESOURCE, TRAINING_NAMESPACE
 from nvrx_eks.facts.stack_outputs import OutputKey
 from tests.support.k8s_api_server import KubeApiTestServer
 
@@ -207,18 +209,18 @@ def add_job_pods(
                     "name": name,
                     "namespace": TRAINING_NAMESPACE,
                     "labels": {
-                        "jobset.sigs.k8s.io/jobset-name": job,
-                        "jobset.sigs.k8s.io/restart-attempt": str(restart_attempt),
-                        "batch.kubernetes.io/job-completion-index": str(index),
+                        JOBSET.pod_label: job,
+                        JOBSET_RESTART_ATTEMPT_LABEL: str(restart_attempt),
+                        JOB_COMPLETION_INDEX_LABEL: str(index),
                     },
                 },
                 "spec": {
                     "nodeName": f"ip-10-0-0-{index}.ec2.internal",
                     "containers": [
                         {
-                            "name": "trainer",
+                            "name": TRAINER_CONTAINER,
                             "image": DEPLOYED_IMAGE,
-                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                            "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
                         }
                     ],
                     "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": FSX_PVC_NAME}}],

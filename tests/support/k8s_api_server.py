@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from nvrx_eks.facts.job_kinds import JOB_KINDS, JOBSET
+
 #: group/version -> {plural: (kind, namespaced)} for everything this server can store.
 RESOURCES: dict[str, dict[str, tuple[str, bool]]] = {
     "v1": {
@@ -43,8 +45,7 @@ RESOURCES: dict[str, dict[str, tuple[str, bool]]] = {
     },
     "batch/v1": {"jobs": ("Job", True)},
     "networking.k8s.io/v1": {"networkpolicies": ("NetworkPolicy", True)},
-    "jobset.x-k8s.io/v1alpha2": {"jobsets": ("JobSet", True)},
-    "kubeflow.org/v1": {"pytorchjobs": ("PyTorchJob", True)},
+    **{k.api_version: {k.plural: (k.kind, True)} for k in JOB_KINDS.values()},
 }
 
 #: Group/versions every cluster serves; the others exist only once their CRD is installed.
@@ -54,10 +55,7 @@ _BUILT_IN = ("v1", "batch/v1", "networking.k8s.io/v1")
 _STATUS_ON_DELETE = {"ConfigMap", "Service", "Event", "Namespace"}
 
 #: Labels by which the controllers mark the pods of a job: used for cascading deletion.
-_POD_OWNER_LABELS = {
-    "JobSet": "jobset.sigs.k8s.io/jobset-name",
-    "PyTorchJob": "training.kubeflow.org/job-name",
-}
+_POD_OWNER_LABELS = {k.kind: k.pod_label for k in JOB_KINDS.values()}
 
 
 @dataclass
@@ -91,7 +89,7 @@ class InjectedError:
 class KubeApiTestServer:
     kubernetes_version: tuple[str, str] = ("1", "35")
     #: API group/versions whose CRDs are "installed" (the _BUILT_IN ones always are).
-    installed: set[str] = field(default_factory=lambda: {"jobset.x-k8s.io/v1alpha2"})
+    installed: set[str] = field(default_factory=lambda: {JOBSET.api_version})
     #: When set, requests whose Authorization header does not start with it get 401.
     required_auth_prefix: str | None = None
 

@@ -1,0 +1,96 @@
+"""`nvrx-eks logs`: the job's pod logs, every node prefixed `nodeN |`, one node's, or one rank's lines."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as Urllib3Error
+
+from nvrx_eks.facts import job_names
+from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.jobs.client import JobClient, api_error
+from nvrx_eks.jobs.status import gpus_per_pod, node_rank
+
+
+def stream_logs(
+    client: JobClient,
+    name: str,
+    *,
+    node: int | None = None,
+    rank: int | None = None,
+    follow: bool = False,
+    tail_lines: int | None = None,
+    write: Callable[[str], None] | None = None,
+) -> int:
+    """Print the pods' logs (prefixed `nodeN |`), or one node's, or one rank's lines; returns
+    the number of lines written."""
+    kind, _ = client.find(name)
+    pods = client.pods(kind, name)
+    if not pods:
+        raise ConfigError(f"{kind.kind} {name} has no pods yet; see `nvrx-eks status {name}`")
+    line_filter: Callable[[str], bool] | None = None
+    if rank is not None:
+        # The trainer tags its log lines `[rankN]`; ranks of one node share a pod.
+        node = rank // gpus_per_pod(pods[0])
+        tag = f"[rank{rank}]"
+
+        def line_filter(line: str) -> bool:
+            return tag in line
+
+    if node is not None:
+        selected = [p for p in pods if node_rank(p) == node]
+        if not selected:
+            raise ConfigError(f"--node/--rank: node {node} does not exist; the job has {len(pods)} pods")
+        pods = selected
+    write = write or (lambda line: client.console.print(line, markup=False, highlight=False, soft_wrap=True))
+    lock = threading.Lock()
+    count = 0
+
+    def pump(pod: k8s.V1Pod) -> None:
+        nonlocal count
+        prefix = f"node{node_rank(pod)} | " if len(pods) > 1 else ""
+        for line in _log_lines(client, pod, follow=follow, tail_lines=tail_lines):
+            if line_filter is None or line_filter(line):
+                with lock:
+                    write(prefix + line)
+                    count += 1
+
+    if follow and len(pods) > 1:
+        threads = [threading.Thread(target=pump, args=(p,), daemon=True) for p in pods]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        for pod in pods:
+            pump(pod)
+    return count
+
+
+def _log_lines(client: JobClient, pod: k8s.V1Pod, *, follow: bool, tail_lines: int | None) -> Iterator[str]:
+    container = pod.spec.containers[0].name if pod.spec and pod.spec.containers else job_names.TRAINER_CONTAINER
+    try:
+        response = client.core.read_namespaced_pod_log(
+            pod.metadata.name,
+            client.namespace,
+            container=container,
+            follow=follow,
+            tail_lines=tail_lines,
+            _preload_content=False,
+        )
+    except (ApiException, Urllib3Error) as e:
+        raise api_error(e, f"reading the log of {pod.metadata.name}") from None
+    buffered = b""
+    try:
+        for chunk in response.stream(4096):
+            buffered += chunk
+            *lines, buffered = buffered.split(b"\n")
+            for line in lines:
+                yield line.decode(errors="replace")
+        if buffered:
+            yield buffered.decode(errors="replace")
+    finally:
+        response.release_conn()
