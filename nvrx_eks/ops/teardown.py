@@ -37,6 +37,7 @@ from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_error, describe_stack, read_stack_outputs
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.names import DEPLOYMENT_TAG_KEY, FSX_PV_NAME
+from nvrx_eks.resources import checkout_root
 
 #: Runs a command (argv) from the project root and returns its exit status.
 CommandRunner = Callable[[list[str]], int]
