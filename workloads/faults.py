@@ -114,6 +114,19 @@ def parse_fault_spec(spec: str) -> tuple[FaultSpec, ...]:
     return tuple(faults)
 
 
+def outside_world(faults: tuple[FaultSpec, ...], world_size: int) -> list[FaultSpec]:
+    """The faults that name a rank the world does not have (ranks are 0 .. world_size - 1): they
+    would never fire. The one check every layer runs (trainer, preflight, validator, local runner)."""
+    return [fault for fault in faults if fault.rank >= world_size]
+
+
+def outside_world_problem(fault: FaultSpec, world_size: int) -> str:
+    return (
+        f"faults: {fault.label} targets rank {fault.rank} but the world has {world_size} ranks; "
+        f"use a rank below {world_size}"
+    )
+
+
 def damage_in_place(target: Path) -> str:
     """Overwrite 64 bytes in the middle of `target` (size unchanged, so only a checksum notices):
     the corruption the corrupt-latest and corrupt-local faults inject. Returns the path."""

@@ -52,6 +52,28 @@ def checkpoint_dirs(ckpt_dir: str | Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if _NAME.match(p.name)) if root.is_dir() else []
 
 
+#: What a checkpoint records about the run that wrote it, with the setting an operator changes.
+IDENTITY_FIELDS = {"world_size": "world size (nnodes x nproc-per-node)", "preset": "model.preset"}
+
+
+def run_identity(world_size: int, preset: str) -> dict[str, Any]:
+    """The commit record's identity fields for this run: a checkpoint loads only into the same."""
+    return {"world_size": world_size, "preset": preset}
+
+
+def incompatibility(manifest: dict[str, Any], identity: dict[str, Any]) -> str | None:
+    """Why a checkpoint whose commit record is `manifest` cannot be resumed by a run of
+    `identity` (its shards are laid out for the world size and model that wrote them), or None."""
+    for key, expected in identity.items():
+        if manifest.get(key) != expected:
+            return (
+                f"was written with {key}={manifest.get(key)!r}, this run has {key}={expected!r}; resume "
+                f"with the same {IDENTITY_FIELDS.get(key, key)} or point checkpoint.dir at an empty "
+                "directory to start a new run"
+            )
+    return None
+
+
 class PointerUnreadable(ValueError):
     """latest.json exists but is not a pointer (truncated, not JSON, wrong shape)."""
 
