@@ -201,12 +201,12 @@ def build_model(
     with torch.device("meta"):
         model = Transformer(shape)
     model.output.chunk_tokens = loss_chunk_tokens
-    mp = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32} if runtime.bf16 else {}
-    policy = MixedPrecisionPolicy(**mp)
+    param_dtype, reduce_dtype = (torch.bfloat16, torch.float32) if runtime.bf16 else (None, None)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     # Blocks take the fp32 RoPE tables as forward arguments; casting them to bf16 (the default
     # cast_forward_inputs) would rotate in bf16. Their activations arrive in bf16 anyway: the
     # embedding group computes with bf16 parameters.
-    block_policy = MixedPrecisionPolicy(**mp, cast_forward_inputs=False)
+    block_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
     fully_shard(model.tok_embeddings, mesh=mesh, mp_policy=policy)
     for index, block in enumerate(model.layers):
         if activation_checkpointing:

@@ -27,6 +27,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from nvidia_resiliency_ext.inprocess import CallWrapper
 
@@ -109,10 +110,13 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
         steps=cfg.steps,
     )
     fn = train_attempt
+    stopped_by_sigterm: tuple[type[BaseException], ...] = ()  # nothing to catch without the Wrapper
     if cfg.inprocess.enabled:
         from workloads.device import resolved_backend
         from workloads.inprocess import TerminationRequested, build_wrapper
 
+        assert store_port is not None  # derived above whenever the in-process layer is on
+        stopped_by_sigterm = (TerminationRequested,)
         fn = build_wrapper(
             cfg.inprocess,
             backend=resolved_backend(cfg),
@@ -126,8 +130,6 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
             drop_iteration_state=process.drop_iteration_state,
             sigterm_received=lambda: process.sigterm_received,
         )(train_attempt)
-    else:
-        TerminationRequested = ()  # noqa: N806 - nothing to catch without the Wrapper
     code = 1
     try:
         outcome = fn(process)
@@ -135,7 +137,7 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
     except Unrecoverable as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         code = EXIT_DO_NOT_REQUEUE
-    except TerminationRequested:
+    except stopped_by_sigterm:
         code = EXIT_TERMINATED
     except RestartAbort as err:
         print(f"in-process restart gave up: {err}", file=sys.stderr, flush=True)
@@ -196,7 +198,7 @@ def arm_exit_watchdog(code: int, bound_s: float = EXIT_BOUND_S) -> None:
     _exit_watchdog.start()
 
 
-def _exit(code: int) -> None:
+def _exit(code: int) -> NoReturn:
     """End the process without finalizing the interpreter: flush what was written, then
     os._exit. Finalizing runs NVRx's __del__ methods and the gloo process group's destructor,
     either of which can block on a peer or a worker that is gone (see stop_checkpoint_workers,
@@ -236,6 +238,7 @@ def _checkpoint_dir_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     root = Path(cfg.checkpoint_dir)
     state = layout.commit_state(root)
     if state.source == "lost":
+        assert state.warning is not None  # commit_state says why nothing can be trusted
         return [state.warning]
     if state.source == "rebuilt":
         # The trainer rebuilds the pointer the same way (and says so in its log and events).
@@ -288,7 +291,7 @@ def main(argv: list | None = None) -> int:
         _leave_after_failure()
 
 
-def _leave_after_failure() -> None:
+def _leave_after_failure() -> NoReturn:
     """Exit 1 without finalizing the interpreter.
 
     A rank fails this way when a peer died in the middle of a collective (no in-process layer to

@@ -415,6 +415,8 @@ class Checkpointer:
         for name in names[0]:
             path = self.dir / name
             started = time.monotonic()
+            manifest: dict[str, Any] | None
+            reason: str | None
             try:
                 manifest = json.loads((path / COMMIT_FILE).read_text())
             except (OSError, ValueError) as err:
@@ -424,7 +426,7 @@ class Checkpointer:
                 reason = self._verify_share(path, manifest)
             failed = torch.tensor([0 if reason is None else 1], device=self.device)
             dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-            state = None
+            state: dict[str, Any] | None = None
             if not int(failed.item()):
                 state = build_state()
                 try:
@@ -440,6 +442,7 @@ class Checkpointer:
                 )
                 self.events.emit("checkpoint_fallback", path=str(path), reason=reason)
                 continue
+            assert manifest is not None and state is not None  # every rank verified and loaded
             self.events.emit(
                 "checkpoint_load",
                 step=manifest["step"],

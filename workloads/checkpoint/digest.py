@@ -73,8 +73,8 @@ def state_digests(state: dict[str, Any], progress: Callable[[], None] = _no_prog
             local = value.to_local() if isinstance(value, DTensor) else value
             cpu = local.detach().to("cpu").contiguous()
             h.update(f"{key}|{cpu.dtype}|{tuple(value.shape)}|{tuple(cpu.shape)}|".encode())
-            data = cpu.reshape(-1).view(torch.uint8).numpy()  # a view: no copy
-            for start in range(0, data.size, DIGEST_SLICE_BYTES):
+            data = cpu.reshape(-1).view(torch.uint8).numpy().data  # views: no copy
+            for start in range(0, len(data), DIGEST_SLICE_BYTES):
                 h.update(data[start : start + DIGEST_SLICE_BYTES])
                 progress()
             progress()

@@ -78,7 +78,9 @@ class RngState:
 
     def state_dict(self) -> dict[str, Any]:
         version, mt, gauss = random.getstate()
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        legacy = np.random.get_state(legacy=True)
+        assert isinstance(legacy, tuple)  # the legacy form: MT19937's state as a tuple
+        kind, keys, pos, has_gauss, cached = legacy
         assert kind == "MT19937", kind  # the only bit generator np.random's legacy state has
         return {
             "torch": torch.get_rng_state(),
