@@ -353,14 +353,14 @@ class DeploymentConfig(StrictModel):
     fsx: FsxConfig = FsxConfig()
     addons: AddonsConfig = AddonsConfig()
     image: ImageConfig = ImageConfig()
-    #: The job `render`/`submit` train without --train-config: a name in workloads.config.JOB_PRESETS.
+    #: The job `render`/`submit` train without --train-config: a name in workloads.presets.JOB_PRESETS.
     default_job: str = "smoke"
     tags: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("default_job")
     @classmethod
     def _default_job(cls, name: str) -> str:
-        from workloads.config import JOB_PRESETS
+        from workloads.presets import JOB_PRESETS
 
         if name not in JOB_PRESETS:
             raise ValueError(f"'{name}' is not a job preset; use one of: {', '.join(sorted(JOB_PRESETS))}")

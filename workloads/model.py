@@ -31,8 +31,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
-from workloads.config import ModelShape
 from workloads.device import Runtime
+from workloads.presets import ModelShape
 
 #: Default tokens per chunk of the output projection + cross-entropy (ModelConfig.loss_chunk_tokens).
 DEFAULT_LOSS_CHUNK_TOKENS = 2048

@@ -49,7 +49,7 @@ from nvrx_eks.bench.scenarios import (
     settings_for,
 )
 from nvrx_eks.facts.errors import ConfigError
-from workloads.config import MODEL_PRESETS
+from workloads.presets import MODEL_PRESETS
 
 
 def parse_scenarios(text: str) -> list[str]:

@@ -30,8 +30,9 @@ from nvrx_eks.facts.errors import ConfigError, describe_validation_error
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, facts_for
 from nvrx_eks.facts.names import FSX_PVC_NAME, TRAINING_NAMESPACE
 from nvrx_eks.jobs.backstop import active_deadline_s
-from workloads.config import JOB_PRESETS, TrainConfig
+from workloads.config import TrainConfig
 from workloads.memory import check_fits
+from workloads.presets import JOB_PRESETS
 
 #: Where the FSx claim is mounted in every pod: data, checkpoints and run directories live there.
 FSX_MOUNT_PATH = "/fsx"
@@ -270,7 +271,7 @@ def load_train_config(
 
 
 def default_job(config: DeploymentConfig, nodes: int, overrides: list[str]) -> TrainConfig:
-    """The profile's default job (workloads.config.JOB_PRESETS[config.default_job]) on `nodes`,
+    """The profile's default job (workloads.presets.JOB_PRESETS[config.default_job]) on `nodes`,
     with `--set` overrides on top. Unless an override sets them: data.grad_accum_steps reaches
     the preset's global batch (the largest accumulation not above it, at least 1) and
     checkpoint.interval_steps is the checkpoint-interval plan's optimum for this job

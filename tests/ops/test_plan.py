@@ -18,8 +18,8 @@ from nvrx_eks.ops.plan import (
     young_interval,
 )
 from tests.support import REPO_ROOT
-from workloads.config import MODEL_PRESETS
 from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, parameter_count
+from workloads.presets import MODEL_PRESETS
 
 ROOT = REPO_ROOT
 

@@ -17,13 +17,14 @@ import torch.nn.functional as F
 from infra.config import resolve_config
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.jobs.spec import build_jobspec, load_train_config
-from workloads.config import JOB_PRESETS, MODEL_PRESETS, ModelShape, TrainConfig
+from workloads.config import TrainConfig
 from workloads.memory import (
     GIB,
     block_activation_bytes_per_token,
     estimate_for,
     saved_activation_bytes_per_token,
 )
+from workloads.presets import JOB_PRESETS, MODEL_PRESETS, ModelShape
 
 #: The memory model's activation term must be within this of what autograd actually saves.
 ACTIVATION_TOLERANCE = 0.05
