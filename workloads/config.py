@@ -115,7 +115,7 @@ class OptimizerConfig(_Strict):
 
 
 class LocalTierConfig(_Strict):
-    """The node-local checkpoint tier (workloads.local_tier): each rank's own shards, replicated
+    """The node-local checkpoint tier (workloads.checkpoint.local_tier): each rank's own shards, replicated
     to a rank on another node. Off unless interval_steps is set."""
 
     interval_steps: int | None = Field(default=None, ge=1, description="local saves every N steps; None: off")

@@ -24,7 +24,7 @@ Kinds and which resilience layer should recover them:
                                                                   -> detected on the next load,
                                                                      which falls back to the
                                                                      previous committed one
-  corrupt-local  overwrite bytes in the rank's newest node-local copy (workloads.local_tier) at
+  corrupt-local  overwrite bytes in the rank's newest node-local copy (workloads.checkpoint.local_tier) at
                  the start of STEP, then fail the step like `exception`, so the restore meets the
                  damage                                           -> in-process restart; the rank's
                                                                      copy comes from the replica

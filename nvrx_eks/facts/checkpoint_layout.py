@@ -5,6 +5,7 @@ and the CLI read it as well as the trainer.
 Layout under checkpoint.dir:
     step_00000040-<attempt>/      one save: DCP shards (`__<rank>_<n>.distcp`) and `.metadata`
         commit.json               written by rank 0 only after every rank finished writing
+        .digests-rank<R>.json     rank R's file digests from its async writer, until the commit
     latest.json                   the run-level pointer: {"latest", "step", "committed": [...]}
     latest_step                   the newest committed step as a bare integer (ft_launcher's
                                   progress tracker reads it)
@@ -30,6 +31,9 @@ POINTER_FILE = "latest.json"
 ITERATION_FILE = "latest_step"
 COMMIT_FILE = "commit.json"
 METADATA_FILE = ".metadata"
+#: Left by an async writer beside a rank's shards until the commit gathers it:
+#: {file name: [size, sha256 or null]}.
+DIGESTS_FILE = ".digests-rank{rank}.json"
 _NAME = re.compile(r"^step_(\d{8})-([0-9a-z.]+)$")
 
 

@@ -1,4 +1,4 @@
-"""The node-local checkpoint tier (workloads.local_tier): two gloo ranks on two simulated nodes
+"""The node-local checkpoint tier (workloads.checkpoint.local_tier): two gloo ranks on two simulated nodes
 (separate roots), a save replicated across them, and the restore choices: own copy, replica after
 the own copy is damaged, FSx when no step is complete for every rank or FSx is newer."""
 

@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from nvrx_eks.facts.checkpoint_layout import (
     COMMIT_FILE,
+    DIGESTS_FILE,
     ITERATION_FILE,
     METADATA_FILE,
     POINTER_FILE,
@@ -317,7 +318,7 @@ class Checkpointer:
     def _writer_digests(self, pending: PendingSave) -> dict[str, Any] | None:
         if "digests" in pending.extra:
             return pending.extra["digests"]
-        sidecar = pending.path / ckpt_files.DIGESTS_FILE.format(rank=self.rank)
+        sidecar = pending.path / DIGESTS_FILE.format(rank=self.rank)
         try:
             recorded = json.loads(sidecar.read_text())
         except FileNotFoundError:

@@ -1,5 +1,5 @@
-"""Checkpoint files: their digests, the digests a writer leaves beside a rank's shards, and which
-files this process committed (trusted at a reload without re-hashing)."""
+"""Checkpoint files: their digests, and which files this process committed (trusted at a reload
+without re-hashing)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_eks.facts.checkpoint_layout import commit_state
-
-#: Written by an async writer next to the rank's shards: {file name: [size, sha256 or null]}.
-DIGESTS_FILE = ".digests-rank{rank}.json"
 
 
 def rank_digests(directory: Path, rank: int, with_sha: bool) -> dict[str, list[Any]]:

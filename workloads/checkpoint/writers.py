@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from nvrx_eks.facts.checkpoint_layout import atomic_write
+from nvrx_eks.facts.checkpoint_layout import DIGESTS_FILE, atomic_write
 from workloads.checkpoint import files as ckpt_files
 from workloads.checkpoint.errors import CheckpointWriterDied
 
@@ -86,14 +86,13 @@ def _write_then_digest(
 ) -> None:
     """Runs in the NVRx checkpoint worker in place of the writer's save function (NVRx puts the
     staged data in the second argument, as it does for the save function itself): writes this
-    rank's shards, then records their digests in files.DIGESTS_FILE. Hashing here keeps a full read of
+    rank's shards, then records their digests in DIGESTS_FILE. Hashing here keeps a full read of
     the shard off the training thread, which would otherwise do it at the commit."""
     write_fn(rank, write_buckets, results_queue)
     path = Path(directory)
     try:
-        atomic_write(
-            path / ckpt_files.DIGESTS_FILE.format(rank=rank), json.dumps(ckpt_files.rank_digests(path, rank, with_sha))
-        )
+        digests = ckpt_files.rank_digests(path, rank, with_sha)
+        atomic_write(path / DIGESTS_FILE.format(rank=rank), json.dumps(digests))
     except OSError:
         # Full or read-only storage. The write function has already reported its own outcome
         # through the results queue; raising here would kill the worker, and the trainer would
