@@ -12,7 +12,7 @@ per restart), so an abandoned save is never overwritten in place, and nothing is
 newer checkpoint committed: at each commit rank 0 keeps the newest `keep` committed checkpoints and
 removes what the pointer it read proves superseded (older commits, abandoned saves, and commits
 from a timeline that a fallback abandoned, i.e. at or after the new step; see
-ckpt_layout.may_delete).
+checkpoint_layout.may_delete).
 
 commit.json records every file's size and, with checkpoint.verify=sha256, its SHA-256 (each rank's
 files are hashed by whoever wrote them: for the async backends the writer does it right after
@@ -27,15 +27,8 @@ A save the storage refuses (read-only, not permitted, full: CheckpointStorageErr
 with the cause named rather than costing restarts that meet the same storage; its directory is
 removed if it provably never committed.
 
-Backends (checkpoint.backend):
-    nvrx       NVRx: persistent AsyncCallsQueue worker (cpu_shm_mode), FileSystemWriterAsync with
-               shared-memory staging, save_state_dict_async_plan / save_state_dict_async_finalize.
-               The training loop blocks only while the state is copied into shared memory, which
-               happens before the call returns, i.e. before the optimizer can change a weight.
-    dcp-async  torch.distributed.checkpoint.async_save on its own gloo group (on the default
-               group its collectives would interleave with FSDP's and deadlock).
-    sync       torch.distributed.checkpoint.save.
-At most one save is in flight: a new save first waits for the previous comm
+Backends (checkpoint.backend): one writer class each (writers). At most one save is in flight: a
+new save first waits for the previous commit.
 
 Modules: checkpointer (the Checkpointer: save policy, commit, load), writers (one class per
 backend), train_state (the training progress and RNG as stateful objects), local_tier (the
