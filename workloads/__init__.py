@@ -1,5 +1,6 @@
 """The training workload: the resilient FSDP2 trainer that runs in the container and on a laptop.
 
-This package must stay importable without torch for the light modules (config, errors) so the
-operator CLI can validate trainer configs quickly; only the training modules import torch.
+The light modules (config, presets, faults, launch, process_state, events) import no torch, so
+the operator CLI validates trainer configs and renders launcher commands quickly; the training
+modules (train -> trainer -> training, checkpoint/, model, data) import torch.
 """

@@ -31,7 +31,6 @@ Public contract (other modules and the manifests rely on it):
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,46 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from nvrx_eks.facts.errors import ConfigError, validation_issues
 from workloads.faults import KINDS_NEEDING_CHECKPOINTS, parse_fault_spec
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """Dimensions of a decoder-only transformer (Llama-like: RMSNorm, RoPE, SwiGLU, GQA)."""
-
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    max_seq_len: int
-    rope_theta: float = 10000.0
-    dropout: float = 0.0
-    norm_eps: float = 1e-5
-
-
-MODEL_PRESETS: dict[str, ModelShape] = {
-    # Tests and laptops: learns the synthetic stream in tens of steps. Dropout is on so that
-    # resuming must restore the RNG to reproduce the uninterrupted run.
-    "tiny": ModelShape(
-        vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=256, dropout=0.1
-    ),
-    # ~34M parameters: big enough that checkpoint stalls are measurable on a CPU.
-    "small": ModelShape(vocab_size=8192, dim=512, n_layers=8, n_heads=8, n_kv_heads=8, ffn_dim=1408, max_seq_len=1024),
-    # ~1.1B, TinyLlama-shaped.
-    "1b": ModelShape(vocab_size=32000, dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_dim=5632, max_seq_len=2048),
-    # Llama-3-8B-shaped, for p5 nodes.
-    "8b": ModelShape(
-        vocab_size=128256,
-        dim=4096,
-        n_layers=32,
-        n_heads=32,
-        n_kv_heads=8,
-        ffn_dim=14336,
-        max_seq_len=8192,
-        rope_theta=500000.0,
-    ),
-}
+from workloads.presets import MODEL_PRESETS, ModelShape
 
 
 class _Strict(BaseModel):
@@ -95,10 +55,10 @@ ACTIVATION_CHECKPOINTING_BY_DEFAULT = frozenset({"1b", "8b"})
 class ModelConfig(_Strict):
     preset: Literal["tiny", "small", "1b", "8b"] = "tiny"
     activation_checkpointing: bool | None = Field(
-        None, description="recompute each block in backward; default: on for the 1b and 8b presets"
+        default=None, description="recompute each block in backward; default: on for the 1b and 8b presets"
     )
     loss_chunk_tokens: int = Field(
-        2048,
+        default=2048,
         ge=1,
         description="tokens per chunk of the output projection + cross-entropy; each chunk's "
         "logits are recomputed in backward, so only one chunk's exist at a time",
@@ -120,12 +80,12 @@ class DataConfig(_Strict):
     # memmap: a directory of pre-tokenized shards (`*.bin`, flat token arrays) or one .bin file.
     path: str | None = None
     dtype: Literal["uint16", "uint32"] | None = Field(
-        None, description="token dtype of the shards; default: the manifest's, else uint16"
+        default=None, description="token dtype of the shards; default: the manifest's, else uint16"
     )
-    seq_len: int = Field(64, ge=2)
-    batch_size: int = Field(8, ge=1, description="sequences per rank per micro-batch")
+    seq_len: int = Field(default=64, ge=2)
+    batch_size: int = Field(default=8, ge=1, description="sequences per rank per micro-batch")
     grad_accum_steps: int = Field(
-        1,
+        default=1,
         ge=1,
         description="micro-batches per optimizer step; global batch = world size x batch_size x "
         "grad_accum_steps sequences",
@@ -143,27 +103,27 @@ class DataConfig(_Strict):
 
 
 class OptimizerConfig(_Strict):
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.1, ge=0)
-    beta1: float = Field(0.9, gt=0, lt=1)
-    beta2: float = Field(0.95, gt=0, lt=1)
-    eps: float = Field(1e-8, gt=0)
-    warmup_steps: int = Field(10, ge=0)
+    lr: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    beta1: float = Field(default=0.9, gt=0, lt=1)
+    beta2: float = Field(default=0.95, gt=0, lt=1)
+    eps: float = Field(default=1e-8, gt=0)
+    warmup_steps: int = Field(default=10, ge=0)
     schedule: Literal["cosine", "constant"] = "cosine"
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    grad_clip: float | None = Field(1.0, gt=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    grad_clip: float | None = Field(default=1.0, gt=0)
 
 
 class LocalTierConfig(_Strict):
-    """The node-local checkpoint tier (workloads.local_tier): each rank's own shards, replicated
+    """The node-local checkpoint tier (workloads.checkpoint.local_tier): each rank's own shards, replicated
     to a rank on another node. Off unless interval_steps is set."""
 
-    interval_steps: int | None = Field(None, ge=1, description="local saves every N steps; None: off")
+    interval_steps: int | None = Field(default=None, ge=1, description="local saves every N steps; None: off")
     dir: str | None = Field(
-        None,
+        default=None,
         description="node-local root; default: <run_dir>/local-checkpoints (on EKS the pod's instance-store mount)",
     )
-    keep: int = Field(2, ge=2, description="steps kept per tier copy; the newest can be damaged")
+    keep: int = Field(default=2, ge=2, description="steps kept per tier copy; the newest can be damaged")
 
     @property
     def enabled(self) -> bool:
@@ -172,15 +132,15 @@ class LocalTierConfig(_Strict):
 
 class CheckpointConfig(_Strict):
     backend: Literal["nvrx", "dcp-async", "sync", "none"] = "nvrx"
-    dir: str | None = Field(None, description="default: <run_dir>/checkpoints")
-    interval_steps: int = Field(50, ge=1)
-    interval_seconds: float | None = Field(None, gt=0)
-    keep: int = Field(3, ge=2, description="committed checkpoints kept; the newest can be corrupt")
+    dir: str | None = Field(default=None, description="default: <run_dir>/checkpoints")
+    interval_steps: int = Field(default=50, ge=1)
+    interval_seconds: float | None = Field(default=None, gt=0)
+    keep: int = Field(default=3, ge=2, description="committed checkpoints kept; the newest can be corrupt")
     # sha256 catches any damage but every rank hashes its own files at commit time; size only
     # catches truncation. Loading re-checks what the commit recorded.
     verify: Literal["sha256", "size"] = "sha256"
     finalize_timeout_s: float = Field(
-        300.0, gt=0, description="the longest one save may take from hand-off to commit before it is a fault"
+        default=300.0, gt=0, description="the longest one save may take from hand-off to commit before it is a fault"
     )
     local: LocalTierConfig = LocalTierConfig()
 
@@ -188,21 +148,21 @@ class CheckpointConfig(_Strict):
 class DistributedConfig(_Strict):
     backend: Literal["gloo", "nccl", "auto"] = "auto"
     spare_nodes: int = Field(
-        0,
+        default=0,
         ge=0,
         description="of the launched nodes, how many wait as hot spares outside the process group "
         "(workloads/spares.py); the active world is the rest",
     )
     timeout_s: float | None = Field(
-        None, gt=0, description="process-group timeout; default derived per backend from inprocess timeouts"
+        default=None, gt=0, description="process-group timeout; default derived per backend from inprocess timeouts"
     )
     require_efa: bool = Field(
-        False,
+        default=False,
         description="on NCCL, exit 93 unless NCCL uses the aws-ofi-nccl plugin with provider efa "
         "(workloads/transport.py); the render sets it from the instance facts",
     )
     shard: Literal["full", "hybrid"] = Field(
-        "full",
+        default="full",
         description="full: FSDP2 shards over every rank. hybrid: shards inside a node and "
         "replicates across nodes (2-D mesh nodes x local ranks): the all-gathers and "
         "reduce-scatters stay on NVLink, only a gradient all-reduce crosses EFA, and "
@@ -212,26 +172,26 @@ class DistributedConfig(_Strict):
 
 class InProcessConfig(_Strict):
     enabled: bool = True
-    soft_timeout_s: float = Field(60.0, gt=0)
-    hard_timeout_s: float = Field(90.0, gt=0)
-    barrier_timeout_s: float = Field(120.0, gt=0)
-    completion_timeout_s: float = Field(120.0, gt=0)
-    heartbeat_interval_s: float = Field(1.0, gt=0)
-    heartbeat_timeout_s: float = Field(30.0, gt=0)
-    monitor_interval_s: float = Field(1.0, gt=0)
-    progress_watchdog_interval_s: float = Field(1.0, gt=0)
-    last_call_wait_s: float = Field(1.0, ge=0)
-    termination_grace_s: float = Field(5.0, ge=0)
+    soft_timeout_s: float = Field(default=60.0, gt=0)
+    hard_timeout_s: float = Field(default=90.0, gt=0)
+    barrier_timeout_s: float = Field(default=120.0, gt=0)
+    completion_timeout_s: float = Field(default=120.0, gt=0)
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=30.0, gt=0)
+    monitor_interval_s: float = Field(default=1.0, gt=0)
+    progress_watchdog_interval_s: float = Field(default=1.0, gt=0)
+    last_call_wait_s: float = Field(default=1.0, ge=0)
+    termination_grace_s: float = Field(default=5.0, ge=0)
     cuda_timeout_s: float = Field(
-        20.0, gt=0, description="GPU drain in the restart's finalize, and NVRx's CUDA health check"
+        default=20.0, gt=0, description="GPU drain in the restart's finalize, and NVRx's CUDA health check"
     )
     # A deterministic bug would otherwise restart in place forever; past the cap the ranks exit
     # and ft_launcher (with its own max_restarts) takes over.
-    max_restarts: int | None = Field(10, ge=0, description="in-process restarts per process")
+    max_restarts: int | None = Field(default=10, ge=0, description="in-process restarts per process")
     # Off only to measure what it saves (bench): without it a gloo peer of a faulting rank waits
     # out the process-group timeout (workloads.gloo_sockets).
     release_gloo_sockets: bool = Field(
-        True, description="with gloo, the restart shuts down the gloo pair sockets (never the stores)"
+        default=True, description="with gloo, the restart shuts down the gloo pair sockets (never the stores)"
     )
 
     @model_validator(mode="after")
@@ -276,35 +236,35 @@ class InProcessConfig(_Strict):
 
 
 class SectionTimeouts(_Strict):
-    setup: float = Field(900.0, gt=0, description="process group, model build, checkpoint load")
-    step: float = Field(300.0, gt=0)
-    checkpointing: float | None = Field(None, gt=0, description="default: checkpoint.finalize_timeout_s + 60")
+    setup: float = Field(default=900.0, gt=0, description="process group, model build, checkpoint load")
+    step: float = Field(default=300.0, gt=0)
+    checkpointing: float | None = Field(default=None, gt=0, description="default: checkpoint.finalize_timeout_s + 60")
 
 
 class FaultToleranceConfig(_Strict):
     """ft_launcher settings (rendered into its --ft-* flags by workloads.launch)."""
 
-    max_restarts: int = Field(3, ge=0, description="worker-group restarts by ft_launcher")
+    max_restarts: int = Field(default=3, ge=0, description="worker-group restarts by ft_launcher")
     monitor: Literal["heartbeat", "sections"] = "sections"
-    initial_heartbeat_timeout_s: float | None = Field(900.0, gt=0)
-    heartbeat_timeout_s: float | None = Field(300.0, gt=0)
+    initial_heartbeat_timeout_s: float | None = Field(default=900.0, gt=0)
+    heartbeat_timeout_s: float | None = Field(default=300.0, gt=0)
     section_timeouts_s: SectionTimeouts = SectionTimeouts()
-    out_of_section_timeout_s: float | None = Field(300.0, gt=0)
-    workload_check_interval_s: float = Field(5.0, gt=0)
+    out_of_section_timeout_s: float | None = Field(default=300.0, gt=0)
+    workload_check_interval_s: float = Field(default=5.0, gt=0)
     workers_stop_timeout_s: float = Field(
-        15.0, gt=0, description="SIGTERM-to-SIGKILL wait when the launcher restarts its ranks"
+        default=15.0, gt=0, description="SIGTERM-to-SIGKILL wait when the launcher restarts its ranks"
     )
     max_no_progress_cycles: int = Field(
-        3, ge=0, description="restarts without a newer committed checkpoint before exit 93; 0=off"
+        default=3, ge=0, description="restarts without a newer committed checkpoint before exit 93; 0=off"
     )
 
 
 class TrainConfig(_Strict):
     run_dir: str = "runs/default"
-    steps: int = Field(100, ge=1)
+    steps: int = Field(default=100, ge=1)
     seed: int = 1234
-    log_every: int = Field(10, ge=1)
-    faults: str = Field("", description="KIND@STEP[:RANK],... see workloads/faults.py")
+    log_every: int = Field(default=10, ge=1)
+    faults: str = Field(default="", description="KIND@STEP[:RANK],... see workloads/faults.py")
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -313,7 +273,7 @@ class TrainConfig(_Strict):
     inprocess: InProcessConfig = InProcessConfig()
     fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
     peak_tflops_per_gpu: float | None = Field(
-        None,
+        default=None,
         gt=0,
         description="dense bf16 peak of one GPU, the denominator of MFU (workloads/metrics.py); "
         "the render sets it from nvrx_eks/facts/instances.py; unset: MFU is n/a",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -62,7 +63,7 @@ def install_cpu_checkpoint_shim(backend: str) -> bool:
     import importlib
 
     for name in _SHIMMED_MODULES:
-        module = importlib.import_module(name)
+        module: Any = importlib.import_module(name)  # a module whose global `torch` is replaced
         if not isinstance(module.torch, _TorchWithCpuCuda):
             module.torch = _TorchWithCpuCuda()
     return True

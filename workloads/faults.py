@@ -24,7 +24,7 @@ Kinds and which resilience layer should recover them:
                                                                   -> detected on the next load,
                                                                      which falls back to the
                                                                      previous committed one
-  corrupt-local  overwrite bytes in the rank's newest node-local copy (workloads.local_tier) at
+  corrupt-local  overwrite bytes in the rank's newest node-local copy (workloads.checkpoint.local_tier) at
                  the start of STEP, then fail the step like `exception`, so the restore meets the
                  damage                                           -> in-process restart; the rank's
                                                                      copy comes from the replica
@@ -112,6 +112,19 @@ def parse_fault_spec(spec: str) -> tuple[FaultSpec, ...]:
             raise ValueError(f"fault {raw!r}: STEP must be >= 1 and RANK >= 0")
         faults.append(FaultSpec(kind=kind, step=step, rank=rank, index=index))
     return tuple(faults)
+
+
+def outside_world(faults: tuple[FaultSpec, ...], world_size: int) -> list[FaultSpec]:
+    """The faults that name a rank the world does not have (ranks are 0 .. world_size - 1): they
+    would never fire. The one check every layer runs (trainer, preflight, validator, local runner)."""
+    return [fault for fault in faults if fault.rank >= world_size]
+
+
+def outside_world_problem(fault: FaultSpec, world_size: int) -> str:
+    return (
+        f"faults: {fault.label} targets rank {fault.rank} but the world has {world_size} ranks; "
+        f"use a rank below {world_size}"
+    )
 
 
 def damage_in_place(target: Path) -> str:

@@ -7,6 +7,7 @@ Contract:
                            rdzv_id="nvrx-eks", launcher="ft_launcher", log_dir=None) -> list[str]
     build_preflight_argv(*, config_path, world_size, python="python") -> list[str]
     inprocess_store_port(rdzv_endpoint) -> int
+    inprocess_store_port_above(port) -> int
     rendezvous_port_of_store(store_port) -> int
 
 Flags checked against nvidia-resiliency-ext 0.7.0 (fault_tolerance/launcher.py): c10d is the only
@@ -34,11 +35,18 @@ def _seconds(value: float | None) -> str:
 _STORE_PORT_OFFSET = 1
 
 
+def inprocess_store_port_above(port: int) -> int:
+    """The in-process store's port for the rendezvous port `port` (in a rank started without
+    --store-port: MASTER_PORT)."""
+    return port + _STORE_PORT_OFFSET
+
+
 def inprocess_store_port(rdzv_endpoint: str) -> int:
+    """The in-process store's port for the rendezvous endpoint HOST:PORT (what templates receive)."""
     host, sep, port = rdzv_endpoint.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"rendezvous endpoint {rdzv_endpoint!r}: expected HOST:PORT")
-    return int(port) + _STORE_PORT_OFFSET
+    return inprocess_store_port_above(int(port))
 
 
 def rendezvous_port_of_store(store_port: int) -> int:

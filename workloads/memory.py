@@ -53,7 +53,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workloads.config import ModelShape, TrainConfig
+from workloads.config import TrainConfig
+from workloads.presets import ModelShape
 
 GIB = 1 << 30
 #: Bytes of persistent state per parameter: fp32 parameter + fp32 gradient + two fp32 moments.

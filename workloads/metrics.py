@@ -26,8 +26,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from workloads.config import ModelShape
 from workloads.memory import block_parameters
+from workloads.presets import ModelShape
 
 
 def flops_per_token(shape: ModelShape, seq_len: int) -> float:

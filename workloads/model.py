@@ -31,8 +31,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
-from workloads.config import ModelShape
 from workloads.device import Runtime
+from workloads.presets import ModelShape
 
 #: Default tokens per chunk of the output projection + cross-entropy (ModelConfig.loss_chunk_tokens).
 DEFAULT_LOSS_CHUNK_TOKENS = 2048
@@ -201,12 +201,12 @@ def build_model(
     with torch.device("meta"):
         model = Transformer(shape)
     model.output.chunk_tokens = loss_chunk_tokens
-    mp = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32} if runtime.bf16 else {}
-    policy = MixedPrecisionPolicy(**mp)
+    param_dtype, reduce_dtype = (torch.bfloat16, torch.float32) if runtime.bf16 else (None, None)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     # Blocks take the fp32 RoPE tables as forward arguments; casting them to bf16 (the default
     # cast_forward_inputs) would rotate in bf16. Their activations arrive in bf16 anyway: the
     # embedding group computes with bf16 parameters.
-    block_policy = MixedPrecisionPolicy(**mp, cast_forward_inputs=False)
+    block_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
     fully_shard(model.tok_embeddings, mesh=mesh, mp_policy=policy)
     for index, block in enumerate(model.layers):
         if activation_checkpointing:

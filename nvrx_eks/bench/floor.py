@@ -6,7 +6,8 @@ Any checkpoint that is consistent (taken between two optimizer steps) and lets t
 must at least copy the rank's state once before the next step can change it. This measures that
 copy on the trainer's own state: each rank builds the model exactly as the trainer does (FSDP2
 over `nproc` ranks, AdamW, one training step so the optimizer moments exist), takes the state
-dict the trainer checkpoints (`get_state_dict`: sharded parameters and both AdamW moments), and
+dict the trainer checkpoints (its model and optimizer states: sharded parameters and both AdamW
+moments), and
 times copying every local tensor of it into destination buffers that were allocated and touched
 beforehand, as a persistent staging area is:
 
@@ -45,15 +46,11 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
     )
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
     from workloads.config import TrainConfig
-    from workloads.data import build_batches
     from workloads.device import resolve_runtime
-    from workloads.model import build_model
+    from workloads.training import build_training
 
     cfg = TrainConfig.from_dict(
         {},
@@ -69,14 +66,12 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
     dist.init_process_group(
         runtime.backend, rank=rank, world_size=args.nproc, device_id=runtime.device if runtime.is_cuda else None
     )
-    model = build_model(cfg.model.shape, runtime, init_device_mesh(runtime.device.type, (args.nproc,)), seed=1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    inputs, targets = build_batches(cfg.data, rank, args.nproc, cfg.model.shape.vocab_size, 1).next_batch()
-    loss = F.cross_entropy(model(inputs.to(runtime.device)).float().flatten(0, 1), targets.to(runtime.device).flatten())
-    loss.backward()
-    optimizer.step()  # creates the AdamW moments, which are two thirds of the checkpoint
+    training = build_training(cfg, runtime, rank, args.nproc)  # exactly as the trainer builds it
+    inputs, targets = training.batches.next_batch()
+    training.model(inputs.to(runtime.device), targets.to(runtime.device)).backward()
+    training.optimizer.step()  # creates the AdamW moments, which are two thirds of the checkpoint
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = training.states["model"].state_dict(), training.states["optim"].state_dict()
     sources: list[torch.Tensor] = []
 
     def collect(value) -> None:

@@ -22,25 +22,22 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from nvrx_eks.facts.checkpoint_layout import run_identity
 
 
 def _worker(rank: int, args: argparse.Namespace, port: int, results: dict) -> None:
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(args.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank)
     )
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from workloads.checkpoint import Checkpointer
+    from workloads.checkpoint.checkpointer import Checkpointer
     from workloads.config import TrainConfig
-    from workloads.data import build_batches
     from workloads.device import resolve_runtime
     from workloads.events import EventLog
     from workloads.faults import FaultInjector
-    from workloads.model import build_model
+    from workloads.training import build_training
 
     run_dir = Path(args.dir)
     base = [
@@ -57,21 +54,15 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: dict) -> No
     }
     runtime = resolve_runtime(cfg["nvrx"])
     dist.init_process_group(runtime.backend, rank=rank, world_size=args.nproc)
-    model = build_model(
-        cfg["nvrx"].model.shape,
-        runtime,
-        init_device_mesh(runtime.device.type, (args.nproc,)),
-        seed=1,
-        activation_checkpointing=cfg["nvrx"].model.checkpoint_activations,
-        loss_chunk_tokens=cfg["nvrx"].model.loss_chunk_tokens,
-    )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batches = build_batches(cfg["nvrx"].data, rank, args.nproc, cfg["nvrx"].model.shape.vocab_size, 1)
+    training = build_training(cfg["nvrx"], runtime, rank, args.nproc)  # exactly as the trainer builds it
+    model, optimizer, batches = training.model, training.optimizer, training.batches
     events = EventLog(run_dir, rank)
     no_faults = FaultInjector((), rank, run_dir / "faults", events.emit)
-    identity = {"world_size": args.nproc, "preset": args.preset}
+    identity = run_identity(args.nproc, args.preset)
     savers = {
-        b: Checkpointer(c, events=events, faults=no_faults, identity=identity, device=runtime.device)
+        b: Checkpointer(
+            c, events=events, faults=no_faults, identity=identity, device=runtime.device, states=training.states
+        )
         for b, c in cfg.items()
     }
 
@@ -86,8 +77,8 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: dict) -> No
         return time.monotonic() - started
 
     def state(step: int) -> dict:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        return {"model": model_sd, "optim": optim_sd, "train": {"step": step}}
+        training.progress.step = step
+        return savers["nvrx"].state_dict()
 
     rows, step_times = [], []
     for round_index in range(args.saves):
@@ -117,7 +108,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: dict) -> No
         saver.close()
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
-        from workloads.checkpoint import committed_checkpoints
+        from workloads.checkpoint.files import committed_checkpoints
 
         latest = run_dir / "sync" / committed_checkpoints(run_dir / "sync")[0]
         results.update(

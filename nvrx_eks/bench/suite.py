@@ -40,7 +40,7 @@ from nvrx_eks.bench.scenarios import run_p1, run_p2, run_p3, run_p4, run_p5, run
 from nvrx_eks.bench.settings import SCENARIOS, BenchSettings, settings_for
 from nvrx_eks.bench.tables import print_result
 from nvrx_eks.facts.errors import ConfigError
-from workloads.config import MODEL_PRESETS
+from workloads.presets import MODEL_PRESETS
 
 
 def parse_scenarios(text: str) -> list[str]:

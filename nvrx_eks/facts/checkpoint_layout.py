@@ -5,6 +5,7 @@ and the CLI read it as well as the trainer.
 Layout under checkpoint.dir:
     step_00000040-<attempt>/      one save: DCP shards (`__<rank>_<n>.distcp`) and `.metadata`
         commit.json               written by rank 0 only after every rank finished writing
+        .digests-rank<R>.json     rank R's file digests from its async writer, until the commit
     latest.json                   the run-level pointer: {"latest", "step", "committed": [...]}
     latest_step                   the newest committed step as a bare integer (ft_launcher's
                                   progress tracker reads it)
@@ -30,6 +31,9 @@ POINTER_FILE = "latest.json"
 ITERATION_FILE = "latest_step"
 COMMIT_FILE = "commit.json"
 METADATA_FILE = ".metadata"
+#: Left by an async writer beside a rank's shards until the commit gathers it:
+#: {file name: [size, sha256 or null]}.
+DIGESTS_FILE = ".digests-rank{rank}.json"
 _NAME = re.compile(r"^step_(\d{8})-([0-9a-z.]+)$")
 
 
@@ -50,6 +54,28 @@ def iteration_file(ckpt_dir: str | Path) -> str:
 def checkpoint_dirs(ckpt_dir: str | Path) -> list[Path]:
     root = Path(ckpt_dir)
     return sorted(p for p in root.iterdir() if _NAME.match(p.name)) if root.is_dir() else []
+
+
+#: What a checkpoint records about the run that wrote it, with the setting an operator changes.
+IDENTITY_FIELDS = {"world_size": "world size (nnodes x nproc-per-node)", "preset": "model.preset"}
+
+
+def run_identity(world_size: int, preset: str) -> dict[str, Any]:
+    """The commit record's identity fields for this run: a checkpoint loads only into the same."""
+    return {"world_size": world_size, "preset": preset}
+
+
+def incompatibility(manifest: dict[str, Any], identity: dict[str, Any]) -> str | None:
+    """Why a checkpoint whose commit record is `manifest` cannot be resumed by a run of
+    `identity` (its shards are laid out for the world size and model that wrote them), or None."""
+    for key, expected in identity.items():
+        if manifest.get(key) != expected:
+            return (
+                f"was written with {key}={manifest.get(key)!r}, this run has {key}={expected!r}; resume "
+                f"with the same {IDENTITY_FIELDS.get(key, key)} or point checkpoint.dir at an empty "
+                "directory to start a new run"
+            )
+    return None
 
 
 class PointerUnreadable(ValueError):

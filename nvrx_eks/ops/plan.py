@@ -24,8 +24,8 @@ from rich.table import Table
 
 from infra.config import DeploymentConfig
 from nvrx_eks.facts.instances import PEAK_BF16_DENSE_TFLOPS
-from workloads.config import MODEL_PRESETS
 from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, GIB, MemoryEstimate, parameter_count
+from workloads.presets import MODEL_PRESETS
 
 #: Per-node MTBF: Llama 3 (Meta, 2024, "The Llama 3 Herd of Models", sec. 3.3.4) saw 419
 #: unexpected interruptions in 54 days on 16,384 H100 GPUs (2,048 8-GPU nodes):

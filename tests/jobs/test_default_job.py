@@ -12,9 +12,10 @@ from nvrx_eks.facts.instances import INSTANCE_FACTS
 from nvrx_eks.jobs.spec import default_job
 from nvrx_eks.ops.plan import optimal_interval_steps
 from tests.support.cli_harness import run_cli
-from workloads.config import MODEL_PRESETS, TrainConfig
+from workloads.config import TrainConfig
 from workloads.memory import estimate_for
 from workloads.metrics import flops_per_token, step_throughput, summarize_throughput
+from workloads.presets import MODEL_PRESETS
 
 
 def rendered_train(*args: str) -> dict:

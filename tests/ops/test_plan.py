@@ -16,8 +16,8 @@ from nvrx_eks.ops.plan import (
     young_interval,
 )
 from tests.support.cli_process import WIDE_TERMINAL, cli_process
-from workloads.config import MODEL_PRESETS
 from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, parameter_count
+from workloads.presets import MODEL_PRESETS
 
 
 def test_young_and_daly_agree_when_checkpoints_are_cheap():

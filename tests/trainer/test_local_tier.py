@@ -1,4 +1,4 @@
-"""The node-local checkpoint tier (workloads.local_tier): two gloo ranks on two simulated nodes
+"""The node-local checkpoint tier (workloads.checkpoint.local_tier): two gloo ranks on two simulated nodes
 (separate roots), a save replicated across them, and the restore choices: own copy, replica after
 the own copy is damaged, FSx when no step is complete for every rank or FSx is newer."""
 
@@ -14,9 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.support.trainer_fixtures import port_pair
-from workloads.config import TrainConfig
-from workloads.faults import parse_fault_spec
-from workloads.local_tier import (
+from workloads.checkpoint.local_tier import (
     copies_in,
     corrupt_newest_copy,
     decode_copy,
@@ -26,6 +24,8 @@ from workloads.local_tier import (
     split_state,
     write_copy,
 )
+from workloads.config import TrainConfig
+from workloads.faults import parse_fault_spec
 
 
 def _state(rank: int, value: float) -> dict:
@@ -65,8 +65,8 @@ def test_split_then_fill_restores_every_leaf_without_pickle():
 def _worker(rank: int, port: int, run_dir: str, plan: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
+    from workloads.checkpoint.local_tier import LocalTier
     from workloads.events import EventLog
-    from workloads.local_tier import LocalTier
 
     root = Path(run_dir) / f"node{rank}"
     cfg = TrainConfig.from_dict(

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_eks.facts.checkpoint_layout import COMMIT_FILE, checkpoint_dirs, step_of
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from tests.support.trainer_fixtures import REPO, assert_nothing_left, shared_local_run
-from workloads.checkpoint import COMMIT_FILE, checkpoint_dirs, committed_checkpoints, step_of
+from workloads.checkpoint.files import committed_checkpoints
 from workloads.events import load_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]

@@ -18,13 +18,14 @@ from infra.config import resolve_config
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.job_presets import JOB_PRESETS
 from nvrx_eks.jobs.spec import build_jobspec, load_train_config
-from workloads.config import MODEL_PRESETS, ModelShape, TrainConfig
+from workloads.config import TrainConfig
 from workloads.memory import (
     GIB,
     block_activation_bytes_per_token,
     estimate_for,
     saved_activation_bytes_per_token,
 )
+from workloads.presets import MODEL_PRESETS, ModelShape
 
 #: The memory model's activation term must be within this of what autograd actually saves.
 ACTIVATION_TOLERANCE = 0.05
@@ -256,8 +257,12 @@ def test_gpus_missing_ends_the_rank_with_do_not_requeue(monkeypatch):
     import workloads.train as train_module
     from workloads.device import GpusMissing
 
-    def no_gpus(process, call_wrapper):
-        raise GpusMissing("distributed.backend: nccl needs one GPU per local rank")
+    class NoGpus:
+        def __init__(self, process, call_wrapper):
+            pass
+
+        def run(self):
+            raise GpusMissing("distributed.backend: nccl needs one GPU per local rank")
 
     class Events:
         def __init__(self):
@@ -272,7 +277,9 @@ def test_gpus_missing_ends_the_rank_with_do_not_requeue(monkeypatch):
     armed = []
     # train_attempt turns a ConfigError into Unrecoverable, which run() ends with exit 93; the
     # exit watchdog it arms would end this test process, so it is recorded instead.
-    monkeypatch.setattr(train_module, "_train_attempt", no_gpus)
+    import workloads.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "Trainer", NoGpus)
     monkeypatch.setattr(train_module, "arm_exit_watchdog", armed.append)
     with pytest.raises(train_module.Unrecoverable, match="one GPU per local rank"):
         train_module.train_attempt(Process())
@@ -355,7 +362,7 @@ def test_recovery_bound_counts_the_cuda_checks_on_gpu():
 
 
 def test_state_digest_combines_the_rank_digests(single_rank):
-    from workloads.checkpoint import state_digests
+    from workloads.checkpoint.digest import state_digests
 
     state = {"model": {"w": torch.arange(10.0)}, "train": {"step": 3}}
     pings = []
@@ -367,8 +374,8 @@ def test_state_digest_combines_the_rank_digests(single_rank):
 
 
 def test_a_reload_in_the_same_process_trusts_what_it_committed(single_rank, tmp_path, monkeypatch):
-    import workloads.checkpoint as checkpoint_module
-    from workloads.checkpoint import Checkpointer
+    import workloads.checkpoint.files as files_module
+    from workloads.checkpoint.checkpointer import Checkpointer
     from workloads.events import EventLog, load_run
     from workloads.faults import FaultInjector
 
@@ -389,8 +396,8 @@ def test_a_reload_in_the_same_process_trusts_what_it_committed(single_rank, tmp_
     first.save(5, state)
     first.close()
     hashed = []
-    real = checkpoint_module._file_digest
-    monkeypatch.setattr(checkpoint_module, "_file_digest", lambda p, sha: hashed.append(p.name) or real(p, sha))
+    real = files_module.file_digest
+    monkeypatch.setattr(files_module, "file_digest", lambda p, sha: hashed.append(p.name) or real(p, sha))
     # An in-process restart: a new Checkpointer in the same process.
     assert checkpointer().load_latest(lambda: {"w": torch.zeros(4096)}).step == 5
     assert not [n for n in hashed if n.endswith(".distcp")]  # no shard re-read for hashing
@@ -434,9 +441,10 @@ def test_a_digest_slower_than_the_soft_timeout_does_not_restart(tmp_path, tmp_pa
 def test_one_host_sync_per_step(tmp_path, monkeypatch):
     """The loss and the stop/save votes reach the host in one transfer per step (a GPU would
     otherwise drain its queue several times per step before the next batch is built)."""
-    import workloads.train as train_module
+    import workloads.trainer as trainer_module
     from nvrx_eks.local.runner import free_port_pair
-    from workloads.train import ProcessState, train_attempt
+    from workloads.process_state import ProcessState
+    from workloads.train import train_attempt
 
     steps = 6
     cfg = TrainConfig.from_dict(
@@ -464,7 +472,7 @@ def test_one_host_sync_per_step(tmp_path, monkeypatch):
 
         def counted(self, *args, _real=real, _name=method, **kwargs):
             # The training loop's own transfers (the optimizer's CPU step counters are not).
-            if sys._getframe(1).f_code.co_filename == train_module.__file__:
+            if sys._getframe(1).f_code.co_filename == trainer_module.__file__:
                 syncs.append(_name)
             return _real(self, *args, **kwargs)
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_eks.facts.checkpoint_layout import step_of
 from tests.support.trainer_fixtures import REPO, assert_nothing_left, exclusive_trainer_runs, port_pair
-from workloads.checkpoint import committed_checkpoints, step_of
+from workloads.checkpoint.files import committed_checkpoints
 from workloads.events import load_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]

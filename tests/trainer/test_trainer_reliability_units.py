@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from nvrx_eks.facts import checkpoint_layout as layout
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from tests.support.trainer_fixtures import REPO
-from workloads.checkpoint import CheckpointWriterDied, storage_failure
+from workloads.checkpoint.errors import CheckpointWriterDied, storage_failure
 
 
 def _commit(root: Path, step: int, token: str = "a.0.0.1", payload: bytes = b"x" * 100) -> str:
@@ -137,19 +137,19 @@ def test_exit_watchdog_ends_a_process_blocked_on_a_lock_with_its_code():
 
 
 def test_rng_state_is_tensors_only_and_restores_exactly():
-    from workloads.train import _restore_rng, _rng_state
+    from workloads.checkpoint.train_state import RngState
 
     random.seed(1)
     np.random.seed(2)
     random.gauss(0, 1)  # leaves a cached Gaussian in both generators' state
     np.random.standard_normal()
-    state = _rng_state(cuda=False)
+    state = RngState(cuda=False).state_dict()
     assert all(isinstance(v, torch.Tensor) for v in state.values())
     expected = (random.random(), random.gauss(0, 1), np.random.rand(), np.random.standard_normal(), torch.rand(1))
     random.seed(3)
     np.random.seed(3)
     torch.manual_seed(3)
-    _restore_rng(state, cuda=False)
+    RngState(cuda=False).load_state_dict(state)
     again = (random.random(), random.gauss(0, 1), np.random.rand(), np.random.standard_normal(), torch.rand(1))
     assert expected[:4] == again[:4] and torch.equal(expected[4], again[4])
 

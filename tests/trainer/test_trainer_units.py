@@ -17,16 +17,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import workloads.checkpoint as checkpoint_module
+import workloads.checkpoint.files as files_module
+from nvrx_eks.facts.checkpoint_layout import checkpoint_dirs, step_of
 from nvrx_eks.facts.errors import ConfigError
-from workloads.checkpoint import (
-    Checkpointer,
-    CheckpointIncompatible,
-    checkpoint_dirs,
-    committed_checkpoints,
-    state_sha256,
-    step_of,
-)
+from workloads.checkpoint.checkpointer import Checkpointer
+from workloads.checkpoint.digest import state_sha256
+from workloads.checkpoint.errors import CheckpointIncompatible
+from workloads.checkpoint.files import committed_checkpoints
 from workloads.config import DataConfig, TrainConfig
 from workloads.data import build_batches
 from workloads.events import EventLog, load_run, summarize
@@ -212,13 +209,13 @@ def test_async_backends_save_the_state_as_of_the_hand_off(single_rank, tmp_path,
     next optimizer step does) must not leak into the checkpoint. The shards are hashed by the
     writer (worker process or writer thread), never on the training thread at the commit."""
     hashed_on_training_thread = []
-    rank_digests = checkpoint_module._rank_digests
+    rank_digests = files_module.rank_digests
 
     def tracking(*args):
         hashed_on_training_thread.append(threading.current_thread() is threading.main_thread())
         return rank_digests(*args)
 
-    monkeypatch.setattr(checkpoint_module, "_rank_digests", tracking)
+    monkeypatch.setattr(files_module, "rank_digests", tracking)
     ckpt = _checkpointer(tmp_path, **{"checkpoint.backend": backend})
     state = _state(5.0)
     ckpt.save(5, state)
@@ -253,7 +250,7 @@ def test_abort_does_not_wait_for_a_writer_stuck_in_its_files(single_rank, tmp_pa
 
     ckpt = _checkpointer(tmp_path, **{"checkpoint.backend": "nvrx"})
     started = tmp_path / "writer-started"
-    ckpt._queue.schedule_async_request(AsyncRequest(_writer_stuck_in_its_files, (str(started),), []))
+    ckpt.writer._queue.schedule_async_request(AsyncRequest(_writer_stuck_in_its_files, (str(started),), []))
     deadline = time.monotonic() + 60
     while not started.exists():
         assert time.monotonic() < deadline, "the NVRx worker never ran the request"

@@ -64,6 +64,9 @@ _COPY = re.compile(r"^rank(\d+)\.json$")
 #: Nice value of the writer thread (0-19; higher yields more CPU to the training thread).
 WRITER_NICENESS = 10
 
+#: A copy's bytes: read from a file (bytearray), serialized (memoryview) or received from a peer.
+Buffer = bytes | bytearray | memoryview
+
 # The writer thread of the previous in-process iteration, if any: a new iteration waits for it
 # before reading the root, so the copy it was finishing counts.
 _previous_writer: threading.Thread | None = None
@@ -146,7 +149,7 @@ def encode_copy(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> memor
     return buf.getbuffer()
 
 
-def decode_copy(data: bytes | memoryview) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def decode_copy(data: Buffer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     loaded = torch.load(io.BytesIO(data), weights_only=True)
     return loaded["tensors"], json.loads(loaded["meta"])
 
@@ -161,10 +164,12 @@ def run_id(run_dir: Path) -> str:
             atomic_write(path, uuid.uuid4().hex)
         ident[0] = path.read_text().strip()
     dist.broadcast_object_list(ident, src=0)
-    return ident[0]
+    run = ident[0]
+    assert run is not None  # rank 0 always sets it
+    return run
 
 
-def write_copy(root: Path, step: int, rank: int, data: bytes | memoryview, run: str) -> Path:
+def write_copy(root: Path, step: int, rank: int, data: Buffer, run: str) -> Path:
     """Write one rank's copy of `step` under `root`: the data, then its record (size, SHA-256),
     each atomically, so a copy interrupted half way has no record and is never read."""
     directory = step_dir(root, step)
@@ -210,7 +215,7 @@ def read_copy(root: Path, step: int, rank: int, run: str) -> tuple[bytearray | N
 
 def copies_in(root: Path) -> list[tuple[int, int]]:
     """(step, rank) of every copy that has a record under root, newest step first."""
-    found = []
+    found: list[tuple[int, int]] = []
     if not root.is_dir():
         return found
     for d in root.iterdir():
@@ -241,14 +246,14 @@ class LocalRestore:
     source: str  # "local" (own copy) or "replica" (received from the rank that held it)
 
 
-def _exchange(
-    group: Any, send_to: int | None, payload: bytearray | memoryview | None, recv_from: int | None
-) -> memoryview | None:
+def _exchange(group: Any, send_to: int | None, payload: Buffer | None, recv_from: int | None) -> memoryview | None:
     """Send `payload` to one rank and receive one from another, without ordering deadlocks:
     sizes first, then the bytes, all as non-blocking pairs."""
-    works = []
+    # isend/irecv return None only on a rank outside the group; every rank here is in it.
+    works: list[Any] = []
     size_in = torch.zeros(1, dtype=torch.int64)
     if send_to is not None:
+        assert payload is not None
         works.append(dist.isend(torch.tensor([len(payload)], dtype=torch.int64), send_to, group=group))
     if recv_from is not None:
         works.append(dist.irecv(size_in, recv_from, group=group))
@@ -257,6 +262,7 @@ def _exchange(
     works = []
     data_in = None
     if send_to is not None:
+        assert payload is not None
         works.append(dist.isend(torch.frombuffer(payload, dtype=torch.uint8), send_to, group=group))
     if recv_from is not None:
         data_in = torch.empty(int(size_in.item()), dtype=torch.uint8)
@@ -328,8 +334,9 @@ class LocalTier:
             write_copy(self.root, step, self.rank, data, self.run)
             written = time.monotonic()
             replica = None
-            if self.peer is not None:
+            if self.peer is not None and self.source is not None:  # both or neither
                 replica = _exchange(self._group, self.peer, data, self.source)
+                assert replica is not None
                 write_copy(self.root, step, self.source, replica, self.run)
             self._retain()
             self.events.emit(
@@ -382,12 +389,12 @@ class LocalTier:
     def restore(self, build_state: Callable[[], dict[str, Any]], fsx_step: int) -> LocalRestore | None:
         """Collective. The newest step every rank's copy is available for, if not older than
         `fsx_step` (rank 0's view of the newest committed FSx checkpoint); None otherwise."""
-        verified: dict[tuple[int, int], bytes] = {}
+        verified: dict[tuple[int, int], Buffer] = {}
         for step, origin in copies_in(self.root):
             if origin not in self._mine():
                 continue
-            data, reason = read_copy(self.root, step, origin, self.run)
-            if data is None:
+            copy, reason = read_copy(self.root, step, origin, self.run)
+            if copy is None:
                 log.warning(
                     "local checkpoint: skipping rank %d's copy of step %d in %s: %s", origin, step, self.root, reason
                 )
@@ -395,7 +402,7 @@ class LocalTier:
                     "local_copy_skipped", step=step, origin_rank=origin, own=origin == self.rank, reason=reason
                 )
                 continue
-            verified[(step, origin)] = data
+            verified[(step, origin)] = copy
         reports: list[Any] = [None] * self.world
         dist.all_gather_object(reports, {"copies": sorted(verified), "fsx_step": fsx_step})
         fsx_step = reports[0]["fsx_step"]
@@ -424,7 +431,7 @@ class LocalTier:
         # Each rank's copy comes from the rank itself when it verified, else from the lowest
         # rank holding a verified replica.
         source_of = {r: (r if r in holders[(chosen, r)] else min(holders[(chosen, r)])) for r in range(self.world)}
-        data = verified.get((chosen, self.rank)) if source_of[self.rank] == self.rank else None
+        data: Buffer | None = verified.get((chosen, self.rank)) if source_of[self.rank] == self.rank else None
         for origin, holder in source_of.items():
             if holder == origin:
                 continue
@@ -432,6 +439,7 @@ class LocalTier:
                 _exchange(self._group, origin, verified[(chosen, origin)], None)
             elif self.rank == origin:
                 data = _exchange(self._group, None, None, holder)
+        assert data is not None  # its own verified copy, or the replica just received
         tensors, meta = decode_copy(data)
         state = fill_state(build_state(), tensors, meta)
         via = "local" if source_of[self.rank] == self.rank else "replica"

@@ -1,0 +1,125 @@
+"""What a checkpoint holds besides the data loader, as stateful objects (state_dict/load_state_dict)
+composed under named keys: the model, the optimizer, the training progress and every RNG."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+
+class Stateful(Protocol):
+    """What the Checkpointer saves and restores: torch.distributed.checkpoint's Stateful."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any], /) -> None: ...
+
+
+@dataclass
+class TrainState:
+    """The training progress: the last finished step, its mean loss, and the learning-rate
+    schedule's position (under this key since the first checkpoint format: moving it would make
+    older checkpoints unloadable)."""
+
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    step: int = 0
+    last_loss: float = field(default=float("nan"))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "last_loss": self.last_loss, "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict["scheduler"])
+        self.step, self.last_loss = int(state_dict["step"]), float(state_dict["last_loss"])
+
+
+class ModelState:
+    """The model's (sharded) parameters."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_model_state_dict(self.model, state_dict)
+
+
+class OptimizerState:
+    """The optimizer's (sharded) moments and hyper-parameters, keyed by parameter name."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict)
+
+
+class RngState:
+    """Every RNG the step uses, as tensors only: the checkpoint directory is writable by every pod
+    that mounts the volume, so nothing read back from it may be unpickled (code execution)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+
+    def state_dict(self) -> dict[str, Any]:
+        version, mt, gauss = random.getstate()
+        legacy = np.random.get_state(legacy=True)
+        assert isinstance(legacy, tuple)  # the legacy form: MT19937's state as a tuple
+        kind, keys, pos, has_gauss, cached = legacy
+        assert kind == "MT19937", kind  # the only bit generator np.random's legacy state has
+        return {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if self.cuda else torch.zeros(0, dtype=torch.uint8),
+            "python_mt": torch.tensor(mt, dtype=torch.int64),
+            "python_meta": torch.tensor([version, gauss is not None], dtype=torch.int64),
+            "python_gauss": torch.tensor([gauss or 0.0], dtype=torch.float64),
+            "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
+            "numpy_meta": torch.tensor([pos, has_gauss], dtype=torch.int64),
+            "numpy_gauss": torch.tensor([cached], dtype=torch.float64),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = state_dict
+        torch.set_rng_state(state["torch"])
+        if self.cuda:
+            torch.cuda.set_rng_state(state["cuda"])
+        version, has_gauss = (int(v) for v in state["python_meta"].tolist())
+        gauss = float(state["python_gauss"][0]) if has_gauss else None
+        random.setstate((version, tuple(int(v) for v in state["python_mt"].tolist()), gauss))
+        pos, np_has_gauss = (int(v) for v in state["numpy_meta"].tolist())
+        np.random.set_state(
+            (
+                "MT19937",
+                state["numpy_keys"].numpy().astype(np.uint32),
+                pos,
+                np_has_gauss,
+                float(state["numpy_gauss"][0]),
+            )
+        )
+
+
+def rng_key(rank: int) -> str:
+    """Each rank's RNG under its own key: the ranks draw different streams."""
+    return f"rng_rank{rank}"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every RNG RngState saves."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)

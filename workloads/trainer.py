@@ -1,0 +1,315 @@
+"""The Trainer: one in-process iteration of a rank: set up (process group, build_training, the
+Checkpointer, restore), the training loop, and the end of the run (final save, state digest,
+summary.json). What outlives an iteration is the ProcessState (workloads.process_state)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nvrx_eks.facts.checkpoint_layout import run_identity
+from workloads.checkpoint.checkpointer import Checkpointer
+from workloads.checkpoint.digest import state_digests
+from workloads.checkpoint.local_tier import LocalTier
+from workloads.config import TrainConfig
+from workloads.data import batch_fingerprint
+from workloads.device import Runtime, resolve_runtime
+from workloads.events import load_run, summarize
+from workloads.metrics import flops_per_token, format_mfu, step_throughput, summarize_throughput
+from workloads.process_state import ProcessState
+from workloads.training import Training, build_training
+from workloads.transport import require_efa
+
+log = logging.getLogger("workloads.train")
+
+
+def init_process_group(process: ProcessState, runtime: Runtime, iteration: int) -> None:
+    """The iteration's default process group: from the environment without a store port, else on
+    the store NVRx's Wrapper hosts, under a key prefix of its own."""
+    timeout = datetime.timedelta(seconds=runtime.pg_timeout_s)
+    device_id = runtime.device if runtime.is_cuda else None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if process.store_port is None:
+        dist.init_process_group(runtime.backend, rank=rank, world_size=world, timeout=timeout, device_id=device_id)
+        return
+    if process.wrapper_store is None:
+        # A client of the store NVRx's Wrapper hosts on rank 0 (or, without the Wrapper, our own
+        # server); each iteration uses a fresh key prefix, so a restart never reads stale keys.
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        is_host = not process.cfg.inprocess.enabled and rank == 0
+        process.wrapper_store = dist.TCPStore(
+            host,
+            process.store_port,
+            world,
+            is_master=is_host,
+            timeout=datetime.timedelta(seconds=300),
+            wait_for_workers=False,
+        )
+    store = dist.PrefixStore(f"pg-cycle{process.events.cycle}-iter{iteration}", process.wrapper_store)
+    dist.init_process_group(
+        runtime.backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=device_id
+    )
+
+
+@dataclass
+class StepOutcome:
+    """What one optimizer step reports, after the single host sync of the step."""
+
+    loss: float
+    stop: bool  # some rank received SIGTERM
+    save: bool  # some rank's checkpoint.interval_seconds elapsed
+    fingerprint: str
+    step_s: float
+
+
+class Trainer:
+    """One in-process iteration. `call_wrapper` is NVRx's CallWrapper (None without the in-process
+    layer): its iteration number, watchdog ping, atomic section and hang-protection switch."""
+
+    def __init__(self, process: ProcessState, call_wrapper: Any = None):
+        self.process, self.cfg = process, process.cfg
+        self.events, self.ft, self.faults = process.events, process.ft, process.faults
+        self.iteration: int = call_wrapper.iteration if call_wrapper is not None else 0
+        self.ping: Callable[[], None] = call_wrapper.ping if call_wrapper is not None else (lambda: None)
+        self.atomic: Callable[[], AbstractContextManager[Any]] = (
+            call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext
+        )
+        self.unguarded: Callable[[], AbstractContextManager[Any]] = (
+            call_wrapper.disable_hang_protection if call_wrapper is not None else contextlib.nullcontext
+        )
+        self.events.iteration = self.iteration
+        self.ft.atomic = self.atomic  # messages to ft_launcher's monitor must not be torn by a restart
+
+    def run(self) -> dict[str, str]:
+        """Set up, train, finish. Returns {"status": "completed" | "terminated"}."""
+        self.setup()
+        stopped = self.train()
+        return self.finish(stopped)
+
+    def setup(self) -> None:
+        setup_started = time.monotonic()
+        cfg = self.cfg
+        with self.ft.section("setup"):
+            self.runtime = resolve_runtime(cfg)
+            with require_efa(cfg.distributed.require_efa, self.runtime.backend, cfg.run_dir, self.process.rank):
+                init_process_group(self.process, self.runtime, self.iteration)
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            self.faults.retarget(self.rank)  # with spare nodes the active rank can change at a restart
+            self.training = build_training(cfg, self.runtime, self.rank, self.world)
+            local_tier = None
+            if cfg.checkpoint.local.enabled:
+                nproc_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+                local_tier = LocalTier(cfg, events=self.events, nproc_per_node=nproc_per_node)
+            self.checkpointer = Checkpointer(
+                cfg,
+                events=self.events,
+                faults=self.faults,
+                device=self.runtime.device,
+                identity=run_identity(self.world, cfg.model.preset),
+                states=self.training.states,
+                local_tier=local_tier,
+                ft=self.ft,
+                atomic=self.atomic,
+                ping=self.ping,
+                unguarded=self.unguarded,
+            )
+            # Dropped by the in-process finalize, so a failed iteration's objects can be freed.
+            self.process.iteration_objects.update(
+                model=self.training.model,
+                optimizer=self.training.optimizer,
+                checkpointer=self.checkpointer,
+                local_tier=local_tier,
+            )
+            restored = self.checkpointer.restore()
+        self._report_start(restored, time.monotonic() - setup_started)
+
+    def _report_start(self, restored: int | None, setup_s: float) -> None:
+        start_step = self.training.progress.step
+        self.events.emit("setup_end", resumed_from_step=start_step, setup_s=setup_s)
+        if self.iteration > 0:
+            begun = self.process.restart_begin_t
+            since = time.time() - begun if begun else None
+            self.events.emit("restart_end", layer="inprocess", resumed_from_step=start_step, since_begin_s=since)
+        elif self.events.cycle > 0:
+            self.events.emit("restart_end", layer="launcher", resumed_from_step=start_step)
+        if self.rank == 0:
+            log.info(
+                "iteration %d: %s at step %d (world %d, %s, %s)",
+                self.iteration,
+                "resumed" if restored is not None else "starting",
+                start_step,
+                self.world,
+                self.runtime.backend,
+                self.runtime.device,
+            )
+        data = self.cfg.data
+        self.tokens_per_step = self.world * data.batch_size * data.seq_len * data.grad_accum_steps
+        self.flops_token = flops_per_token(self.cfg.model.shape, data.seq_len)
+        # MFU against a GPU's peak only: a CPU run's figure would compare with nothing.
+        self.peak_tflops = self.cfg.peak_tflops_per_gpu if self.runtime.is_cuda else None
+
+    def train(self) -> bool:
+        """The loop, from the step after the restored one to the last; True if a SIGTERM stopped it."""
+        self.training.model.train()
+        for step in range(self.training.progress.step + 1, self.cfg.steps + 1):
+            self.ping()
+            self.checkpointer.poll_in_flight()
+            self.faults.at_step_start(step, self.checkpointer.corrupt_latest, self.checkpointer.corrupt_local)
+            self.events.emit("step_start", step=step)
+            outcome = self.train_step(step)
+            self.report_step(step, outcome)
+            self.checkpointer.maybe_save(step, force=outcome.stop or outcome.save)
+            if outcome.stop:
+                self.events.emit("sigterm", signal=int(signal.SIGTERM), step=step)
+                return True
+        return False
+
+    def train_step(self, step: int) -> StepOutcome:
+        """One optimizer step over data.grad_accum_steps micro-batches."""
+        training, device = self.training, self.runtime.device
+        accum = self.cfg.data.grad_accum_steps
+        started = time.monotonic()
+        with self.ft.section("step"):
+            # Gradient accumulation: each micro-batch's backward reduce-scatters into the sharded
+            # gradients, which sum across micro-batches (FSDP2 keeps no unsharded gradient
+            # between them: the memory of workloads.memory holds for any accumulation). The loader
+            # advances per micro-batch and checkpoints fall between optimizer steps, so a resumed
+            # run reads exactly the micro-batches the uninterrupted one would have.
+            micro_inputs: list[torch.Tensor] = []
+            loss: torch.Tensor | None = None
+            for _ in range(accum):
+                inputs, targets = training.batches.next_batch()
+                micro_inputs.append(inputs)
+                # The model computes the loss itself, chunk by chunk (OutputProjection): no full
+                # [tokens, vocab] logits tensor is ever alive here.
+                micro_loss = training.model(inputs.to(device), targets.to(device)) / accum
+                micro_loss.backward()
+                loss = micro_loss.detach() if loss is None else loss + micro_loss.detach()
+            assert loss is not None  # grad_accum_steps >= 1
+            fingerprint = batch_fingerprint(torch.cat(micro_inputs))
+            if self.cfg.optimizer.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(training.model.parameters(), self.cfg.optimizer.grad_clip)
+            training.optimizer.step()
+            training.scheduler.step()
+            training.optimizer.zero_grad(set_to_none=True)
+            # One all-reduce per step carries the loss and the decisions every rank must take at
+            # the same step: stop after a SIGTERM, save because the time interval elapsed. The
+            # loss stays on the device until the single host sync below (.tolist()).
+            flags = torch.tensor([float(self.process.sigterm_received), float(self.checkpointer.time_due())])
+            if self.runtime.is_cuda:  # a pageable host-to-device copy would itself wait for the GPU
+                flags = flags.pin_memory().to(device, non_blocking=True)
+            control = torch.cat([loss.detach().float().view(1), flags])
+            dist.all_reduce(control)
+            loss_sum, stop_votes, save_votes = control.tolist()
+        mean_loss = loss_sum / self.world
+        training.progress.step, training.progress.last_loss = step, mean_loss
+        return StepOutcome(mean_loss, stop_votes > 0, save_votes > 0, fingerprint, time.monotonic() - started)
+
+    def report_step(self, step: int, outcome: StepOutcome) -> None:
+        speed = step_throughput(
+            tokens=self.tokens_per_step,
+            world_size=self.world,
+            step_s=outcome.step_s,
+            flops_token=self.flops_token,
+            peak_tflops=self.peak_tflops,
+        )
+        lr = self.training.scheduler.get_last_lr()[0]
+        self.events.emit(
+            "step_end",
+            step=step,
+            loss=outcome.loss,
+            lr=lr,
+            step_s=outcome.step_s,
+            batch_sha256=outcome.fingerprint,
+            **speed.fields(),
+        )
+        if self.rank == 0 and (step % self.cfg.log_every == 0 or step == self.cfg.steps):
+            log.info(
+                "step %d loss %.4f lr %.2e %.3fs/step %.0f tokens/s (%.0f per GPU) MFU %s",
+                step,
+                outcome.loss,
+                lr,
+                outcome.step_s,
+                speed.tokens_per_s,
+                speed.tokens_per_s_per_gpu,
+                format_mfu(speed.mfu),
+            )
+
+    def finish(self, stopped: bool) -> dict[str, str]:
+        """The final save; then, for a completed run, the state digest, run_end and summary.json."""
+        progress = self.training.progress
+        self.checkpointer.finish(progress.step)
+        if stopped:
+            self.events.emit("run_end", status="terminated", final_step=progress.step, final_loss=progress.last_loss)
+            dist.destroy_process_group()
+            return {"status": "terminated"}
+
+        def digest_progress() -> None:
+            self.ping()
+            self.faults.during_digest(progress.step)
+
+        states = self.training.states
+        # Each rank hashes its own shards; pinging as it goes keeps the in-process watchdog from
+        # taking a large state's digest for a hang (state_digests).
+        model_state = {"model": states["model"].state_dict(), "optim": states["optim"].state_dict()}
+        digest, rank_digests = state_digests(model_state, digest_progress)
+        # The GPU memory high-water mark (reserved: what the allocator took from the device, which
+        # is what must fit), next to workloads.memory's estimate in the GPU smoke test.
+        peak = torch.cuda.max_memory_reserved(self.runtime.device) if self.runtime.is_cuda else None
+        self.events.emit(
+            "run_end",
+            status="completed",
+            final_step=progress.step,
+            final_loss=progress.last_loss,
+            state_sha256=digest,
+            rank_state_sha256=rank_digests[self.rank],
+            gpu_peak_reserved_bytes=peak,
+        )
+        if self.rank == 0:
+            write_summary(self.cfg, self.training, self.world, digest, rank_digests, self.tokens_per_step)
+        dist.destroy_process_group()
+        return {"status": "completed"}
+
+
+def write_summary(
+    cfg: TrainConfig, training: Training, world: int, digest: str, rank_digests: list[str], tokens_per_step: int
+) -> None:
+    """summary.json in the run directory (rank 0, at a completed run), replaced atomically."""
+    run_events = load_run(cfg.run_dir)
+    report = summarize(run_events, rank=0)
+    summary = {
+        "final_step": training.progress.step,
+        "final_loss": training.progress.last_loss,
+        "state_sha256": digest,
+        "rank_state_sha256": rank_digests,
+        "world_size": world,
+        "preset": cfg.model.preset,
+        "restarts": report.restarts_by_layer(),
+        "faults": report.fault_outcomes(),
+        "checkpoints": {
+            "backend": cfg.checkpoint.backend,
+            "median_stall_s": report.median_stall_s,
+            "stalls": len(report.stalls_s),
+        },
+        "goodput": report.goodput,
+        "wall_s": report.wall_s,
+        "replayed_steps": report.lost_steps,
+        "global_batch_tokens": tokens_per_step,
+        **summarize_throughput(run_events.of("step_end", rank=0)),
+    }
+    tmp = Path(cfg.run_dir) / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    os.replace(tmp, Path(cfg.run_dir) / "summary.json")

@@ -1,0 +1,94 @@
+"""build_training(cfg): the model, optimizer, learning-rate schedule, data and training progress
+of one run, built the same way for the trainer and the benchmarks (nvrx_eks.bench.stall/floor)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from workloads.checkpoint.train_state import (
+    ModelState,
+    OptimizerState,
+    RngState,
+    Stateful,
+    TrainState,
+    rng_key,
+    seed_everything,
+)
+from workloads.config import TrainConfig
+from workloads.data import TokenBatches, build_batches
+from workloads.device import Runtime
+from workloads.model import Transformer, build_model
+
+
+@dataclass
+class Training:
+    """What one rank trains with; `states` is what a checkpoint holds of it."""
+
+    model: Transformer
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    batches: TokenBatches
+    progress: TrainState
+    states: dict[str, Stateful]
+
+
+def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
+    """The learning-rate factor per step: linear warm-up, then constant or cosine to min_lr_ratio."""
+    opt = cfg.optimizer
+
+    def factor(step: int) -> float:
+        if step < opt.warmup_steps:
+            return (step + 1) / opt.warmup_steps
+        if opt.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - opt.warmup_steps) / max(1, cfg.steps - opt.warmup_steps))
+        cosine = 0.5 * (1 + math.cos(math.pi * progress))
+        return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * cosine
+
+    return factor
+
+
+def device_mesh(cfg: TrainConfig, runtime: Runtime, world: int) -> DeviceMesh:
+    """The FSDP2 mesh: 1-D over every rank, or with distributed.shard=hybrid (HSDP) sharded along
+    "shard" (the ranks of one node) and replicated along "replicate"; fully_shard takes the 2-D
+    mesh as is (workloads.model)."""
+    if cfg.distributed.shard == "hybrid":
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        return init_device_mesh(runtime.device.type, (world // local, local), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(runtime.device.type, (world,))
+
+
+def build_training(cfg: TrainConfig, runtime: Runtime, rank: int, world: int) -> Training:
+    """Everything a rank trains with, freshly initialized (a restore then loads into it).
+    Collective: the process group must be up (FSDP2 shards over it)."""
+    seed_everything(cfg.seed + rank)
+    model = build_model(
+        cfg.model.shape,
+        runtime,
+        device_mesh(cfg, runtime, world),
+        cfg.seed,
+        activation_checkpointing=cfg.model.checkpoint_activations,
+        loss_chunk_tokens=cfg.model.loss_chunk_tokens,
+    )
+    opt = cfg.optimizer
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    batches = build_batches(cfg.data, rank, world, cfg.model.shape.vocab_size, cfg.seed)
+    progress = TrainState(scheduler)
+    # The keys are the checkpoint format: renaming one makes every older checkpoint unloadable.
+    states: dict[str, Stateful] = {
+        "model": ModelState(model),
+        "optim": OptimizerState(model, optimizer),
+        "train": progress,
+        "data": batches,
+        rng_key(rank): RngState(runtime.is_cuda),
+    }
+    return Training(model, optimizer, scheduler, batches, progress, states)
