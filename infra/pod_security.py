@@ -42,7 +42,7 @@ FABRIC_TEST_CAPABILITIES = TRAINER_CAPABILITIES + SSHD_CAPABILITIES
 #: infra/constructs/node_user_data.py): amazon-eks-ami's setup-local-disks mounts the array at
 #: `${MNT_DIR}/0`, MNT_DIR defaulting to /mnt/k8s-disks.
 NODE_LOCAL_STORAGE_MOUNT = "/mnt/k8s-disks/0"
-#: The node-local checkpoint tier's root on the node (workloads.local_tier); each job's pods mount
+#: The node-local checkpoint tier's root on the node (workloads.checkpoint.local_tier); each job's pods mount
 #: their own subdirectory of it (subPath = the job's name), never the root itself.
 LOCAL_CHECKPOINT_HOST_PATH = f"{NODE_LOCAL_STORAGE_MOUNT}/nvrx-eks-checkpoints"
 

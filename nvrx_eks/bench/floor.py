@@ -120,6 +120,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
         per_rank = [
             {**g, "copy_median_s": statistics.median(g["copy_s"]), "clone_median_s": statistics.median(g["clone_s"])}
             for g in gathered
+            if g is not None  # all_gather_object fills every slot
         ]
         slowest = max(per_rank, key=lambda g: g["copy_median_s"])
         result = {

@@ -56,6 +56,12 @@ def _batch(settings: BenchSettings) -> tuple[str, ...]:
     return (f"data.batch_size={settings.batch_size}",)
 
 
+def recovery_schedule(kinds: list[str], settings: BenchSettings) -> tuple[str, int]:
+    """The schedule of the recovery scenarios (P2, P3, P7): the first fault once a checkpoint
+    exists, then one every checkpoint interval + 4 steps, ranks taken in turn."""
+    return spaced_schedule(kinds, first_step=settings.interval + 3, spacing=settings.interval + 4, nproc=settings.nproc)
+
+
 def run_p1(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict]) -> dict:
     k = settings.interval
     steps = (settings.p1_cycles + 1) * k + 1
@@ -93,9 +99,7 @@ def run_p1(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict
 
 def run_p2(launcher: Launcher, settings: BenchSettings) -> dict:
     kinds = ["exception", "hang"] * settings.repeats
-    spec, steps = spaced_schedule(
-        kinds, first_step=settings.interval + 3, spacing=settings.interval + 4, nproc=settings.nproc
-    )
+    spec, steps = recovery_schedule(kinds, settings)
     launcher.progress(f"P2 soft faults, in-process restart: {spec}")
     run_dir = launcher.completed(
         "p2-inprocess", preset=settings.recovery_preset, steps=steps, backend="nvrx", faults=spec
@@ -119,12 +123,7 @@ def run_p2(launcher: Launcher, settings: BenchSettings) -> dict:
 
 
 def run_p3(launcher: Launcher, settings: BenchSettings) -> dict:
-    spec, steps = spaced_schedule(
-        ["sigkill"] * settings.repeats,
-        first_step=settings.interval + 3,
-        spacing=settings.interval + 4,
-        nproc=settings.nproc,
-    )
+    spec, steps = recovery_schedule(["sigkill"] * settings.repeats, settings)
     common = {"preset": settings.recovery_preset, "steps": steps, "backend": "nvrx", "faults": spec}
     no_inprocess = ("inprocess.enabled=false",)
     launcher.progress(f"P3 hard faults, ft_launcher restarts: {spec}")
@@ -302,12 +301,7 @@ def run_p6(launcher: Launcher, settings: BenchSettings) -> dict:
 
 def run_p7(launcher: Launcher, settings: BenchSettings) -> dict:
     """In-process recovery of an exception, after detection, with and without the gloo release."""
-    spec, steps = spaced_schedule(
-        ["exception"] * settings.repeats,
-        first_step=settings.interval + 3,
-        spacing=settings.interval + 4,
-        nproc=settings.nproc,
-    )
+    spec, steps = recovery_schedule(["exception"] * settings.repeats, settings)
     sides = {}
     for name, release in (("release", True), ("no_release", False)):
         launcher.progress(f"P7 gloo release {'on' if release else 'off'}: {spec}")

@@ -132,9 +132,9 @@ def main() -> None:
     args.dir = args.dir or tempfile.mkdtemp(prefix="stall-")
     port = 29000 + os.getpid() % 1000
     with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_worker, args=(args, port, results), nprocs=args.nproc)
-        results = dict(results)
+        shared = manager.dict()
+        mp.spawn(_worker, args=(args, port, shared), nprocs=args.nproc)
+        results = dict(shared)
     rows = results["rows"]
     print(
         f"preset {args.preset}: {results['params'] / 1e6:.1f}M params, {args.nproc} ranks, "

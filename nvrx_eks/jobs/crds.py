@@ -19,6 +19,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.addon_catalog import JOBSET as JOBSET_ADDON
+from infra.addon_catalog import TRAINING_OPERATOR
 from nvrx_eks.facts.job_kinds import JOBSET, PYTORCHJOB, JobKind
 
 CRD_DIR_ENV = "NVRX_EKS_CRD_DIR"
@@ -39,18 +41,19 @@ def _pinned(kind: JobKind, release: str, url_dir: str, sha256: str) -> PinnedCrd
     return PinnedCrd(file.replace(".yaml", f".{release}.yaml"), f"{url_dir}/{file}", sha256)
 
 
-#: The versions the cluster stack installs (JobSet chart 0.12.0, training operator v1.9.4).
+#: The CRDs at the versions the cluster stack installs (the add-on records); a new pin needs its
+#: file's sha256 here, or the download check fails and says so.
 PINNED_CRDS = (
     _pinned(
         JOBSET,
-        "v0.12.0",
-        "https://raw.githubusercontent.com/kubernetes-sigs/jobset/v0.12.0/config/components/crd/bases",
+        f"v{JOBSET_ADDON.version}",
+        f"https://raw.githubusercontent.com/kubernetes-sigs/jobset/v{JOBSET_ADDON.version}/config/components/crd/bases",
         "d022b87624512cf0b6741b31b24a2bea9945b5a838b50713af29332c878bb6fe",
     ),
     _pinned(
         PYTORCHJOB,
-        "v1.9.4",
-        "https://raw.githubusercontent.com/kubeflow/trainer/v1.9.4/manifests/base/crds",
+        TRAINING_OPERATOR.version,
+        f"https://raw.githubusercontent.com/kubeflow/trainer/{TRAINING_OPERATOR.version}/manifests/base/crds",
         "8b8a8a719cc94173169290251e817f7ac2bb425c20b6c2fa813397bcf4e932ed",
     ),
 )

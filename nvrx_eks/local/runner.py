@@ -30,8 +30,8 @@ from nvrx_eks.local.outcome import print_report, stop_reason
 from workloads import do_not_requeue
 from workloads.config import TrainConfig
 from workloads.events import load_run
-from workloads.faults import parse_fault_spec
-from workloads.launch import build_ft_launcher_argv
+from workloads.faults import outside_world, parse_fault_spec
+from workloads.launch import build_ft_launcher_argv, inprocess_store_port_above
 
 # Short timeouts for CPU runs: a hang is noticed in seconds, gloo (which cannot be aborted) gives
 # up on a dead peer at the soft timeout, and ft_launcher's timeouts stay above what the
@@ -89,7 +89,7 @@ def node_local_dir(run_dir: Path, node: int) -> Path:
 
 
 def _port_pair_free(port: int) -> bool:
-    for p in (port, port + 1):
+    for p in (port, inprocess_store_port_above(port)):
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -223,19 +223,23 @@ def run_local(
     ]
     cfg = configs[0]
     world = (nodes - spare_nodes) * nproc  # the active ranks: faults name one of these
-    for fault in parse_fault_spec(cfg.faults):
+    specs = parse_fault_spec(cfg.faults)
+    for fault in specs:
+        # node-loss names a simulated node, not a rank.
         if fault.kind == "node-loss" and fault.rank >= nodes - spare_nodes:
             raise ConfigError(
                 f"--faults: {fault.label} targets node {fault.rank}; with --nodes "
                 f"{nodes} --spare-nodes {spare_nodes} use a node below "
                 f"{nodes - spare_nodes}"
             )
-        if fault.kind != "node-loss" and fault.rank >= world:
-            raise ConfigError(
-                f"--faults: {fault.label} targets rank {fault.rank}; with "
-                f"--nodes {nodes} --nproc {nproc} --spare-nodes {spare_nodes} use an "
-                f"active rank below {world}"
-            )
+    beyond = outside_world(tuple(f for f in specs if f.kind != "node-loss"), world)
+    if beyond:
+        fault = beyond[0]
+        raise ConfigError(
+            f"--faults: {fault.label} targets rank {fault.rank}; with "
+            f"--nodes {nodes} --nproc {nproc} --spare-nodes {spare_nodes} use an "
+            f"active rank below {world}"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port_pair()
     argvs = []

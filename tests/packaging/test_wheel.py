@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, checkout_files
 
 # One worker builds the wheel once for the whole module.
 pytestmark = pytest.mark.xdist_group("wheel")
@@ -42,17 +42,6 @@ class Installed:
     env: dict[str, str]
 
 
-def _tracked_files() -> list[str]:
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()
-    return [p for p in listed if (REPO_ROOT / p).is_file()]
-
-
 def _pip(*args: str) -> None:
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     result = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=env, timeout=300)
@@ -64,7 +53,7 @@ def installed(tmp_path_factory) -> Installed:
     root = tmp_path_factory.mktemp("wheel")
     # What a fresh clone holds: the build must not depend on build/ or egg-info left in the checkout.
     source = root / "source"
-    for path in _tracked_files():
+    for path in checkout_files():
         (source / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO_ROOT / path, source / path)
     dist = root / "dist"
@@ -107,7 +96,7 @@ def test_the_wheel_holds_every_module_template_and_profile(installed):
     data file left out of that list would be missing from the installed product."""
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     expected = set()
-    for path in _tracked_files():
+    for path in checkout_files():
         if path.startswith(tuple(f"{folder}/" for folder in CODE_FOLDERS)) and path.endswith(".py"):
             expected.add(path)
         for folder, packaged in PACKAGE_DATA.items():

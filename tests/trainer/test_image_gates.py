@@ -22,7 +22,7 @@ from infra.constructs.image import DOCKERFILE
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import build_jobspec
 from scripts.trainer_requirements import trainer_requirements
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, checkout_files
 from tests.support.shell_lint import assert_shellcheck_clean
 from workloads.process_env import NCCL_RESTART_ENV
 
@@ -159,14 +159,7 @@ def test_staged_context_is_what_dockerignore_admits_from_the_checkout(synth):
     context = synthesized.outdir / image["source"]["directory"]
     staged = {str(p.relative_to(context)) for p in context.rglob("*") if p.is_file()}
     patterns = read_dockerignore(ROOT)
-    tracked = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    admitted = {p for p in tracked if (ROOT / p).is_file() and not dockerignore_excludes(patterns, p)}
+    admitted = {p for p in checkout_files() if not dockerignore_excludes(patterns, p)}
     assert staged == admitted | {".dockerignore"}
 
 

@@ -67,18 +67,17 @@ class TrainingRules(PodRules, SecurityRules, PolicyRules, EntrypointRules):
             if train is not None and train.checkpoint.local.enabled:
                 self._check_local_tier_mount(site, train, train_path)
         if train is not None and world_size is not None:
-            from workloads.faults import parse_fault_spec
+            from workloads.faults import outside_world, parse_fault_spec
 
-            for fault in parse_fault_spec(train.faults):
-                if fault.rank >= world_size:
-                    self.findings.append(
-                        Finding(
-                            "project",
-                            train_path[0],
-                            format_path(train_path[1] + ["faults"]),
-                            f"{fault.label} targets rank {fault.rank}, but the job has {world_size} ranks",
-                        )
+            for fault in outside_world(parse_fault_spec(train.faults), world_size):
+                self.findings.append(
+                    Finding(
+                        "project",
+                        train_path[0],
+                        format_path(train_path[1] + ["faults"]),
+                        f"{fault.label} targets rank {fault.rank}, but the job has {world_size} ranks",
                     )
+                )
             for label, value in (("run_dir", train.run_dir), ("checkpoint.dir", train.checkpoint_dir)):
                 if not str(value).startswith(FSX_MOUNT_PATH + "/"):
                     self.findings.append(
