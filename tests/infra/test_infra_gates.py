@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from aws_cdk import aws_s3 as s3
 
 from infra.config import PROFILES_DIR
 from infra.stacks.nag import CLUSTER_STACK_ACKNOWLEDGMENTS, enable_nag
+from nvrx_eks.deploy.cdk_cli import cdk_argv, cdk_environment
 from tests.support import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -85,33 +85,15 @@ def test_cfn_lint_finds_no_errors(synth, tmp_path):
 def test_cdk_cli_synth_offline_no_lookups(tmp_path, profile):
     """The user's path: the CDK CLI runs app.py; no lookup may be needed (--no-lookups fails
     instead of using dummy values), no credentials, no network."""
-    cdk = ROOT / "node_modules" / ".bin" / "cdk"
-    assert cdk.exists(), "run `make setup` (installs the CDK CLI from package.json)"
-    venv_bin = str(Path(sys.executable).parent)
-    env = {
-        **os.environ,
-        "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}",
-        "CDK_DISABLE_VERSION_CHECK": "1",
-        "CDK_DISABLE_CLI_TELEMETRY": "true",
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    argv = cdk_argv("synth", "--no-lookups", "--no-notices", "--no-validation", "--quiet")
+    assert Path(argv[0]).exists(), "run `make setup` (installs the CDK CLI from package.json)"
+    # The project's CDK CLI environment (nvrx_eks.deploy.cdk_cli), without credentials or IMDS.
+    env = {**cdk_environment(), "AWS_EC2_METADATA_DISABLED": "true"}
     for var in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         env.pop(var, None)
     out = tmp_path / "cdk.out"
     result = subprocess.run(
-        [
-            str(cdk),
-            "synth",
-            "--no-lookups",
-            "--no-notices",
-            "--no-validation",
-            "--quiet",
-            "-c",
-            f"profile={profile}",
-            "--output",
-            str(out),
-        ],
+        [*argv, "-c", f"profile={profile}", "--output", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
