@@ -6,7 +6,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from nvrx_eks.facts.errors import ConfigError, describe_validation_error
-from workloads.checkpoint import CheckpointIncompatible
+from workloads.checkpoint.errors import CheckpointIncompatible
 
 
 def test_a_plain_message_is_one_issue_about_the_whole_input():
