@@ -1,5 +1,6 @@
 """A small Kubernetes API server for tests: real HTTP on loopback, spoken to by the real
-`kubernetes` Python client.
+`kubernetes` Python client. One module, over 500 lines, because the semantics below hold together:
+splitting the handlers from the store would only add an interface for tests to mock.
 
 It keeps objects in memory and implements the parts of the API the CLI uses, with the API
 server's own semantics where the CLI depends on them:

@@ -1,7 +1,8 @@
 """The GPU path, checked on CPU: the memory model against measurement, the model's memory
 features (activation checkpointing, chunked loss, fp32 RoPE, GQA without copies), the backend
 choice and GPU-count check, the restart finalize's device, the per-rank state digest under the
-in-process watchdog, and load-time trust of what the same process committed."""
+in-process watchdog, and load-time trust of what the same process committed. One module over 500 lines: each
+concern is a few tests sharing the same small-model fixtures."""
 
 from __future__ import annotations
 
