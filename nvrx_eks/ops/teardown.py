@@ -25,11 +25,9 @@ from dataclasses import dataclass, field
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from urllib3.exceptions import HTTPError as Urllib3Error
 
 from infra.config import STACK_ROLES, DeploymentConfig
 from nvrx_eks.deploy.cdk_cli import cdk_argv, run_command
@@ -124,25 +122,17 @@ def delete_kubernetes_objects(
 
 
 def _delete_and_wait(what: str, delete, read, console: Console, timeout_s: float, poll_s: float) -> None:
-    from nvrx_eks.jobs.client import api_error
+    from nvrx_eks.jobs.client import unless_missing
 
-    try:
+    def delete_it() -> bool:
         delete()
-        console.print(f"deleting {what}")
-    except ApiException as e:
-        if e.status == 404:
-            return
-        raise api_error(e, f"deleting {what}") from None
-    except Urllib3Error as e:
-        raise api_error(e, f"deleting {what}") from None
+        return True
+
+    if unless_missing(delete_it, f"deleting {what}") is None:
+        return  # already gone
+    console.print(f"deleting {what}")
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            read()
-        except ApiException as e:
-            if e.status == 404:
-                return
-            raise api_error(e, f"waiting for {what} to go") from None
+    while unless_missing(read, f"waiting for {what} to go") is not None:
         if time.monotonic() > deadline:
             raise ConfigError(
                 f"{what} still exists after {timeout_s:.0f} s: a pod still uses it; find it with "
