@@ -181,10 +181,6 @@ def load_run(run_dir: str | Path) -> RunEvents:
     return RunEvents(events, unreadable)
 
 
-def read_summary(run_dir: str | Path) -> dict[str, Any]:
-    return json.loads((Path(run_dir) / "summary.json").read_text())
-
-
 @dataclass(frozen=True)
 class RunReport(WallTimeSplit):
     """A run as one rank saw it: where its wall time went (`workloads.goodput`), its restarts,

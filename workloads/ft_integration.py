@@ -29,8 +29,6 @@ from workloads.config import FaultToleranceConfig
 
 log = logging.getLogger(__name__)
 
-SECTIONS = ("setup", "step", "checkpointing")
-
 
 class FaultToleranceReporter:
     def __init__(self, cfg: FaultToleranceConfig):

@@ -22,6 +22,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
 from nvrx_eks.resources import checkout_root
 
 #: The oldest Node.js major that jsii supports without the end-of-life banner.
@@ -88,7 +89,7 @@ def main() -> int:
         return run_command(cdk_argv(*sys.argv[1:]))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG_ERROR
 
 
 if __name__ == "__main__":

@@ -192,9 +192,6 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
     )
 }
 
-#: Instance types that serve the system node group (CoreDNS, controllers, add-ons). No EFA.
-SYSTEM_INSTANCE_TYPES = ("m7i.xlarge", "m7i.2xlarge", "m6i.xlarge", "m6i.2xlarge", "m5.xlarge")
-
 
 def facts_for(instance_type: str) -> InstanceFacts:
     """Facts for an instance type, or a ValueError that lists the supported ones."""
