@@ -25,6 +25,8 @@ Events and their own fields:
                           first 16 hex digits), tokens_per_s (all ranks: world x batch_size x
                           seq_len x grad_accum_steps / step_s), tokens_per_s_per_gpu, mfu (model
                           FLOPs / peak, workloads/metrics.py; null on CPU or without a peak)
+    checkpoint_worker     start ("reused" from the previous in-process iteration, "warmed" at
+                          process start, "spawned"): the NVRx checkpoint worker of this iteration
     checkpoint_stall      step, backend, stall_s (time the training loop was blocked by the save)
     checkpoint_write_end  step, write_s (hand-off to "written on every rank"), seen at the poll
     checkpoint_commit     step, path, commit_s (rank 0 only: commit marker + pointer written)

@@ -15,9 +15,10 @@ Composition:
                instead of another restart.
   abort        with gloo, ReleaseGlooPeers first (shuts down the gloo pair sockets, so every rank
                blocked in a collective, here and on the peers, is released at once instead of at
-               gloo's timeout; workloads.gloo_sockets), then AbortPersistentCheckpointProcesses
-               (kills the NVRx checkpoint worker: an abandoned save must not complete behind the
-               next iteration's back), then AbortTorchDistributed (destroys the process groups).
+               gloo's timeout; workloads.gloo_sockets), then AbortTorchDistributed (destroys the
+               process groups). Not NVRx's AbortPersistentCheckpointProcesses: the checkpoint
+               worker outlives the restart, and the next iteration reuses it once it finished
+               what the failed one handed it, or replaces it (workloads.checkpoint.nvrx_worker).
                Compose runs right to left. NCCL needs no socket release: NVRx aborts its
                communicators.
   finalize     RestartFinalize: records restart_begin, closes ft sections, drops the failed
@@ -51,10 +52,7 @@ from pathlib import Path
 
 import torch
 from nvidia_resiliency_ext import inprocess
-from nvidia_resiliency_ext.inprocess.abort import (
-    AbortPersistentCheckpointProcesses,
-    AbortTorchDistributed,
-)
+from nvidia_resiliency_ext.inprocess.abort import AbortTorchDistributed
 
 from workloads.config import InProcessConfig
 from workloads.cuda_compat import local_rank_hidden_on_cpu
@@ -131,7 +129,7 @@ class RestartFinalize(inprocess.finalize.Finalize):
 
 def abort_chain(cfg: InProcessConfig, backend: str, store_port: int | None) -> list[inprocess.abort.Abort]:
     """The Compose arguments (run right to left) of the in-process abort for `backend`."""
-    chain = [AbortTorchDistributed(), AbortPersistentCheckpointProcesses()]
+    chain: list[inprocess.abort.Abort] = [AbortTorchDistributed()]
     if backend == "gloo" and cfg.release_gloo_sockets:
         chain.append(ReleaseGlooPeers(store_port))
     return chain

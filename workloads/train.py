@@ -101,6 +101,12 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
         process.sigterm_received = True
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    if cfg.checkpoint.backend == "nvrx":
+        # Before the Wrapper: a hot spare waits outside the process group, and has its checkpoint
+        # worker ready when a restart activates it (workloads.checkpoint.nvrx_worker).
+        from workloads.checkpoint.nvrx_worker import checkpoint_worker
+
+        checkpoint_worker.warm_up(rank)
     process.events.emit(
         "run_start",
         world_size=world,
@@ -164,7 +170,7 @@ def exit_bound_s(cfg: TrainConfig) -> float:
     """EXIT_BOUND_S, checked against what an orderly exit waits for: the checkpoint worker's abort
     grace and the NVRx monitor's termination grace. A bound shorter than those would turn every
     orderly exit into a watchdog kill."""
-    from workloads.checkpoint.writers import WRITER_ABORT_GRACE_S
+    from workloads.checkpoint.nvrx_worker import WRITER_ABORT_GRACE_S
 
     needs = WRITER_ABORT_GRACE_S + cfg.inprocess.termination_grace_s
     if not EXIT_BOUND_S > needs:

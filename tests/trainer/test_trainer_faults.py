@@ -97,6 +97,20 @@ def test_exception_and_hang_recover_in_process_with_same_pids(faulted, kind, ste
         assert end["t"] - fault["t"] > 0  # restart latency from the fault is in the log
 
 
+def test_in_process_restarts_keep_the_checkpoint_worker(faulted):
+    """Every process starts with the worker it warmed at start-up; after the in-process restarts
+    that hit no save in flight (the step-5 and step-10 saves commit a step later), the next
+    iteration reuses it instead of spawning one (workloads.checkpoint.nvrx_worker)."""
+    run = load_run(faulted)
+    for e in run.of("checkpoint_worker"):
+        if e["iteration"] == 0:
+            assert e["start"] == "warmed", e
+    for kind, step in (("exception", 7), ("hang", 13)):
+        fault = _fault(run, kind, step)
+        for rank in (0, 1):
+            assert _first_after(run, "checkpoint_worker", fault["t"], rank=rank)["start"] == "reused"
+
+
 def test_sigkill_recovered_by_launcher_losing_at_most_one_interval(faulted):
     run = load_run(faulted)
     fault = _fault(run, "sigkill", 21)

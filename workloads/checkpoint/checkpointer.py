@@ -134,6 +134,8 @@ class Checkpointer:
             commit=self._commit,
             unguarded=unguarded,
         )
+        if self.writer is not None and self.writer.worker_start is not None:
+            events.emit("checkpoint_worker", start=self.writer.worker_start)
 
     # -- the policy ------------------------------------------------------------------------------
 

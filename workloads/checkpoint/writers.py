@@ -48,18 +48,11 @@ class PendingSave:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# An in-process restart aborts the NVRx writer with SIGTERM, then waits this long before SIGKILL.
-# The save it abandons is never committed, so nothing is lost by not finishing it; NVRx's default
-# (30 s) lets a writer in the middle of its files outlast the in-process hard timeout, and the
-# monitor then kills the rank: a soft fault escalated to a process restart.
-WRITER_ABORT_GRACE_S = 2.0
-
-
 def _drop_results_of_abandoned_saves() -> None:
     """NVRx's writers report through one process-wide results queue, read once per save at its
-    finalize. A writer aborted by an in-process restart may have reported (typically the error
-    of its interrupted write) without anyone reading it; left there, it would be taken for the
-    result of the next iteration's first save and fail that save. Nothing is in flight when a
+    finalize. A save abandoned by an in-process restart may have reported (its result, or the
+    error of its interrupted write) without anyone reading it; left there, it would be taken for
+    the result of the next iteration's first save and fail that save. Nothing is in flight when a
     Checkpointer starts, so whatever the queue holds belongs to abandoned saves.
 
     Only an existing queue is drained: creating one starts a multiprocessing Manager (a spawned
@@ -75,10 +68,6 @@ def _drop_results_of_abandoned_saves() -> None:
             results.get_nowait()
         except queue.Empty:
             return
-
-
-def _worker_ready_probe() -> None:
-    """Runs in the NVRx checkpoint worker; its completion proves the worker is up."""
 
 
 def _write_then_digest(
@@ -106,6 +95,8 @@ class Writer:
 
     #: The data is on disk when hand_off returns: the Checkpointer commits right after it.
     blocking = False
+    #: For a writer with a worker process: how it got it (workloads.checkpoint.nvrx_worker).
+    worker_start: str | None = None
 
     def __init__(self, *, rank: int, device: torch.device, with_sha: bool, commit: Callable[[PendingSave], None]):
         self.rank, self.device, self.with_sha, self.commit = rank, device, with_sha, commit
@@ -174,9 +165,9 @@ class NvrxWriter(Writer):
     def __init__(self, *, unguarded: Callable[[], AbstractContextManager[Any]], **kwargs: Any):
         super().__init__(**kwargs)
         self.unguarded = unguarded
-        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue, AsyncRequest
         from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import CheckpointMetadataCache
 
+        from workloads.checkpoint.nvrx_worker import checkpoint_worker
         from workloads.cuda_compat import install_cpu_checkpoint_shim
 
         install_cpu_checkpoint_shim(dist.get_backend())
@@ -190,15 +181,17 @@ class NvrxWriter(Writer):
         # for that copy before optimizer.step may change them, and each of the 8 workers per
         # node would hold a CUDA context (~0.5 GB of the GPU it reads from). The price of shm
         # staging is a pageable D2H copy (NVRx syncs every 8 tensors): nvrx_eks/ops/plan.py assumes
-        # 10 GB/s for it, and the GPU smoke script measures the real stall.
-        AsyncCallsQueue.warmup_persistent_caller(self.rank, cpu_shm_mode=True, sigterm_timeout=WRITER_ABORT_GRACE_S)
-        self._queue: Any = AsyncCallsQueue(persistent=True, cpu_shm_mode=True, sigterm_timeout=WRITER_ABORT_GRACE_S)
-        _drop_results_of_abandoned_saves()
+        # 10 GB/s for it, and the GPU smoke script measures the real stall. The worker outlives
+        # in-process restarts (workloads.checkpoint.nvrx_worker).
+        self._worker = checkpoint_worker
+        # Unguarded: a worker the failed iteration left busy is waited for, or killed and
+        # replaced, which the in-process watchdog would take for a hang; the ft `setup` section
+        # still bounds it.
+        with unguarded():
+            self._queue: Any = checkpoint_worker.queue_for(self.rank)
+        _drop_results_of_abandoned_saves()  # after queue_for let a busy worker finish, or stopped it
+        self.worker_start = checkpoint_worker.last_start
         self._metadata_cache = CheckpointMetadataCache()
-        # Wait for the spawned worker here, during setup: otherwise the first save would block for
-        # the worker's start-up (seconds) and look like a hang to the in-process watchdog.
-        self._queue.schedule_async_request(AsyncRequest(_worker_ready_probe, (), []))
-        self._queue.maybe_finalize_async_calls(blocking=True)
 
     def hand_off(self, pending: PendingSave, state: dict[str, Any], first: bool) -> None:
         if first:
@@ -230,7 +223,7 @@ class NvrxWriter(Writer):
             partial(save_state_dict_async_finalize, writer, metadata, dist_wrapper),
             partial(self.commit, pending),
         ]
-        self._queue.schedule_async_request(AsyncRequest(save_fn, save_args, finalize, preload_fn=preload_fn))
+        self._worker.schedule(AsyncRequest(save_fn, save_args, finalize, preload_fn=preload_fn))
 
     def poll(self, pending: PendingSave) -> None:
         # Runs the finalize functions (.metadata, then the commit) once all ranks are done.
@@ -246,7 +239,7 @@ class NvrxWriter(Writer):
 
     def close(self) -> None:
         if self._queue is not None:
-            self._queue.close()
+            self._worker.close()
             self._queue = None
 
 
@@ -271,15 +264,11 @@ def build_writer(
 
 
 def stop_checkpoint_workers() -> None:
-    """Stop every NVRx checkpoint worker this process still has (abort: SIGTERM, then SIGKILL
-    after WRITER_ABORT_GRACE_S). After a normal end they are already closed and this does
-    nothing. Left to the interpreter, NVRx's __del__ would close them at shutdown by posting to
-    the worker's queue and joining it; with the worker dead or aborted that join never returns
-    (seen: Py_FinalizeEx blocked in a SemLock acquire, exit code never delivered)."""
-    core = sys.modules.get("nvidia_resiliency_ext.checkpointing.async_ckpt.core")
-    if core is None:
+    """Stop every NVRx checkpoint worker this process still has (workloads.checkpoint.nvrx_worker);
+    after a normal end they are already closed and this does nothing. A process that never
+    imported NVRx's checkpointing has none, and does not import it now."""
+    if "workloads.checkpoint.nvrx_worker" not in sys.modules:
         return
-    core.abort_nvrx_checkpoint()
-    if core.AsyncCallsQueue._warmup_persistent_caller is not None:
-        core.AsyncCallsQueue._warmup_persistent_caller.close(abort=True)
-        core.AsyncCallsQueue._warmup_persistent_caller = None
+    from workloads.checkpoint.nvrx_worker import checkpoint_worker
+
+    checkpoint_worker.stop()

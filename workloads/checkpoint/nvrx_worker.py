@@ -1,0 +1,175 @@
+"""This process's NVRx checkpoint worker, kept across in-process restarts.
+
+NVRx's persistent checkpoint worker is a spawned process that imports torch and the trainer.
+NVRx's in-process abort (AbortPersistentCheckpointProcesses) kills it at every restart, and the
+next iteration spawned a new one on the restart's critical path: 1.7 s of a 1.8 s restart setup
+on 2 CPU cores (tiny preset, measured by timing the setup phases); its first save then allocated
+and shipped the shared-memory staging buffers again. The in-process abort here leaves the worker
+alone (killing it never unblocks the training thread: the thread waits on the worker only in
+Python-level polls, which NVRx's restart exception interrupts, or in NVRx's staging handshake,
+which only the worker's own answer ends), and the next iteration's writer decides, on the
+training thread, once the failed iteration has unwound (`queue_for`):
+
+- A save the failed iteration handed off may still be in the worker. Its completion would land
+  on the queue the next iteration polls and be taken for the next save's. So the worker is given
+  DRAIN_S to finish what it was handed (its files go to a directory nothing commits; its result,
+  to the results queue the writer drains), and is reused once it has.
+- It is killed instead, and a fresh one started, when it is dead, when it does not finish in
+  time, or when a hand-off was cut half way (the request and NVRx's staging handshake would be
+  out of step for the next save).
+
+A reused worker keeps NVRx's staging caches (training side: FileSystemWriterAsync's
+shared-memory tensors; worker side: the write items they belong to), which NVRx keys by the
+shards' names, shapes and dtypes, not their offsets. The same rank saves the same shards, so they
+stay valid; a rank that changed (a spare took a lost node's place and ShiftRanks moved the ranks
+above it) has both caches dropped before its first save.
+
+Every rank starts its worker at process start (`warm_up`, NVRx's pre-warm), before the Wrapper: a
+hot spare waits outside the process group, and has its worker ready when a restart activates it.
+
+NVRx registers one process-wide "drain" callback per queue (wait for the previous write before
+the staging buffers are overwritten) and unregisters it when a queue closes, so a replaced
+queue's close may unregister the current one's. The Checkpointer never relies on it: a save
+first waits for the previous one to commit.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import Any
+
+from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (
+    AsyncCallsQueue,
+    AsyncRequest,
+    PersistentAsyncCaller,
+    abort_nvrx_checkpoint,
+)
+
+# A killed worker gets SIGTERM, then SIGKILL after this long. The save it abandons is never
+# committed, so nothing is lost by not finishing it; NVRx's default (30 s) lets a worker in the
+# middle of its files hold up the restart for that long.
+WRITER_ABORT_GRACE_S = 2.0
+
+#: How long a restart waits for the worker to finish a save the failed iteration handed it, before
+#: killing it: beyond about what spawning a new worker costs (1.7 s measured on 2 CPU cores),
+#: waiting is the slower way to a usable worker.
+DRAIN_S = 1.0
+
+#: How the worker is spawned and stopped: cpu_shm_mode (see NvrxWriter), the abort grace.
+_CALLER_OPTIONS: dict[str, Any] = {"cpu_shm_mode": True, "sigterm_timeout": WRITER_ABORT_GRACE_S}
+
+
+def _worker_ready_probe() -> None:
+    """Runs in the worker; its completion proves the worker is up."""
+
+
+def _forget_cached_state() -> None:
+    """Runs in the worker: drop the write items cached for another rank's shards."""
+    PersistentAsyncCaller.cleanup_worker_data_cache()
+
+
+class CheckpointWorker:
+    """The worker of this process: the queue of the current NvrxWriter (its caller owns the
+    worker process), the rank its caches were filled for, and whether a hand-off is under way."""
+
+    def __init__(self) -> None:
+        self.queue: AsyncCallsQueue | None = None
+        self.rank: int | None = None
+        self.handing_off = False
+        #: How the last queue_for got its worker: "reused", "warmed" (by warm_up) or "spawned".
+        self.last_start = ""
+
+    def warm_up(self, rank: int) -> None:
+        """Start a worker now, for the first queue_for to take (NVRx's pre-warm slot)."""
+        AsyncCallsQueue.warmup_persistent_caller(rank, **_CALLER_OPTIONS)
+
+    def queue_for(self, rank: int) -> AsyncCallsQueue:
+        """A queue for a new NvrxWriter of `rank`, on the previous iteration's worker when it is
+        usable, else on a pre-warmed or fresh one; returns once the worker answered a probe.
+        Collective (the probe's finalize synchronizes every rank)."""
+        caller = self._take_previous_worker()
+        probe = _worker_ready_probe
+        if caller is None:
+            self.last_start = "warmed" if AsyncCallsQueue._warmup_persistent_caller is not None else "spawned"
+            AsyncCallsQueue.warmup_persistent_caller(rank, **_CALLER_OPTIONS)  # no-op when pre-warmed
+        else:
+            self.last_start = "reused"
+            if rank != self.rank:
+                from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
+
+                FileSystemWriterAsync.cleanup_tensor_caches()
+                probe = _forget_cached_state
+        self.queue = AsyncCallsQueue(persistent=True, **_CALLER_OPTIONS)
+        if caller is not None:
+            caller.rank = rank
+            self.queue.persistent_caller = caller
+        self.rank = rank
+        # Wait for the worker here, during setup: otherwise the first save would block for the
+        # worker's start-up (seconds) and look like a hang to the in-process watchdog.
+        self.schedule(AsyncRequest(probe, (), []))
+        self.queue.maybe_finalize_async_calls(blocking=True)
+        return self.queue
+
+    def _take_previous_worker(self) -> Any:
+        """The previous queue's caller, detached, if its worker is usable; that queue is closed
+        either way (which kills a worker still attached to it)."""
+        previous, self.queue = self.queue, None
+        torn, self.handing_off = self.handing_off, False
+        if previous is None:
+            return None
+        caller = previous.persistent_caller
+        process = getattr(caller, "process", None)
+        usable = not torn and process is not None and process.is_alive() and _drained(previous, caller)
+        if usable:
+            previous.persistent_caller = None
+            previous.async_calls.clear()  # abandoned: nothing finalizes or commits them
+        previous.close(abort=True)
+        return caller if usable else None
+
+    def schedule(self, request: AsyncRequest) -> None:
+        """Hand `request` to the worker."""
+        assert self.queue is not None, "queue_for first"
+        self.handing_off = True
+        self.queue.schedule_async_request(request)
+        self.handing_off = False
+
+    def close(self) -> None:
+        """Normal end: the queue finishes what it holds and stops the worker."""
+        if self.queue is not None:
+            self.queue.close()
+            self.queue = None
+
+    def stop(self) -> None:
+        """On the way out: abort every worker this process has (SIGTERM, then SIGKILL after
+        WRITER_ABORT_GRACE_S). Left to the interpreter, NVRx's __del__ would close them at
+        shutdown by posting to the worker's queue and joining it; with the worker dead or aborted
+        that join never returns (seen: Py_FinalizeEx blocked in a SemLock acquire, exit code never
+        delivered)."""
+        self.queue = None
+        abort_nvrx_checkpoint()
+        if AsyncCallsQueue._warmup_persistent_caller is not None:
+            AsyncCallsQueue._warmup_persistent_caller.close(abort=True)
+            AsyncCallsQueue._warmup_persistent_caller = None
+
+
+def _drained(previous: AsyncCallsQueue, caller: Any) -> bool:
+    """Wait up to DRAIN_S for the worker to report done every request `previous` handed it (the
+    caller may hold one report already, read by a poll that had not yet seen every rank done)."""
+    outstanding = len(previous.async_calls) - (caller.cur_item is not None)
+    deadline = time.monotonic() + DRAIN_S
+    while outstanding > 0:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            caller.comp_q.get(timeout=remaining)
+        except queue.Empty:
+            return False
+        outstanding -= 1
+    caller.cur_item = None
+    return True
+
+
+#: The one worker of this process.
+checkpoint_worker = CheckpointWorker()
