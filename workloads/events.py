@@ -38,7 +38,7 @@ Events and their own fields:
     local_copy_skipped    step, origin_rank, own, reason (a local copy failed its check on restore)
     local_tier_skipped    reason, fsx_step (no local step complete for every rank, or FSx newer)
     local_restore         step, source ("local"|"replica"), from_rank, fsx_step, load_s
-    fault_injected        kind, step, target_rank[, damaged]
+    fault_injected        kind, step, target_rank[, damaged][, node (node-loss: the simulated node)]
     restart_begin         layer="inprocess", reason (emitted when NVRx finalizes the failed
                           iteration; the fault itself is usually a fault_injected line earlier)
     restart_end           layer="inprocess"|"launcher", resumed_from_step, since_begin_s (inprocess)
@@ -207,6 +207,16 @@ class RunReport(WallTimeSplit):
         return fault_outcomes(self.faults, self.restarts)
 
 
+def fault_target(fault: dict[str, Any]) -> int:
+    """What a fault_injected event's spec named: the rank, or for node-loss the node."""
+    return fault.get("node", fault["target_rank"])
+
+
+def fault_label(fault: dict[str, Any]) -> str:
+    """A fault_injected event as its spec was written: KIND@STEP:RANK (or :NODE)."""
+    return f"{fault['kind']}@{fault['step']}:{fault_target(fault)}"
+
+
 def fault_outcomes(faults: list[dict[str, Any]], restarts: list[Restart]) -> list[dict[str, Any]]:
     """Each fault with the first restart that ended after it: the layer, fault -> training ready
     (`recovered_s`), the step resumed from and the steps lost. Faults that interrupt nothing
@@ -214,7 +224,7 @@ def fault_outcomes(faults: list[dict[str, Any]], restarts: list[Restart]) -> lis
     out = []
     for f in faults:
         after = [r for r in restarts if r.end_t >= f["t"]]
-        rec = {"fault": f"{f['kind']}@{f['step']}:{f['target_rank']}", "t": f["t"]}
+        rec = {"fault": fault_label(f), "kind": f["kind"], "target": fault_target(f), "t": f["t"]}
         if after and f["kind"] != "corrupt-latest" and f["kind"] != "slow":
             r = after[0]
             rec.update(

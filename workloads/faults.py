@@ -226,7 +226,8 @@ class FaultInjector:
                 damaged = corrupt_local() if corrupt_local is not None else None
                 self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank, damaged=damaged)
                 raise InjectedFault(f"corrupt-local at step {step} on rank {self.rank}: damaged {damaged}")
-            self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank)
+            node = {"node": fault.rank} if fault.kind == "node-loss" else {}
+            self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank, **node)
             if fault.kind == "exception":
                 raise InjectedFault(f"injected exception at step {step} on rank {self.rank}")
             if fault.kind == "hang":

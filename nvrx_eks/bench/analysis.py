@@ -34,7 +34,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workloads.events import RunEvents, summarize
+from workloads.events import RunEvents, fault_label, summarize
 
 
 class IncompleteRun(ValueError):
@@ -189,7 +189,7 @@ def fault_recoveries(run: RunEvents, kinds: tuple[str, ...] | None = None) -> li
 
 def _recovery(run: RunEvents, fault: dict[str, Any], horizon: float) -> Recovery:
     t0 = fault["t"]
-    label = f"{fault['kind']}@{fault['step']}:{fault['target_rank']}"
+    label = fault_label(fault)
     window = [e for e in run.events if t0 <= e["t"] < horizon]
     pids_before = {e["pid"] for e in run.events if e["t"] <= t0}
     # The ranks training when the fault hit (with hot spares not every rank is) must all be ready

@@ -64,8 +64,15 @@ def print_report(
                 f"recovered by {outcome['layer']} in {outcome['recovered_s']:.1f}s, resumed "
                 f"from step {outcome['resumed_from_step']} ({outcome['lost_steps']} steps lost)"
             )
-        else:
+        elif code == 0:
             text = "injected (no restart needed)"
+        elif outcome["kind"] == "node-loss" and outcome["target"] == 0:
+            text = (
+                "not recovered: node 0 hosts the rendezvous and in-process stores, so its loss ends "
+                "the run (on EKS the JobSet then recreates every pod)"
+            )
+        else:
+            text = f"injected; no restart followed (the run ended with exit {code})"
         table.add_row(f"fault {outcome['fault']}", text)
     for rebuilt in run.of("checkpoint_pointer_rebuilt", rank=0)[:1]:
         table.add_row("checkpoint pointer", escape(rebuilt["reason"]))

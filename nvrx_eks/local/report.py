@@ -21,7 +21,7 @@ from rich.table import Table
 
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.local.throughput_chart import plot_throughput
-from workloads.events import RunEvents, events_dir, load_run, summarize
+from workloads.events import RunEvents, events_dir, fault_label, load_run, summarize
 from workloads.metrics import format_mfu, summarize_throughput
 
 
@@ -205,7 +205,7 @@ def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]
             ax.axvspan(r.begin_t - start, r.end_t - start, ymin=0, ymax=1, color=colors[r.layer], alpha=0.12)
     marked = []
     for f in run.of("fault_injected"):
-        marked.append(f"{f['kind']}@{f['step']}:{f['target_rank']}")
+        marked.append(fault_label(f))
         lane = ranks.index(f["target_rank"]) if f["target_rank"] in ranks else 0
         ax.plot(f["t"] - start, lane, marker="X", markersize=13, color="black", zorder=5)
         ax.annotate(

@@ -319,12 +319,9 @@ def run_local(
             for p in launchers:
                 tracker.sample(p.pid)
             time.sleep(0.2)
-    # The run's code: the first node's that is not 0 (every launcher ends the same rendezvous).
-    # With spare nodes, up to spare_nodes launchers may end on a lost node (killed, or leaving
-    # after its rank died) while the rest finish: the run's code is theirs.
-    failed = [p.returncode for p in launchers if p.returncode != 0]
-    lost_nodes = len(failed) if len(failed) <= spare_nodes else 0
-    code = launcher_code = failed[lost_nodes] if len(failed) > lost_nodes else 0
+    codes = [p.returncode for p in launchers]
+    code, lost_nodes = run_code(codes, spare_nodes, completed=_completed(run_dir, started_at, steps))
+    launcher_code = code
     if released:  # the survivors completed the run; their launchers' end was ours
         lost_nodes, code = released, 0
     ended_at = time.time()  # the launchers' end; reaping what they left comes after
@@ -367,6 +364,22 @@ def run_local(
     elif killed:
         console.print(f"[red]processes had to be killed after the launcher exited: {killed}[/]")
     return code
+
+
+def run_code(launcher_codes: list[int], spare_nodes: int, *, completed: bool) -> tuple[int, int]:
+    """(the run's exit code, nodes lost while the run completed) from the launchers' exit codes.
+
+    The run's code is the first node's that is not 0 (every launcher ends the same rendezvous).
+    With spare nodes, up to spare_nodes launchers may end on a lost node (killed, or leaving after
+    its rank died) while the rest complete the run: the run's code is theirs. A lost node the
+    survivors could not go on without (node 0 hosts the rendezvous and in-process stores) leaves
+    the run incomplete: that node's code is the run's."""
+    failed = [c for c in launcher_codes if c != 0]
+    if failed and len(failed) <= spare_nodes and completed:
+        return 0, len(failed)
+    code = failed[0] if failed else 0
+    # A launcher killed by a signal reports -N; a shell reports 128+N (SIGKILL: 137).
+    return (128 - code if code < 0 else code), 0
 
 
 def _wait_for_listener(port: int, launcher: subprocess.Popen, timeout_s: float = 60.0) -> None:
