@@ -4,9 +4,13 @@ The in-process Wrapper runs every rank of all N+S nodes; NVRx's rank assignment 
 N x nproc ranks active (they call the training function and form the process group) and keeps the
 rest in NVRx's reserve loop, outside every process group, until a restart needs them:
 
-    ShiftRanks                      survivors keep their order; the first spare node's ranks move
-                                    into the gap
+    ShiftRanks                      the survivors keep their order and the ranks past a lost one
+                                    shift down to fill the gap
     MaxActiveWorldSize(N x nproc)   the active world never grows past N x nproc
+
+so the active nodes are always the first N surviving nodes in launch order, and a lost node's
+place is taken by the first spare node moving up at the end (`node_roles` states this rule for
+whoever reports it, e.g. `nvrx-eks status`).
 
 Nodes stay whole without NVRx's FilterCountGroupedByKey (which in NVRx 0.7.0 calls
 `store.barrier(ranks=..., group_name=...)` and fails with torch 2.13's own `Store.barrier(key,
@@ -29,6 +33,38 @@ leaves the job, the rest continue in process.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NodeRole:
+    """What a launched node is doing: "active" (holding ranks first_rank..first_rank+nproc-1),
+    "spare" (waiting outside the process group) or "lost"."""
+
+    node: int
+    role: str
+    first_rank: int | None = None
+
+
+def node_roles(*, launched_nodes: int, spare_nodes: int, lost: set[int], nproc_per_node: int) -> list[NodeRole]:
+    """Each launched node's role once the nodes in `lost` are gone, as the rank assignment below
+    decides it: the first launched - spare surviving nodes, in launch order, hold the active ranks
+    in that order; the other survivors are spares. With more nodes lost than there are spares,
+    fewer nodes are active than the job needs: the next layer restarts it."""
+    active = launched_nodes - spare_nodes
+    survivors = [n for n in range(launched_nodes) if n not in lost]
+    roles = []
+    for node in range(launched_nodes):
+        if node in lost:
+            roles.append(NodeRole(node, "lost"))
+            continue
+        position = survivors.index(node)
+        if position < active:
+            roles.append(NodeRole(node, "active", position * nproc_per_node))
+        else:
+            roles.append(NodeRole(node, "spare"))
+    return roles
 
 
 def active_world_size(world_size: int, spare_nodes: int, nproc_per_node: int) -> int:

@@ -21,6 +21,8 @@ FABRIC_TEST_APP = "nvrx-eks-nccl-test"
 JOB_POD_SELECTOR_KEYS = (APP_NAME_LABEL, APP_INSTANCE_LABEL)
 #: Annotation on the job stating its active world size (nodes x GPUs, spares excluded).
 WORLD_SIZE_ANNOTATION = "nvrx-eks.io/world-size"
+#: Annotation on a job with hot spare nodes: how many of its launched nodes are spares.
+SPARE_NODES_ANNOTATION = "nvrx-eks.io/spare-nodes"
 
 #: The replicated job (JobSet) that runs the trainer or the fabric test.
 JOBSET_REPLICATED_JOB = "worker"

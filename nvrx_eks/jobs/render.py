@@ -170,7 +170,10 @@ def _common_context(spec: JobSpec) -> dict:
         "job": spec,
         "labels": _labels(spec),
         "job_kind": job_kinds.JOB_KINDS[spec.api],
-        "annotations": {"world_size": job_names.WORLD_SIZE_ANNOTATION},
+        "annotations": {
+            "world_size": job_names.WORLD_SIZE_ANNOTATION,
+            "spare_nodes": job_names.SPARE_NODES_ANNOTATION,
+        },
         "replicated_job": job_names.JOBSET_REPLICATED_JOB,
         "exit_do_not_requeue": EXIT_DO_NOT_REQUEUE,
         "mount_path": FSX_MOUNT_PATH,

@@ -1,5 +1,6 @@
-"""What a submitted job is doing: its phase, its pods by node, and the restarts each resilience
-layer made, as `nvrx-eks status` prints them."""
+"""What a submitted job is doing: its phase, its pods by node, the restarts each resilience layer
+made and, with hot spare nodes, which nodes hold the active ranks, which wait as spares and which
+were lost, as `nvrx-eks status` prints them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from nvrx_eks.facts.job_kinds import (
     PYTORCHJOB_REPLICA_TYPE_LABEL,
     JobKind,
 )
+from nvrx_eks.facts.job_names import SPARE_NODES_ANNOTATION
 from nvrx_eks.facts.names import GPU_RESOURCE
+from workloads.spares import NodeRole, node_roles
 
 
 def node_rank(pod: k8s.V1Pod) -> int:
@@ -49,6 +52,7 @@ class PodStatus:
     restarts: int
     last_exit: str
     restart_attempt: str
+    gpus: int = 1
 
 
 @dataclass
@@ -61,6 +65,8 @@ class JobStatus:
     max_restarts: int | None
     pods: list[PodStatus] = field(default_factory=list)
     message: str = ""
+    #: With hot spare nodes: every launched node's role in the current attempt.
+    roles: list[NodeRole] = field(default_factory=list)
 
     @property
     def container_restarts(self) -> int:
@@ -89,15 +95,26 @@ class JobStatus:
             phase = conditions[-1]["type"] if conditions else "Pending"
             restarts = None  # the training operator keeps no cumulative count
             max_restarts = (obj.get("spec") or {}).get("runPolicy", {}).get("backoffLimit")
+        statuses = [_pod_status(p) for p in pods]
         return cls(
             kind=kind,
             name=obj["metadata"]["name"],
             phase=phase,
             controller_restarts=restarts,
             max_restarts=max_restarts,
-            pods=[_pod_status(p) for p in pods],
+            pods=statuses,
             message=message,
+            roles=_node_roles(obj, statuses, restarts),
         )
+
+    def role_of(self, pod: PodStatus) -> str:
+        """The pod's node's role, for pods of the current attempt of a job with spares."""
+        role = next((r for r in self.roles if r.node == pod.node_rank), None)
+        if role is None or pod.restart_attempt not in ("-", str(self.controller_restarts)):
+            return "-"
+        if role.first_rank is None:
+            return role.role
+        return f"active, ranks {role.first_rank}-{role.first_rank + pod.gpus - 1}"
 
     def render(self, console: Console) -> None:
         restarts = "n/a" if self.controller_restarts is None else str(self.controller_restarts)
@@ -115,20 +132,39 @@ class JobStatus:
         layers.add_row("2. ft_launcher (ranks restarted)", "-", "trainer events on FSx (nvrx-eks report)")
         layers.add_row("1. in-process (NVRx Wrapper)", "-", "trainer events on FSx (nvrx-eks report)")
         console.print(layers)
+        if self.roles:
+            by_role = {role: [r.node for r in self.roles if r.role == role] for role in ("active", "spare", "lost")}
+            console.print(
+                "Nodes (hot spares): "
+                + "; ".join(f"{role} {', '.join(map(str, nodes)) or 'none'}" for role, nodes in by_role.items())
+            )
         table = Table(title="Pods", show_header=True)
-        for column in ("node", "pod", "phase", "on node", "restarts", "last exit", "attempt"):
+        columns = ["node", "pod", "phase", "on node", "restarts", "last exit", "attempt"]
+        for column in columns + (["role"] if self.roles else []):
             table.add_column(column, no_wrap=column == "pod")
         for p in self.pods:
-            table.add_row(
-                str(p.node_rank),
-                escape(p.name),
-                p.phase,
-                escape(p.node),
-                str(p.restarts),
-                p.last_exit,
-                p.restart_attempt,
-            )
+            row = [str(p.node_rank), escape(p.name), p.phase, escape(p.node), str(p.restarts), p.last_exit]
+            row.append(p.restart_attempt)
+            table.add_row(*row, *([self.role_of(p)] if self.roles else []))
         console.print(table)
+
+
+def _node_roles(obj: dict, pods: list[PodStatus], restarts: int | None) -> list[NodeRole]:
+    """With hot spare nodes (the job's annotation): each launched node's role in the current
+    attempt, by the rank assignment's own rule (workloads.spares.node_roles). A node is lost when
+    its pod of this attempt failed: with spares a failed index is not retried (the rendered
+    Job's backoffLimitPerIndex: 0)."""
+    spares = int(((obj.get("metadata") or {}).get("annotations") or {}).get(SPARE_NODES_ANNOTATION, "0"))
+    if not spares:
+        return []
+    replicated = ((obj.get("spec") or {}).get("replicatedJobs") or [{}])[0]
+    launched = ((replicated.get("template") or {}).get("spec") or {}).get("parallelism")
+    current = [p for p in pods if p.restart_attempt in ("-", str(restarts))]
+    if not isinstance(launched, int):
+        launched = max((p.node_rank for p in current), default=-1) + 1
+    lost = {p.node_rank for p in current if p.phase == "Failed"}
+    gpus = max((p.gpus for p in current), default=1)
+    return node_roles(launched_nodes=launched, spare_nodes=spares, lost=lost, nproc_per_node=gpus)
 
 
 def _pod_status(pod: k8s.V1Pod) -> PodStatus:
@@ -150,4 +186,5 @@ def _pod_status(pod: k8s.V1Pod) -> PodStatus:
         restarts=restarts,
         last_exit=last_exit or "-",
         restart_attempt=labels.get(JOBSET_RESTART_ATTEMPT_LABEL, "-"),
+        gpus=gpus_per_pod(pod),
     )

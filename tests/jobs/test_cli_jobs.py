@@ -4,6 +4,7 @@ CloudFormation, an EKS token signed with boto3, and the loopback Kubernetes API 
 from __future__ import annotations
 
 import base64
+import re
 import subprocess
 import sys
 import threading
@@ -282,6 +283,35 @@ def test_status_shows_phase_pods_and_restarts_per_layer(cluster):
     assert "2 of 3" in result.stdout  # Kubernetes-layer restarts of maxRestarts
     assert "train-worker-0-0-x2" in result.stdout and "train-worker-0-1-x2" in result.stdout
     assert "ft_launcher" in result.stdout and "in-process" in result.stdout
+
+
+def test_status_shows_active_spare_and_lost_nodes_with_hot_spares(cluster):
+    """3 active + 1 spare node; node 1's pod failed: node 2 and 3 move up (ranks 8-15, 16-23), no
+    spare is left, and the pods of an earlier attempt get no role."""
+    assert run_cli("submit", "--nodes", "3", "--spare-nodes", "1").code == 0
+    jobset = cluster.objects[(JOBSET.api_version, JOBSET.plural, "training", "train")]
+    jobset["status"] = {"restarts": 1, "conditions": []}
+    add_job_pods(cluster, "train", 1, restart_attempt=0, phase="Failed", exit_code=1)  # old attempt
+    add_job_pods(cluster, "train", 4, restart_attempt=1)
+    failed = cluster.objects[("v1", "pods", "training", "train-worker-0-1-x1")]
+    failed["status"]["phase"] = "Failed"
+    result = run_cli("status", "train")
+    assert result.code == 0, result.output
+    assert "Nodes (hot spares): active 0, 2, 3; spare none; lost 1" in result.stdout
+    pod = re.compile(r"train-worker-0-\d-x\d")
+    rows = {m.group(): line for line in result.stdout.splitlines() if (m := pod.search(line))}
+    assert "active, ranks 0-7" in rows["train-worker-0-0-x1"]
+    assert "lost" in rows["train-worker-0-1-x1"]
+    assert "active, ranks 8-15" in rows["train-worker-0-2-x1"]
+    assert "active, ranks 16-23" in rows["train-worker-0-3-x1"]
+    assert "active" not in rows["train-worker-0-0-x0"] and "lost" not in rows["train-worker-0-0-x0"]
+
+
+def test_status_without_spares_has_no_role_column(cluster):
+    assert run_cli("submit", "--nodes", "2").code == 0
+    add_job_pods(cluster, "train", 2)
+    result = run_cli("status", "train")
+    assert result.code == 0 and "hot spares" not in result.stdout and "role" not in result.stdout
 
 
 def test_status_reports_a_failed_job_with_exit_93(cluster):

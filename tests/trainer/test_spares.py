@@ -56,6 +56,43 @@ def test_without_spares_left_the_active_world_shrinks_below_the_retry_minimum():
     assert state.active_world_size == 1 < active_world_size(3, 1, 1)
 
 
+@pytest.mark.parametrize("lost", [set(), {1}, {0}, {3}, {1, 2}, {0, 4}])
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_node_roles_state_the_rank_assignment_nvrx_makes(lost, nproc):
+    """workloads.spares.node_roles (what `nvrx-eks status` reports) against NVRx's own rank
+    assignment for 5 launched nodes, 2 of them spares: every rank of a lost node terminated."""
+    from nvidia_resiliency_ext.inprocess.state import Mode
+
+    from workloads.spares import node_roles, rank_assignment
+
+    nodes, spares = 5, 2
+    world = nodes * nproc
+    assignment = rank_assignment(world_size=world, spare_nodes=spares, nproc_per_node=nproc)
+    terminated = {node * nproc + local for node in lost for local in range(nproc)}
+    active_ranks = {}
+    for rank in sorted(set(range(world)) - terminated):
+        state = _assign(assignment, rank, world, set())
+        if terminated:
+            state = _assign(assignment, rank, world, terminated, previous=state)
+        if state.mode == Mode.ACTIVE:
+            active_ranks[rank] = state.active_rank
+    roles = node_roles(launched_nodes=nodes, spare_nodes=spares, lost=lost, nproc_per_node=nproc)
+    expected = {
+        node: ("lost", None)
+        if node in lost
+        else ("active", active_ranks[node * nproc])
+        if node * nproc in active_ranks
+        else ("spare", None)
+        for node in range(nodes)
+    }
+    assert {r.node: (r.role, r.first_rank) for r in roles} == expected
+    for r in roles:  # a node's ranks stay together and in order
+        if r.role == "active":
+            assert [active_ranks[r.node * nproc + i] for i in range(nproc)] == list(
+                range(r.first_rank, r.first_rank + nproc)
+            )
+
+
 def test_faults_follow_the_active_rank_and_node_loss_fires_on_the_first_rank_of_the_node(tmp_path):
     faults = parse_fault_spec("sigkill@14:1,exception@29:0,node-loss@15:1")
     spare = FaultInjector(faults, 4, tmp_path, lambda *a, **k: None, nproc_per_node=2)
