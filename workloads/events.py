@@ -43,6 +43,8 @@ Events and their own fields:
                           iteration; the fault itself is usually a fault_injected line earlier)
     restart_end           layer="inprocess"|"launcher", resumed_from_step, since_begin_s (inprocess)
     sigterm               signal
+    rank_discarded        reason (spare nodes: a rank of this node was lost, so this rank left with
+                          its node; workloads.spares)
     run_end               status ("completed"|"terminated"), final_step, final_loss
 
 summary.json (rank 0, at completion): final_step, final_loss, state_sha256, world_size, preset,

@@ -4,6 +4,8 @@ The in-process Wrapper runs every rank of all N+S nodes; NVRx's rank assignment 
 N x nproc ranks active (they call the training function and form the process group) and keeps the
 rest in NVRx's reserve loop, outside every process group, until a restart needs them:
 
+    LoseWholeNodes(nproc)           a node that lost a rank is lost whole: its other ranks are
+                                    discarded (they leave the Wrapper and exit 1)
     ShiftRanks                      the survivors keep their order and the ranks past a lost one
                                     shift down to fill the gap
     MaxActiveWorldSize(N x nproc)   the active world never grows past N x nproc
@@ -12,11 +14,17 @@ so the active nodes are always the first N surviving nodes in launch order, and 
 place is taken by the first spare node moving up at the end (`node_roles` states this rule for
 whoever reports it, e.g. `nvrx-eks status`).
 
-Nodes stay whole without NVRx's FilterCountGroupedByKey (which in NVRx 0.7.0 calls
-`store.barrier(ranks=..., group_name=...)` and fails with torch 2.13's own `Store.barrier(key,
-world_size)`: TypeError at the Wrapper's first rank assignment): when one rank of a node dies, its
-launcher (--max-restarts 0, below) stops the node's other ranks, so the whole node is terminated
-and ShiftRanks moves whole nodes. (Compose runs right to left.)
+(Compose runs right to left.) Nodes must stay whole: a spare node's ranks take a lost node's
+place together, and each node's ranks stay one node's local ranks. A rank's death does not end its
+node-mates at once: they join the restart, and their launcher (--max-restarts 0, below) stops them
+only later; an assignment that kept them would make them active ranks of the next process group,
+which then waits for ranks that are gone, restart after restart (seen with --nproc 2: 11 in-process
+restarts, then exit 1). NVRx's FilterCountGroupedByKey groups ranks this way but in NVRx 0.7.0
+calls `store.barrier(ranks=..., group_name=...)`, which fails with torch 2.13's own
+`Store.barrier(key, world_size)` (TypeError at the Wrapper's first rank assignment);
+LoseWholeNodes needs no barrier: every rank computes the same set from the terminated ranks NVRx
+gathered. It relies on ranks being laid out node by node (local rank = rank % nproc), which
+ft_launcher does and whole-node shifts preserve.
 
 The active world, the global batch, each active rank's data shard and so the numerics do not change
 when a spare takes over: the spare loads the lost ranks' shards from the newest checkpoint as that
@@ -67,6 +75,12 @@ def node_roles(*, launched_nodes: int, spare_nodes: int, lost: set[int], nproc_p
     return roles
 
 
+def whole_nodes(ranks: set[int], nproc_per_node: int) -> set[int]:
+    """Every rank of each node that has a rank in `ranks`."""
+    nodes = {rank // nproc_per_node for rank in ranks}
+    return {node * nproc_per_node + local for node in nodes for local in range(nproc_per_node)}
+
+
 def active_world_size(world_size: int, spare_nodes: int, nproc_per_node: int) -> int:
     return world_size - spare_nodes * nproc_per_node
 
@@ -74,9 +88,17 @@ def active_world_size(world_size: int, spare_nodes: int, nproc_per_node: int) ->
 def rank_assignment(*, world_size: int, spare_nodes: int, nproc_per_node: int):
     """NVRx rank assignment for `spare_nodes` spare nodes out of world_size / nproc_per_node."""
     from nvidia_resiliency_ext import inprocess
-    from nvidia_resiliency_ext.inprocess.rank_assignment import MaxActiveWorldSize, ShiftRanks
+    from nvidia_resiliency_ext.inprocess.rank_assignment import MaxActiveWorldSize, RankAssignment, ShiftRanks
+
+    class LoseWholeNodes(RankAssignment):
+        """A node that lost a rank is lost whole (see the module docstring)."""
+
+        def __call__(self, ctx):
+            ctx.terminated_ranks = whole_nodes(ctx.terminated_ranks, nproc_per_node) & set(range(ctx.state.world_size))
+            return ctx
 
     return inprocess.Compose(
         MaxActiveWorldSize(active_world_size(world_size, spare_nodes, nproc_per_node)),
         ShiftRanks(),
+        LoseWholeNodes(),
     )

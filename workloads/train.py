@@ -85,6 +85,7 @@ def _stop_the_job(process: ProcessState, reason: str) -> None:
 
 def run(cfg: TrainConfig, store_port: int | None) -> int:
     from nvidia_resiliency_ext.inprocess.exception import RestartAbort
+    from nvidia_resiliency_ext.inprocess.rank_assignment import RankDiscarded
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -145,6 +146,12 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
         code = EXIT_DO_NOT_REQUEUE
     except stopped_by_sigterm:
         code = EXIT_TERMINATED
+    except RankDiscarded as err:
+        # With spare nodes: another rank of this node was lost, so the node leaves whole
+        # (workloads.spares). Not 0: the node's pod must count as failed, not as finished.
+        process.events.emit("rank_discarded", reason=str(err)[:500])
+        print(f"leaving with this node, which lost a rank; a spare takes its place ({err})", file=sys.stderr)
+        code = 1
     except RestartAbort as err:
         print(f"in-process restart gave up: {err}", file=sys.stderr, flush=True)
         code = 1

@@ -93,6 +93,28 @@ def test_node_roles_state_the_rank_assignment_nvrx_makes(lost, nproc):
             )
 
 
+def test_a_rank_lost_alone_takes_its_whole_node_out_of_the_next_assignment():
+    """Rank 3 of node 1 (2 ranks per node) is killed while rank 2 still joins the restart: rank 2 is
+    discarded with it, and the spare node's ranks take ranks 2-3, not rank 2 alone (seen otherwise:
+    the next process group waited for the departing rank 2, restart after restart)."""
+    from nvidia_resiliency_ext.inprocess.rank_assignment import RankDiscarded
+    from nvidia_resiliency_ext.inprocess.state import Mode
+
+    from workloads.spares import rank_assignment
+
+    assignment = rank_assignment(world_size=6, spare_nodes=1, nproc_per_node=2)
+    start = {r: _assign(assignment, r, 6, set()) for r in range(6)}
+    with pytest.raises(RankDiscarded):
+        _assign(assignment, 2, 6, {3}, previous=start[2])
+    after = {r: _assign(assignment, r, 6, {3}, previous=start[r]) for r in (0, 1, 4, 5)}
+    assert {r: (s.mode, s.active_rank) for r, s in after.items()} == {
+        0: (Mode.ACTIVE, 0),
+        1: (Mode.ACTIVE, 1),
+        4: (Mode.ACTIVE, 2),
+        5: (Mode.ACTIVE, 3),
+    }
+
+
 def test_faults_follow_the_active_rank_and_node_loss_fires_on_the_first_rank_of_the_node(tmp_path):
     faults = parse_fault_spec("sigkill@14:1,exception@29:0,node-loss@15:1")
     spare = FaultInjector(faults, 4, tmp_path, lambda *a, **k: None, nproc_per_node=2)

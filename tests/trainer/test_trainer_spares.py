@@ -1,5 +1,6 @@
 """Acceptance 1 and 2 of hot spares on CPU: 3 simulated nodes (1 spare) under ft_launcher recover a
-killed rank and a lost node in process, bit-identical to 2 nodes without faults."""
+killed rank and a lost node in process, bit-identical to 2 nodes without faults; with 2 ranks per
+node, a killed rank takes its node-mate along and the spare node's two ranks replace both."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
 STEPS = 40
 
 
-def _run(run_dir: Path, *, nodes: int, spare_nodes: int = 0, faults: str = "") -> dict:
+def _run(run_dir: Path, *, nodes: int, spare_nodes: int = 0, faults: str = "", nproc: int = 1) -> dict:
     from nvrx_eks.local.runner import run_local
 
     code = run_local(
-        nproc=1,
+        nproc=nproc,
         steps=STEPS,
         faults=faults,
         run_dir=run_dir,
@@ -58,3 +59,16 @@ def test_a_spare_node_replaces_the_lost_one_in_process_bit_identically(clean, tm
 
 def _events(run_dir: Path) -> list[str]:
     return [line for path in sorted((run_dir / "events").glob("*.jsonl")) for line in path.read_text().splitlines()]
+
+
+def test_with_two_ranks_per_node_a_killed_rank_takes_its_node_along(tmp_path_factory):
+    with exclusive_trainer_runs(tmp_path_factory):
+        clean = _run(tmp_path_factory.mktemp("clean-2x2"), nodes=2, nproc=2)
+        run_dir = tmp_path_factory.mktemp("spares-2x2")
+        summary = _run(run_dir, nodes=3, spare_nodes=1, nproc=2, faults="sigkill@14:3")
+    assert summary["faults"][0]["layer"] == "inprocess" and summary["restarts"]["inprocess"] == 1, summary
+    events = [json.loads(line) for line in _events(run_dir)]
+    # Rank 2, rank 3's node-mate, joined the restart and was discarded with its node.
+    assert [e["rank"] for e in events if e["event"] == "rank_discarded"] == [2]
+    assert max(e["cycle"] for e in events) == 0
+    assert summary["state_sha256"] == clean["state_sha256"]
