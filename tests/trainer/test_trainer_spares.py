@@ -1,6 +1,7 @@
 """Acceptance 1 and 2 of hot spares on CPU: 3 simulated nodes (1 spare) under ft_launcher recover a
 killed rank and a lost node in process, bit-identical to 2 nodes without faults; with 2 ranks per
-node, a killed rank takes its node-mate along and the spare node's two ranks replace both."""
+node, a killed rank takes its node-mate along and the spare node's two ranks replace both, their
+state received from the node-local tier's replicas on a surviving node."""
 
 from __future__ import annotations
 
@@ -18,7 +19,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
 STEPS = 40
 
 
-def _run(run_dir: Path, *, nodes: int, spare_nodes: int = 0, faults: str = "", nproc: int = 1) -> dict:
+def _run(
+    run_dir: Path,
+    *,
+    nodes: int,
+    spare_nodes: int = 0,
+    faults: str = "",
+    nproc: int = 1,
+    local_interval: int | None = None,
+) -> dict:
     from nvrx_eks.local.runner import run_local
 
     code = run_local(
@@ -31,6 +40,7 @@ def _run(run_dir: Path, *, nodes: int, spare_nodes: int = 0, faults: str = "", n
         backend="nvrx",
         nodes=nodes,
         spare_nodes=spare_nodes,
+        local_interval=local_interval,
         port=port_pair(),
         console=Console(file=open(os.devnull, "w")),
     )  # noqa: SIM115
@@ -65,10 +75,17 @@ def test_with_two_ranks_per_node_a_killed_rank_takes_its_node_along(tmp_path_fac
     with exclusive_trainer_runs(tmp_path_factory):
         clean = _run(tmp_path_factory.mktemp("clean-2x2"), nodes=2, nproc=2)
         run_dir = tmp_path_factory.mktemp("spares-2x2")
-        summary = _run(run_dir, nodes=3, spare_nodes=1, nproc=2, faults="sigkill@14:3")
+        summary = _run(run_dir, nodes=3, spare_nodes=1, nproc=2, faults="sigkill@14:3", local_interval=2)
     assert summary["faults"][0]["layer"] == "inprocess" and summary["restarts"]["inprocess"] == 1, summary
     events = [json.loads(line) for line in _events(run_dir)]
     # Rank 2, rank 3's node-mate, joined the restart and was discarded with its node.
     assert [e["rank"] for e in events if e["event"] == "rank_discarded"] == [2]
     assert max(e["cycle"] for e in events) == 0
+    # The spare node's ranks (4, 5) start with an empty local root: their shards come from the
+    # replicas node 0 holds, of the newest local step (12), not from the FSx checkpoint (10).
+    restores = {e["rank"]: e for e in events if e["event"] == "local_restore"}
+    assert {r: (e["source"], e["from_rank"], e["step"]) for r, e in restores.items() if r >= 4} == {
+        4: ("replica", 0, 12),
+        5: ("replica", 1, 12),
+    }
     assert summary["state_sha256"] == clean["state_sha256"]
