@@ -89,6 +89,15 @@ def acceptance_checks(result: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{a:.1f} s vs {b:.1f} s ({b / a:.1f}x)",
             )
         )
+        a = p6["spare_node_loss"]["recovery"]["first_step_s"]
+        d = p6["ft_hot_spare_node_loss"]["recovery"]["first_step_s"]
+        checks.append(
+            _check(
+                "P6: a lost node replaced faster by a spare in process than by ft_launcher's hot-spare node",
+                a < d,
+                f"{a:.1f} s vs {d:.1f} s ({d / a:.1f}x)",
+            )
+        )
         checks.append(_check("P6: every side ends bit-identical", p6["bit_identical"], "state_sha256 compared"))
     if "p7" in result:
         after = result["p7"]["release"]["after_detect_s"]

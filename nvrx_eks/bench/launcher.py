@@ -63,6 +63,7 @@ class Launcher:
         checkpoint_interval: int | None = None,
         local_interval: int | None = None,
         spare_nodes: int = 0,
+        launcher_spare_nodes: int = 0,
     ) -> Launch:
         from nvrx_eks.local.runner import run_local
 
@@ -84,6 +85,7 @@ class Launcher:
                 nodes=nodes,
                 local_interval=local_interval,
                 spare_nodes=spare_nodes,
+                launcher_spare_nodes=launcher_spare_nodes,
             )
         record = json.loads((run_dir / "local_run.json").read_text())
         launch = Launch(run_dir, code, time.monotonic() - started, record["killed_after_exit"])

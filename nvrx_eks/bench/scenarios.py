@@ -23,8 +23,10 @@ P5  checkpoint tiers: two simulated nodes, the same FSx interval and the same ex
     plus the copy floor, against which the local tier's stall per save is measured.
 P6  hot spares: 2 active simulated nodes of one rank, the same `sigkill` of node 1 recovered by
     (a) a spare node in process (3 nodes, 1 spare), (b) ft_launcher restarting every node's
-    workers, (c) a full relaunch; and (a) for `node-loss` of node 1 (without a spare a lost node
-    has no in-job recovery to compare with).
+    workers, (c) a full relaunch; and `node-loss` of node 1 (launcher and ranks) recovered by (a)
+    and by (d) ft_launcher's own hot-spare node (`--nnodes 2:3`: it waits in the rendezvous and
+    joins when the surviving node restarts its workers). Without any spare a lost node has no
+    in-job recovery to compare with.
 P7  the gloo release of the in-process abort: the same `exception` faults with the gloo pair
     sockets shut down on abort and without (inprocess.release_gloo_sockets), side by side.
 """
@@ -274,6 +276,7 @@ def run_p6(launcher: Launcher, settings: BenchSettings) -> dict:
         ("ft_launcher", "sigkill", {"nodes": 2}),
         ("full_relaunch", "sigkill", {"nodes": 2, "extra": ("fault_tolerance.max_restarts=0",)}),
         ("spare_node_loss", "node-loss", {"nodes": 3, "spare_nodes": 1}),
+        ("ft_hot_spare_node_loss", "node-loss", {"nodes": 3, "launcher_spare_nodes": 1}),
     )
     for name, kind, options in runs:
         spec = f"{kind}@{step}:1"
@@ -295,6 +298,7 @@ def run_p6(launcher: Launcher, settings: BenchSettings) -> dict:
         **sides,
         "ratio_ft_launcher": first["ft_launcher"] / first["spare_inprocess"],
         "ratio_full_relaunch": first["full_relaunch"] / first["spare_inprocess"],
+        "ratio_ft_hot_spare": first["ft_hot_spare_node_loss"] / first["spare_node_loss"],
         "bit_identical": len({side["state_sha256"] for side in sides.values()}) == 1,
     }
 

@@ -158,6 +158,7 @@ def print_result(result: dict[str, Any], console: Console) -> None:
             ("ft_launcher", "(b) ft_launcher"),
             ("full_relaunch", "(c) full relaunch"),
             ("spare_node_loss", "(a) spare node, in process"),
+            ("ft_hot_spare_node_loss", "(d) ft_launcher hot-spare node"),
         ):
             r = p6[name]["recovery"]
             table.add_row(label, r["fault"], r["path"], _s(r["first_step_s"]), str(r["lost_steps"]))

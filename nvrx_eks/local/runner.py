@@ -188,14 +188,22 @@ def run_local(
     nodes: int = 1,
     local_interval: int | None = None,
     spare_nodes: int = 0,
+    launcher_spare_nodes: int = 0,
 ) -> int:
     """`nodes` launchers (simulated nodes, one rendezvous, each with its own local checkpoint
-    root) of `nproc` ranks each; the last `spare_nodes` of them are hot spares (workloads.spares)."""
+    root) of `nproc` ranks each; the last `spare_nodes` of them are hot spares in process
+    (workloads.spares). `launcher_spare_nodes` instead makes that many of them ft_launcher's own
+    hot spares (`--nnodes MIN:MAX`: they wait in the rendezvous without workers and join at the
+    next worker-group restart), for comparing the two."""
     console = console or Console()
     if nproc < 1:
         raise ConfigError("--nproc: must be at least 1")
     if nodes < 1:
         raise ConfigError("--nodes: must be at least 1")
+    if launcher_spare_nodes and spare_nodes:
+        raise ConfigError("spare nodes: in process or ft_launcher's, not both")
+    if not 0 <= launcher_spare_nodes < nodes:
+        raise ConfigError(f"launcher spare nodes: {launcher_spare_nodes} leaves no active node of {nodes}")
     if not 0 <= spare_nodes < nodes:
         raise ConfigError(
             f"--spare-nodes: {spare_nodes} leaves no active node of --nodes {nodes}; use fewer spare nodes than nodes"
@@ -222,15 +230,16 @@ def run_local(
         for n in range(nodes)
     ]
     cfg = configs[0]
-    world = (nodes - spare_nodes) * nproc  # the active ranks: faults name one of these
+    spares = spare_nodes + launcher_spare_nodes
+    world = (nodes - spares) * nproc  # the active ranks: faults name one of these
     specs = parse_fault_spec(cfg.faults)
     for fault in specs:
         # node-loss names a simulated node, not a rank.
-        if fault.kind == "node-loss" and fault.rank >= nodes - spare_nodes:
+        if fault.kind == "node-loss" and fault.rank >= nodes - spares:
             raise ConfigError(
                 f"--faults: {fault.label} targets node {fault.rank}; with --nodes "
-                f"{nodes} --spare-nodes {spare_nodes} use a node below "
-                f"{nodes - spare_nodes}"
+                f"{nodes} --spare-nodes {spares} use a node below "
+                f"{nodes - spares}"
             )
     beyond = outside_world(tuple(f for f in specs if f.kind != "node-loss"), world)
     if beyond:
@@ -250,7 +259,7 @@ def run_local(
             build_ft_launcher_argv(
                 node_cfg,
                 config_path=str(config_path),
-                nnodes=nodes,
+                nnodes=f"{nodes - launcher_spare_nodes}:{nodes}" if launcher_spare_nodes else nodes,
                 nproc_per_node=nproc,
                 rdzv_endpoint=f"127.0.0.1:{port}",
                 rdzv_id=f"local-{port}",
@@ -295,7 +304,7 @@ def run_local(
                 for p in launchers:
                     tracker.sample(p.pid)
                 lost = [p for p in launchers if p.poll() not in (None, 0)]
-                if 0 < len(lost) <= spare_nodes and _completed(run_dir, started_at, steps):
+                if 0 < len(lost) <= spares and _completed(run_dir, started_at, steps):
                     # The survivors' launchers now wait in torch elastic's exit barrier for every
                     # node of the rendezvous, the lost one too, for 300 s (not configurable
                     # through ft_launcher, and deaf to SIGTERM there); their ranks have exited and
@@ -320,7 +329,7 @@ def run_local(
                 tracker.sample(p.pid)
             time.sleep(0.2)
     codes = [p.returncode for p in launchers]
-    code, lost_nodes = run_code(codes, spare_nodes, completed=_completed(run_dir, started_at, steps))
+    code, lost_nodes = run_code(codes, spares, completed=_completed(run_dir, started_at, steps))
     launcher_code = code
     if released:  # the survivors completed the run; their launchers' end was ours
         lost_nodes, code = released, 0
