@@ -59,7 +59,7 @@ def plan(
     async_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of an NVRx async save."),
     step_time_s: float | None = typer.Option(None, min=0, help="Measured time of one training step."),
     node_loss_share: float | None = typer.Option(
-        None, help="Share of faults that lose a node and its local checkpoints (default 0.78)."
+        None, help="Share of faults that lose a node and its local checkpoints (default: Llama 3's hardware, 0.75)."
     ),
 ) -> None:
     """Optimal checkpoint interval (Young/Daly), expected goodput and the cost of lost time."""

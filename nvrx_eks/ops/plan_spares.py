@@ -1,13 +1,8 @@
 """Goodput at scale with faults split by kind, each recovered by the layer that really handles it,
 and the number of hot spare nodes that maximizes goodput per dollar. No torch.
 
-Fault kinds (shares of all interruptions): Llama 3 (Meta, 2024, sec. 3.3.4, Table 5 of 419
-unexpected interruptions in 54 days) grouped as
-    soft      software bugs, NCCL watchdog timeouts and other software causes
-    network   network switch/cable and NIC failures
-    hardware  GPUs, HBM, hosts and the rest of the hardware
-The grouping and shares are this project's reading of that table (not re-checked against the paper
-in this change); pass other shares to `spares_table` to replace them.
+Fault kinds and their shares: nvrx_eks.ops.plan.DEFAULT_FAULT_MIX (Llama 3's Table 5, grouped by
+the layer that recovers them: soft, network, hardware); pass other shares to `spares_table`.
 
 Recovery per kind and configuration:
     k8s-restart only             every fault: a pod restart of the whole job (POD_RESTART_RECOVERY_S)
@@ -15,10 +10,12 @@ Recovery per kind and configuration:
                                  error reaches every rank as an exception); hardware: the node is
                                  gone, a pod restart
     layered + S spares + tiers   soft and network: in-process restart reading the node-local tier;
-                                 hardware: a spare takes the node's place in process (its shards
-                                 from FSx), except when no spare is left: after S such faults the
-                                 next one takes a pod restart, which restores the spares, so a share
-                                 1/(S+1) of the hardware faults still pays the pod restart
+                                 hardware: a spare takes the node's place in process, its shards
+                                 from the replicas the surviving nodes hold (the node-local tier:
+                                 each node reads its share, as for a soft fault), except when no
+                                 spare is left: after S such faults the next one takes a pod
+                                 restart, which restores the spares, so a share 1/(S+1) of the
+                                 hardware faults still pays the pod restart
 Goodput per dollar counts the spares' price: goodput x N / (N + S).
 """
 
@@ -27,10 +24,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nvrx_eks.ops.plan import POD_RESTART_RECOVERY_S, Plan, daly_interval, expected_goodput, local_recovery_s
+from nvrx_eks.ops.plan import (
+    DEFAULT_FAULT_MIX,
+    POD_RESTART_RECOVERY_S,
+    Plan,
+    daly_interval,
+    expected_goodput,
+    local_recovery_s,
+)
 
-#: Shares of interruptions by kind (see the module docstring).
-DEFAULT_FAULT_MIX = {"soft": 0.15, "network": 0.10, "hardware": 0.75}
 SPARE_CHOICES = range(0, 9)
 
 
@@ -63,7 +65,7 @@ def spares_row(plan: Plan, mix: dict[str, float] = DEFAULT_FAULT_MIX) -> SparesR
     best = (0, layered, layered)
     for spares in SPARE_CHOICES:
         to_pod = 1 / (spares + 1)
-        hardware = to_pod * POD_RESTART_RECOVERY_S + (1 - to_pod) * inprocess_fsx
+        hardware = to_pod * POD_RESTART_RECOVERY_S + (1 - to_pod) * inprocess_local
         goodput = _goodput(
             layered_strategy.stall_s, job_mtbf_s, soft_net * inprocess_local + mix["hardware"] * hardware
         )
