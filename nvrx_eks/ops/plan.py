@@ -296,6 +296,10 @@ def print_scaling(config: DeploymentConfig, plan_for_nodes, node_counts: list[in
     for n, plan in zip(node_counts, plans, strict=True):
         table.add_row(str(n), _duration(plan.job_mtbf_s), *[f"{p.goodput_at_optimal:.2%}" for p in plan.strategies])
     console.print(table)
+    console.print(
+        "[dim]  The in-process column credits every fault with an in-process restart: an upper bound, since a "
+        "hardware fault takes its node; the next table splits faults by kind, each recovered by its layer.[/]"
+    )
 
 
 #: Interruptions by kind, as shares of all unexpected ones: Llama 3 (sec. 3.3.4, Table 5: 419 in
