@@ -143,8 +143,15 @@ class JobStatus:
         for column in columns + (["role"] if self.roles else []):
             table.add_column(column, no_wrap=column == "pod")
         for p in self.pods:
-            row = [str(p.node_rank), escape(p.name), p.phase, escape(p.node), str(p.restarts), p.last_exit]
-            row.append(p.restart_attempt)
+            row = [
+                str(p.node_rank),
+                escape(p.name),
+                p.phase,
+                escape(p.node),
+                str(p.restarts),
+                p.last_exit,
+                p.restart_attempt,
+            ]
             table.add_row(*row, *([self.role_of(p)] if self.roles else []))
         console.print(table)
 
