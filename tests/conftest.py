@@ -14,12 +14,11 @@ import pytest
 from nvrx_eks.jobs.crds import CRD_DIR_ENV
 from tests.support import REPO_ROOT
 
-#: The upstream CRD files beside the project (unmodified, see its README). The validator's CRD
-#: layer reads them instead of fetching into the user cache, so no test touches the network;
-#: where the folder is absent that layer is skipped, with a message.
-SHARED_CRD_DIR = REPO_ROOT.parent / "shared" / "crds"
-os.environ[CRD_DIR_ENV] = str(SHARED_CRD_DIR)
-CRDS_PRESENT = SHARED_CRD_DIR.is_dir()
+#: The upstream CRD files kept in the repository (unmodified, see tests/upstream/README.md). The
+#: validator's CRD layer reads them instead of fetching into the user cache, so no test touches
+#: the network.
+UPSTREAM_CRD_DIR = REPO_ROOT / "tests" / "upstream" / "crds"
+os.environ[CRD_DIR_ENV] = str(UPSTREAM_CRD_DIR)
 
 _cache: dict = {}
 

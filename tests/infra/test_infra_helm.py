@@ -19,16 +19,11 @@ from infra.addon_catalog import helm_addons
 from infra.config import DeploymentConfig, resolve_config
 from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS, pins_for
 from nvrx_eks.facts.names import INSTANCE_TYPE_LABEL_KEY
-from tests.support.helm_charts import CHARTS_DIR, daemonsets, extract_helm, render, why_not_scheduled
+from tests.support.helm_charts import daemonsets, extract_helm, render, why_not_scheduled
 
 pytestmark = [
     pytest.mark.synth,
     pytest.mark.xdist_group("synth"),
-    pytest.mark.skipif(
-        not CHARTS_DIR.is_dir(),
-        reason=f"upstream charts not found at {CHARTS_DIR}: the Helm value checks need ../shared/charts "
-        "(or `helm pull` of the pinned chart versions into that layout)",
-    ),
 ]
 
 _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}

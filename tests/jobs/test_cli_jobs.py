@@ -16,7 +16,6 @@ import yaml
 
 from nvrx_eks.facts.job_kinds import JOBSET, PYTORCHJOB
 from nvrx_eks.facts.stack_outputs import OutputKey
-from tests.conftest import CRDS_PRESENT
 from tests.support import REPO_ROOT, cli_harness
 from tests.support.cli_harness import (
     DEPLOYED_IMAGE,
@@ -50,8 +49,7 @@ def test_render_four_nodes_default_profile_passes_validate(api):
     assert kinds == ["ConfigMap", "JobSet" if api == "jobset" else "PyTorchJob", "NetworkPolicy"]
     validated = run_cli("validate", "-", stdin=rendered.stdout)
     assert validated.code == 0, validated.output
-    layers = "(kubernetes, project, crd)" if CRDS_PRESENT else "(kubernetes, project)"
-    assert f"checked {layers}: valid" in validated.stdout
+    assert "checked (kubernetes, project, crd): valid" in validated.stdout
 
 
 def test_render_to_a_directory_writes_one_file_per_object(tmp_path):

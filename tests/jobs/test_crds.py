@@ -1,6 +1,6 @@
 """The CRD layer's files: fetched once into the user cache from the pinned release tags, each
 checked against its pinned sha256, skipped with a message when they cannot be had. The "GitHub"
-here is a loopback HTTP server serving the upstream files from ../shared/crds: no test touches
+here is a loopback HTTP server serving the upstream files from tests/upstream/crds: no test touches
 the network."""
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ import pytest
 from nvrx_eks.jobs import crds
 from nvrx_eks.jobs.crds import CRD_DIR_ENV, PINNED_CRDS, crd_files
 from nvrx_eks.jobs.validate import validate_documents
-from tests.conftest import CRDS_PRESENT, SHARED_CRD_DIR
+from tests.conftest import UPSTREAM_CRD_DIR
 from tests.support.cli_harness import run_cli
 from tests.support.manifest_cases import Case
-
-pytestmark = pytest.mark.skipif(not CRDS_PRESENT, reason=f"the upstream CRD files are absent ({SHARED_CRD_DIR})")
 
 
 class _Upstream:
@@ -52,7 +50,7 @@ class _Upstream:
 
 
 def _upstream_files() -> dict[str, bytes]:
-    return {c.file_name: (SHARED_CRD_DIR / c.file_name).read_bytes() for c in PINNED_CRDS}
+    return {c.file_name: (UPSTREAM_CRD_DIR / c.file_name).read_bytes() for c in PINNED_CRDS}
 
 
 @pytest.fixture
@@ -78,7 +76,7 @@ def upstream(monkeypatch):
 
 def test_pins_are_the_upstream_files():
     for crd in PINNED_CRDS:
-        assert hashlib.sha256((SHARED_CRD_DIR / crd.file_name).read_bytes()).hexdigest() == crd.sha256
+        assert hashlib.sha256((UPSTREAM_CRD_DIR / crd.file_name).read_bytes()).hexdigest() == crd.sha256
         assert crd.url.startswith("https://raw.githubusercontent.com/")
     assert "/v0.12.0/" in PINNED_CRDS[0].url and "/v1.9.4/" in PINNED_CRDS[1].url
 

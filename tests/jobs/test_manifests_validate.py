@@ -1,6 +1,6 @@
 """Validation: every golden manifest is clean; each seeded mistake is caught by the layer that
-owns it and reported with the path of the offending field; the CRD layer is skipped (only it)
-when ../shared/crds is absent. One module over 500 lines: the seeded mistakes are one table per
+owns it and reported with the path of the offending field, the CRD layer against the upstream
+schemas in tests/upstream/crds. One module over 500 lines: the seeded mistakes are one table per
 layer over the same golden cases."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import OFFLINE_PLACEHOLDER_IMAGE, build_jobspec
 from nvrx_eks.jobs.validate import Expectations, validate_documents
 from nvrx_eks.jobs.validate.findings import format_path
-from tests.conftest import CRDS_PRESENT
 from tests.support.manifest_cases import GOLDEN_CASES, GOLDEN_IMAGE, Case
 from workloads.config import TrainConfig
 
@@ -334,8 +333,6 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
 
 @pytest.mark.parametrize("mistake, mutate, layer, path", SEEDED_MISTAKES, ids=[m[0] for m in SEEDED_MISTAKES])
 def test_seeded_mistake_is_reported_at_its_field(mistake, mutate, layer, path):
-    if layer == "crd" and not CRDS_PRESENT:
-        pytest.skip("the CRD schemas in ../shared/crds are absent in this checkout; the crd layer cannot run")
     documents = _jobset_documents()
     assert validate_documents(documents, P5).errors == []
     mutate(documents)
@@ -384,8 +381,6 @@ PYTORCHJOB_MISTAKES = [
 
 @pytest.mark.parametrize("mistake, mutate, layer, path", PYTORCHJOB_MISTAKES, ids=[m[0] for m in PYTORCHJOB_MISTAKES])
 def test_pytorchjob_mistake_is_reported_at_its_field(mistake, mutate, layer, path):
-    if layer == "crd" and not CRDS_PRESENT:
-        pytest.skip("the CRD schemas in ../shared/crds are absent in this checkout; the crd layer cannot run")
     documents = _pytorchjob_documents()
     assert validate_documents(documents, P5).errors == []
     mutate(documents)

@@ -6,7 +6,6 @@ import os
 
 import pytest
 
-from tests.conftest import CRDS_PRESENT
 from tests.support.cli_process import cli_process
 from tests.support.trainer_fixtures import exclusive_trainer_runs, processes_mentioning
 from workloads.events import load_run, summarize
@@ -25,10 +24,7 @@ def test_demo_runs_every_step_offline(tmp_path, tmp_path_factory):
     out = result.stdout
     # 1. synth summary with cdk-nag status, 2. the 4-node job validated, 4. the report.
     assert "0 unacknowledged findings" in out
-    # The CRD layer runs wherever the upstream schemas are (../shared/crds); a clone without them
-    # says the layer was skipped and still validates the rest.
-    layers = "kubernetes, project, crd" if CRDS_PRESENT else "kubernetes, project"
-    assert f"3 document(s) checked ({layers}): valid" in out
+    assert "3 document(s) checked (kubernetes, project, crd): valid" in out
     assert "world size 32" in out
     assert "Where the time went" in out and (run_dir / "timeline.png").is_file()
     # 3. each fault recovered by the layer meant for it, and the run completed.

