@@ -24,6 +24,7 @@ from nvrx_eks.jobs.spec import build_jobspec
 from scripts.trainer_requirements import trainer_requirements
 from tests.support import REPO_ROOT, checkout_files
 from tests.support.shell_lint import assert_shellcheck_clean
+from workloads import transport
 from workloads.process_env import NCCL_RESTART_ENV
 
 ROOT = REPO_ROOT
@@ -264,6 +265,55 @@ def test_dockerfile_runs_the_efa_installer_before_apt_lists_are_deleted():
     assert "apt-get update" in efa and efa.index("efa_installer.sh") < efa.index("/var/lib/apt/lists")
     assert not any("/var/lib/apt/lists" in r for r in runs[: runs.index(efa)])
     assert "VALIDSIG" in efa  # the tarball is used only with a good signature
+
+
+def test_dockerfile_keeps_the_efa_installer_off_its_ngc_paths():
+    """An nvidia/cuda base carries NGC's entrypoint file; without both flags the installer may
+    take it for an NGC image and choose its NGC plugin package (AWS's Dockerfiles pass both)."""
+    runs = [args for keyword, args in instructions((ROOT / DOCKERFILE).read_text()) if keyword == "RUN"]
+    (efa,) = [r for r in runs if "efa_installer.sh" in r]
+    assert {"--disable-build-ngc", "--disable-ngc"} <= set(re.findall(r"--[\w-]+", efa))
+
+
+def test_image_and_pods_name_the_same_nccl_net_plugin():
+    assert env_of((ROOT / DOCKERFILE).read_text())["NCCL_NET_PLUGIN"] == transport.NET_PLUGIN
+
+
+def _efa_layer_cudart_link() -> str:
+    """The shell lines of the EFA layer that add the unversioned libcudart.so link."""
+    runs = [args for keyword, args in instructions((ROOT / DOCKERFILE).read_text()) if keyword == "RUN"]
+    (efa,) = [r for r in runs if "efa_installer.sh" in r]
+    steps = [step.strip() for step in efa.split(" && ")]
+    first = next(i for i, step in enumerate(steps) if step.startswith("cudart="))
+    last = next(i for i, step in enumerate(steps) if i > first and step == "ldconfig")
+    return " && ".join(steps[first : last + 1])
+
+
+@pytest.mark.parametrize("has_cudart", [True, False])
+def test_image_links_the_unversioned_cuda_runtime_the_plugin_opens(tmp_path, has_cudart):
+    """The Dockerfile's own lines, run under bash against a stand-in loader cache: they link
+    libcudart.so beside the versioned runtime the cache names, or fail the build without one."""
+    lib = tmp_path / "cuda" / "targets" / "x86_64-linux" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcudart.so.13.0.96").write_text("")
+    (lib / "libcudart.so.13").symlink_to("libcudart.so.13.0.96")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    cache = f"\tlibcudart.so.13 (libc6,x86-64) => {lib / 'libcudart.so.13'}\n" if has_cudart else ""
+    (bin_dir / "ldconfig").write_text(
+        f'#!/bin/bash\n[ "$1" = -p ] && printf \'3 libs found in cache\\n'
+        f"\\tlibz.so.1 (libc6,x86-64) => /lib/libz.so.1\\n{cache}'\nexit 0\n"
+    )
+    (bin_dir / "ldconfig").chmod(0o755)
+    result = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", _efa_layer_cudart_link()],
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, capture_output=True, text=True,
+    )  # fmt: skip
+    if has_cudart:
+        assert result.returncode == 0, result.stderr
+        assert os.readlink(lib / "libcudart.so") == "libcudart.so.13"
+    else:
+        assert result.returncode != 0 and not (lib / "libcudart.so").exists()
 
 
 def test_dockerfile_puts_the_nccl_plugin_where_nccl_looks_and_asserts_it():

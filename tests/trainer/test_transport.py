@@ -133,47 +133,96 @@ def test_render_requires_efa_where_the_instance_has_efa_with_rdma():
 # --- the image build's plugin assertion ----------------------------------------------------
 
 
-def _plugin(directory: Path, *, symbol: str | None) -> Path:
-    """A shared library named like aws-ofi-nccl's (libnccl-net-ofi.so plus the libnccl-net.so
-    symlink NCCL opens), exporting `symbol`."""
+def _plugin(directory: Path, *, symbol: str | None, plain_link: bool = True) -> Path:
+    """A shared library named like aws-ofi-nccl's: libnccl-net-ofi.so exporting `symbol`, plus
+    the libnccl-net.so link of the plain package (the NGC package has none)."""
     directory.mkdir(parents=True)
     source = directory / "plugin.c"
     source.write_text(f"int {symbol} = 1;\n" if symbol else "int unrelated = 1;\n")
     real = directory / "libnccl-net-ofi.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(real), str(source)], check=True)
-    (directory / transport.PLUGIN_LIBRARY).symlink_to(real.name)
+    if plain_link:
+        (directory / transport.PLUGIN_LIBRARY).symlink_to(real.name)
     return directory
+
+
+def _cuda_runtime(directory: Path, *, unversioned: bool) -> Path:
+    """A stand-in CUDA runtime as a runtime image has it (libcudart.so.13 only) or with the
+    unversioned link the image adds."""
+    directory.mkdir(parents=True)
+    (directory / "cudart.c").write_text("int cudaGetDevice = 1;\n")
+    real = directory / "libcudart.so.13"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(real), str(directory / "cudart.c")], check=True)
+    if unversioned:
+        (directory / "libcudart.so").symlink_to(real.name)
+    return directory
+
+
+@pytest.fixture(autouse=True)
+def _no_host_loader_cache(monkeypatch):
+    """The stand-ins are found through LD_LIBRARY_PATH only, not through this machine's
+    ldconfig cache (which might hold a real libcudart.so)."""
+    monkeypatch.setattr(transport, "_ld_cache", dict)
 
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build a stand-in plugin library")
 
 
-@needs_cc
-def test_plugin_check_finds_the_plugin_through_ld_library_path(tmp_path):
-    plugin_dir = _plugin(tmp_path / "ofi-nccl" / "lib", symbol="ncclNetPlugin_v9")
-    message = check_plugin(f"{tmp_path / 'efa'}:{plugin_dir}")
-    assert "ncclNetPlugin_v9" in message and "libnccl-net-ofi.so" in message
-    result = subprocess.run(
-        [sys.executable, "-m", "workloads.transport", "--check-plugin"],
-        env={**os.environ, "LD_LIBRARY_PATH": str(plugin_dir)}, cwd=REPO, capture_output=True, text=True,
+def _check_cli(ld_library_path: str, net_plugin: str = transport.NET_PLUGIN) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from workloads import transport; transport._ld_cache = dict; "
+         "sys.exit(transport.main(['--check-plugin']))"],
+        env={**os.environ, "LD_LIBRARY_PATH": ld_library_path, "NCCL_NET_PLUGIN": net_plugin},
+        cwd=REPO, capture_output=True, text=True,
     )  # fmt: skip
+
+
+def test_plugin_file_names_follow_nccl():
+    assert transport.plugin_file_names("") == ["libnccl-net.so"]
+    assert transport.plugin_file_names("ofi") == ["ofi", "libnccl-net-ofi.so"]
+    assert transport.plugin_file_names("libnccl-net-ofi.so") == ["libnccl-net-ofi.so"]
+    assert transport.plugin_file_names("/opt/x/libp.so") == ["/opt/x/libp.so"]
+
+
+@needs_cc
+@pytest.mark.parametrize("plain_link", [True, False], ids=["plain-package", "ngc-package"])
+def test_plugin_check_finds_the_plugin_nccl_net_plugin_names(tmp_path, plain_link):
+    plugin_dir = _plugin(tmp_path / "ofi-nccl" / "lib", symbol="ncclNetPlugin_v9", plain_link=plain_link)
+    cudart = _cuda_runtime(tmp_path / "cuda", unversioned=True)
+    message = check_plugin(f"{tmp_path / 'efa'}:{plugin_dir}:{cudart}")
+    assert "ncclNetPlugin_v9" in message and "libnccl-net-ofi.so" in message and "libcudart.so" in message
+    result = _check_cli(f"{plugin_dir}:{cudart}")
     assert result.returncode == 0, result.stderr
 
 
 @needs_cc
+def test_plugin_check_fails_without_the_unversioned_cuda_runtime(tmp_path):
+    """aws-ofi-nccl dlopen()s libcudart.so at init; a CUDA runtime image has only
+    libcudart.so.13: the plugin loads, its init fails, NCCL leaves EFA. The build must fail."""
+    plugin_dir = _plugin(tmp_path / "ofi-nccl" / "lib", symbol="ncclNetPlugin_v9")
+    cudart = _cuda_runtime(tmp_path / "cuda", unversioned=False)
+    with pytest.raises(TransportError, match="libcudart.so"):
+        check_plugin(f"{plugin_dir}:{cudart}")
+    result = _check_cli(f"{plugin_dir}:{cudart}")
+    assert result.returncode == 1 and "libcudart.so" in result.stderr and "Traceback" not in result.stderr
+
+
+@needs_cc
 def test_plugin_check_fails_where_nccl_would_fall_back_to_sockets(tmp_path):
+    cudart = _cuda_runtime(tmp_path / "cuda", unversioned=True)
     # The EFA installer's multiarch directory is not on the path: NCCL would not find the plugin.
     plugin_dir = _plugin(tmp_path / "ofi-nccl" / "lib" / "x86_64-linux-gnu", symbol="ncclNetPlugin_v9")
-    with pytest.raises(TransportError, match="no libnccl-net.so"):
-        check_plugin(str(plugin_dir.parent))
+    with pytest.raises(TransportError, match="none of ofi, libnccl-net-ofi.so"):
+        check_plugin(f"{plugin_dir.parent}:{cudart}")
+    # Unset NCCL_NET_PLUGIN with the NGC package: NCCL looks for libnccl-net.so, which it lacks.
+    ngc = _plugin(tmp_path / "ngc", symbol="ncclNetPlugin_v9", plain_link=False)
+    with pytest.raises(TransportError, match="none of libnccl-net.so"):
+        check_plugin(f"{ngc}:{cudart}", net_plugin="")
     not_a_plugin = _plugin(tmp_path / "other", symbol=None)
     with pytest.raises(TransportError, match="exports no NCCL net plugin symbol"):
-        check_plugin(str(not_a_plugin))
-    result = subprocess.run(
-        [sys.executable, "-m", "workloads.transport", "--check-plugin"],
-        env={**os.environ, "LD_LIBRARY_PATH": str(plugin_dir.parent)}, cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
-    assert result.returncode == 1 and "error: no libnccl-net.so" in result.stderr
+        check_plugin(f"{not_a_plugin}:{cudart}")
+    result = _check_cli(f"{plugin_dir.parent}:{cudart}")
+    assert result.returncode == 1 and "error: NCCL_NET_PLUGIN=ofi: none of" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -183,6 +232,7 @@ def test_plugin_check_accepts_a_plugin_that_needs_only_the_gpu_driver(tmp_path, 
     load there, yet is where NCCL looks; any other missing library fails the check. (A stand-in
     driver library name: this machine may have a real libcuda.so.1.)"""
     monkeypatch.setattr(transport, "DRIVER_LIBRARIES", ("libnvrx-test-driver.so.1",))
+    cudart = _cuda_runtime(tmp_path / "cuda", unversioned=True)
     for needed, passes in (("driver", True), ("other", False)):
         build = tmp_path / needed
         build.mkdir()
@@ -194,14 +244,14 @@ def test_plugin_check_accepts_a_plugin_that_needs_only_the_gpu_driver(tmp_path, 
         plugin_dir.mkdir()
         # Referencing the library's symbol keeps it needed (linkers drop unused ones).
         (plugin_dir / "plugin.c").write_text("extern int stub;\nint *ncclNetPlugin_v9 = &stub;\n")
-        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(plugin_dir / transport.PLUGIN_LIBRARY),
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(plugin_dir / "libnccl-net-ofi.so"),
                         str(plugin_dir / "plugin.c"), str(build / soname)], check=True)  # fmt: skip
         (build / soname).unlink()  # as in the image: the library is not there
         if passes:
-            assert "needs the GPU driver" in check_plugin(str(plugin_dir))
+            assert "needs the GPU driver" in check_plugin(f"{plugin_dir}:{cudart}")
         else:
             with pytest.raises(TransportError, match="does not load"):
-                check_plugin(str(plugin_dir))
+                check_plugin(f"{plugin_dir}:{cudart}")
 
 
 @pytest.mark.slow
