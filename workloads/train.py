@@ -36,6 +36,7 @@ from nvrx_eks.facts.exit_codes import EXIT_BOUND_S, EXIT_DO_NOT_REQUEUE, EXIT_TE
 from workloads.config import TrainConfig
 from workloads.faults import outside_world, outside_world_problem, parse_fault_spec
 from workloads.launch import inprocess_store_port_above
+from workloads.numa import bind_rank_to_numa_node
 from workloads.process_state import ProcessState
 
 log = logging.getLogger("workloads.train")
@@ -304,6 +305,8 @@ def main(argv: list | None = None) -> int:
             if args.world_size is None:
                 raise ConfigError("--preflight needs --world-size (nnodes x nproc-per-node)")
             return preflight(cfg, args.world_size)
+        if bound := bind_rank_to_numa_node():
+            log.info(bound)
         return run(cfg, args.store_port)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)

@@ -35,7 +35,9 @@ from nvrx_eks.jobs.spec import (
 from nvrx_eks.resources import templates_dir
 from workloads import do_not_requeue
 from workloads.launch import build_ft_launcher_argv, build_preflight_argv
+from workloads.numa import GPUS_PER_NUMA_ENV
 from workloads.process_env import NCCL_RESTART_ENV
+from workloads.transport import NET_PLUGIN
 
 #: How long a pod waits for the rendezvous host's DNS record before failing (and being retried).
 RENDEZVOUS_DNS_WAIT_S = 300
@@ -61,6 +63,8 @@ def fabric_env(facts: InstanceFacts, *, debug: str = "WARN") -> dict[str, str]:
         # TCP sockets when the plugin fails: the trainer (workloads/transport.py) and the
         # fabric test check NCCL's log for that.
         "FI_PROVIDER": "efa",
+        # The same plugin name as the image, so NCCL opens the library the image build checked.
+        "NCCL_NET_PLUGIN": NET_PLUGIN,
         "FI_EFA_USE_DEVICE_RDMA": "1" if facts.efa_rdma else "0",
         # DataLoader workers fork after EFA memory registration; rdma-core must stay fork-safe.
         "FI_EFA_FORK_SAFE": "1",
@@ -85,9 +89,10 @@ def trainer_env(spec: JobSpec) -> dict[str, str]:
     binding, unbuffered output (a rank killed by a fault must not take its last lines with it)."""
     env = {**fabric_env(spec.facts), **NCCL_RESTART_ENV, "PYTHONUNBUFFERED": "1"}
     if spec.facts.numa_nodes > 1:
-        # ft_launcher runs each rank under `numactl --cpunodebind <local_rank // N>`, so host
-        # memory for checkpoint staging and data comes from the socket next to the rank's GPU.
-        env["NVRX_GPUS_PER_NUMA"] = str(spec.facts.gpus // spec.facts.numa_nodes)
+        # Each rank binds itself to the CPUs next to its GPU (workloads/numa.py), so host memory
+        # for checkpoint staging and data comes from that socket. Not NVRx's NVRX_GPUS_PER_NUMA:
+        # its numactl cannot run under the pod's seccomp profile.
+        env[GPUS_PER_NUMA_ENV] = str(spec.facts.gpus // spec.facts.numa_nodes)
     return env
 
 

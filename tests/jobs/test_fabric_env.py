@@ -11,7 +11,9 @@ import pytest
 from infra.config import resolve_config
 from nvrx_eks.jobs.render import MPIRUN, render_job
 from nvrx_eks.jobs.spec import NCCL_TESTS_IMAGE, build_jobspec
+from workloads.numa import GPUS_PER_NUMA_ENV
 from workloads.process_env import NCCL_RESTART_ENV
+from workloads.transport import NET_PLUGIN
 
 
 def _container(profile: str, **kwargs) -> dict:
@@ -39,8 +41,22 @@ def test_trainer_pod_env_carries_the_nccl_settings_nvrx_needs(api):
 
 
 def test_numa_binding_follows_the_instance_facts():
-    assert _env(_container("p5"))["NVRX_GPUS_PER_NUMA"] == "4"  # 8 GPUs over 2 sockets
-    assert "NVRX_GPUS_PER_NUMA" not in _env(_container("g5-smoke"))  # one socket: nothing to bind
+    assert _env(_container("p5"))[GPUS_PER_NUMA_ENV] == "4"  # 8 GPUs over 2 sockets
+    assert GPUS_PER_NUMA_ENV not in _env(_container("g5-smoke"))  # one socket: nothing to bind
+
+
+@pytest.mark.parametrize("profile", ["p5", "p5en", "g5-smoke"])
+def test_no_pod_asks_ft_launcher_for_numactl(profile):
+    """NVRX_GPUS_PER_NUMA makes ft_launcher run each rank under `numactl --membind`, which the
+    pod's RuntimeDefault seccomp profile refuses without CAP_SYS_NICE (workloads/numa.py)."""
+    assert "NVRX_GPUS_PER_NUMA" not in _env(_container(profile))
+
+
+def test_pods_and_image_name_the_same_nccl_net_plugin():
+    """NCCL opens the library NCCL_NET_PLUGIN names; the image build checked that one."""
+    assert _env(_container("p5"))["NCCL_NET_PLUGIN"] == NET_PLUGIN
+    container, _ = _fabric_script(2)
+    assert _env(container)["NCCL_NET_PLUGIN"] == NET_PLUGIN
 
 
 def _fabric_script(nodes: int) -> tuple[dict, str]:

@@ -107,6 +107,12 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
         f"{CONTAINER}.securityContext.capabilities.add",
     ),
     (
+        "ft_launcher's numactl binding under RuntimeDefault seccomp",
+        lambda d: _container(d)["env"].insert(0, {"name": "NVRX_GPUS_PER_NUMA", "value": "4"}),
+        "project",
+        f"{CONTAINER}.env[0]",
+    ),
+    (
         "capabilities not dropped",
         lambda d: _security(d)["capabilities"].pop("drop"),
         "project",

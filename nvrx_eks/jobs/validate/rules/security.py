@@ -7,6 +7,10 @@ from infra import pod_security
 from nvrx_eks.facts.job_names import JOB_POD_SELECTOR_KEYS
 from nvrx_eks.jobs.validate.findings import document_id
 from nvrx_eks.jobs.validate.rules.base import MISSING, PodSite, RuleBase, get
+from workloads.numa import GPUS_PER_NUMA_ENV
+
+#: ft_launcher's own NUMA binding (NVRx 0.7.0 fault_tolerance/launcher.py): numactl per rank.
+NVRX_NUMA_ENV = "NVRX_GPUS_PER_NUMA"
 
 
 class SecurityRules(RuleBase):
@@ -80,6 +84,26 @@ class SecurityRules(RuleBase):
                 cpath + ["securityContext", "capabilities", "drop"],
                 "must include ALL: the container keeps only the capabilities it adds",
             )
+        self._check_numa_binding(site, cpath, dropped)
+
+    def _check_numa_binding(self, site: PodSite, cpath: list, dropped) -> None:
+        """NVRx's own NUMA binding runs numactl, which the runtime's default seccomp profile stops
+        without CAP_SYS_NICE (workloads/numa.py says why): no rank would start."""
+        env = get(site.container, ["env"])
+        for i, var in enumerate(env if isinstance(env, list) else []):
+            if not (isinstance(var, dict) and var.get("name") == NVRX_NUMA_ENV):
+                continue
+            added = get(site.container, ["securityContext", "capabilities", "add"])
+            has_sys_nice = isinstance(added, list) and any(
+                str(c).upper().removeprefix("CAP_") == "SYS_NICE" for c in added
+            )
+            if isinstance(dropped, list) and "ALL" in dropped and not has_sys_nice:
+                self.error(
+                    cpath + ["env", i],
+                    f"{NVRX_NUMA_ENV} makes ft_launcher start every rank under `numactl --membind`, "
+                    f"which {pod_security.SECCOMP_PROFILE} seccomp refuses without CAP_SYS_NICE: no rank "
+                    f"would start; set {GPUS_PER_NUMA_ENV} instead (the trainer binds its CPUs itself)",
+                )
 
     def _check_network_policy(self, job: dict) -> None:
         """A NetworkPolicy selects the job's pods and admits only pods of the same job."""
