@@ -8,7 +8,7 @@ instances: card 0 carries the primary ENA+EFA interface, every other card one EF
 
 from __future__ import annotations
 
-from aws_cdk import Fn
+from aws_cdk import CfnResource, Fn
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
@@ -138,3 +138,11 @@ class GpuNodeGroup(Construct):
             # once only lengthens the outage.
             max_unavailable=1,
         )
+        # An update (new AMI, any user-data or tag change: a new launch template version) by
+        # default launches the new instance before terminating the old one, and an ODCR sized to
+        # the job, a Capacity Block or a full placement group has no p5 to spare: the update stalls
+        # with NodeCreationFailure. MINIMAL terminates first ("useful ... with hardware
+        # accelerators such as GPUs", EKS NodegroupUpdateConfig); eks_v2 does not expose it.
+        nodegroup_resource = self.nodegroup.node.default_child
+        assert isinstance(nodegroup_resource, CfnResource)
+        nodegroup_resource.add_property_override("UpdateConfig.UpdateStrategy", "MINIMAL")
