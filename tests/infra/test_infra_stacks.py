@@ -19,6 +19,7 @@ from aws_cdk.assertions import Match, Template
 from rich.console import Console
 
 from infra.config import PROFILES_DIR, load_config, resolve_config
+from infra.constructs.node_user_data import lustre_efa_user_data
 from nvrx_eks.deploy.synth import print_summary
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import facts_for
@@ -56,6 +57,13 @@ def gpu_nodegroup(synthesized) -> dict:
 
 
 # --- GPU nodes: launch template wired for EFA --------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", ["p5", "p5en", "g5-smoke", "p5-capacity-block"])
+def test_gpu_node_updates_terminate_before_they_launch(synth, profile):
+    """A reservation, a Capacity Block or a full placement group has no spare GPU instance for the
+    default launch-first update: one node at a time, terminated first."""
+    assert gpu_nodegroup(synth(profile))["UpdateConfig"] == {"MaxUnavailable": 1, "UpdateStrategy": "MINIMAL"}
 
 
 @pytest.mark.parametrize("profile,interfaces", [("p5", 32), ("p5en", 16), ("g5-smoke", 1), ("p5-capacity-block", 32)])
@@ -454,6 +462,8 @@ def test_gpu_user_data_configures_the_efa_lustre_client_when_fsx_uses_efa(synth,
     assert node_config["kind"] == "NodeConfig"
     assert node_config["spec"]["instance"]["localStorage"] == {"strategy": "RAID0"}
     script = parts["text/x-shellscript"]
+    # Installs the set-up as a unit run on every boot before kubelet (tests/infra/test_node_user_data.py).
+    assert script == lustre_efa_user_data(synth("p5").config.gpu_nodes.facts)
     assert script.startswith("#!/bin/bash\n")
     for step in (
         "modprobe kefalnd",
