@@ -45,6 +45,7 @@ from workloads.checkpoint.errors import (
     storage_failure,
 )
 from workloads.checkpoint.local_tier import LocalTier
+from workloads.checkpoint.safe_load import SafeFileSystemReader, TensorsOnlyLoadPlanner
 from workloads.checkpoint.train_state import Stateful
 from workloads.checkpoint.writers import PendingSave, build_writer
 from workloads.config import TrainConfig
@@ -67,6 +68,15 @@ class _NoSections:
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
         yield
+
+
+def _load_failure(err: BaseException) -> str:
+    """What went wrong in one line per cause: DCP's CheckpointException carries each rank's
+    exception with a traceback in its text."""
+    if isinstance(err, CheckpointException):
+        causes = sorted({f"{type(e).__name__}: {e}" for e, _ in err.failures.values()})
+        return "; ".join(causes)
+    return f"{type(err).__name__}: {err}"
 
 
 class Checkpointer:
@@ -434,9 +444,15 @@ class Checkpointer:
             if not int(failed.item()):
                 state = build_state()
                 try:
-                    dcp.load(state, checkpoint_id=str(path))
-                except Exception as err:  # noqa: BLE001 - any load failure means: try the previous
-                    reason = f"load failed: {type(err).__name__}: {err}"
+                    dcp.load(
+                        state,
+                        checkpoint_id=str(path),
+                        storage_reader=SafeFileSystemReader(str(path)),
+                        planner=TensorsOnlyLoadPlanner(),
+                    )
+                # DCP reports a failed read as CheckpointException, a BaseException.
+                except (Exception, CheckpointException) as err:  # noqa: BLE001 - any load failure: try the previous
+                    reason = f"load failed: {_load_failure(err)}"
                 failed = torch.tensor([0 if reason is None else 1], device=self.device)
                 dist.all_reduce(failed, op=dist.ReduceOp.MAX)
             if int(failed.item()):

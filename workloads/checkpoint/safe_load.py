@@ -1,0 +1,95 @@
+"""Reading a DCP checkpoint without unpickling anything but DCP's own metadata.
+
+The checkpoint directory is on FSx, writable by every pod that mounts the volume, so a checkpoint
+is untrusted input. torch 2.13's DCP would run code from it on every rank that resumes:
+`FileSystemReader.read_metadata` calls `pickle.load` on `.metadata`, and `DefaultLoadPlanner.
+load_bytes` calls `torch.load(weights_only=False)` on every non-tensor item. Here the metadata is
+read by an unpickler that resolves only the classes DCP's metadata is made of (any other global,
+`os.system` say, is refused before it is called), and non-tensor items go through
+`torch.load(weights_only=True)`, which accepts tensors and plain containers of primitives only.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
+
+#: Every global a DCP `.metadata` pickle names (seen in checkpoints of torch 2.13: the metadata
+#: dataclasses, the file system's storage records, torch.Size, dtypes, layouts, and the path
+#: FileSystemWriter records as the checkpoint id when it was given one).
+_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath"},
+}
+
+
+class UnsafeCheckpoint(pickle.UnpicklingError):
+    """A checkpoint file asks to load something no checkpoint of ours contains."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _METADATA_GLOBALS.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise UnsafeCheckpoint(
+            f"its .metadata asks to load {module}.{name}, which DCP metadata never holds; refusing to "
+            "unpickle it (a crafted checkpoint would run code in every rank that resumes from it)"
+        )
+
+
+def read_metadata(stream: Any) -> Metadata:
+    metadata = _MetadataUnpickler(stream).load()
+    if not isinstance(metadata, Metadata):
+        raise UnsafeCheckpoint(f"its .metadata holds a {type(metadata).__name__}, not DCP Metadata")
+    return metadata
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """FileSystemReader whose metadata is read by the restricted unpickler (else as upstream)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = read_metadata(stream)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        assert metadata.storage_meta is not None
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
+    """Non-tensor items (step, data position, optimizer hyper-parameters) through
+    torch.load(weights_only=True)."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as err:
+            raise UnsafeCheckpoint(f"item {read_item.dest_index.fqn} is not plain data: {err}") from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
