@@ -241,12 +241,18 @@ def teardown(
     profile: str | None = ProfileOption,
     config: str | None = ConfigOption,
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before deleting."),
-    delete_data: bool = typer.Option(False, "--delete-data", help="Also delete the data bucket, FSx and its backups."),
+    delete_data: bool = typer.Option(
+        False,
+        "--delete-data",
+        help="Also delete the FSx file system (waiting until it is gone), its backups, the data bucket and the "
+        "audit log groups, then the storage and network stacks.",
+    ),
     skip_kubernetes: bool = typer.Option(
         False, "--skip-kubernetes", help="Do not delete jobs and the FSx claim first (API unreachable)."
     ),
 ) -> None:
-    """Delete jobs, the FSx claim, the stacks (cdk destroy), then sweep leftovers. Keeps data by default."""
+    """Delete jobs, the FSx claim and the cluster stack, then sweep leftovers. Keeps the data, and the network
+    and storage stacks it needs, unless --delete-data."""
     from nvrx_eks.ops.teardown import teardown as run_teardown
 
     result = run_teardown(
