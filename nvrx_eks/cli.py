@@ -102,7 +102,7 @@ def demo(
         None, "--run-dir", help="Where the training run goes (default: runs/demo-<time>)."
     ),
 ) -> None:
-    """The offline demo: synthesize the default profile, render and validate the 4-node job, train on CPU
+    """The offline demo: synthesize the default profile, render and validate its full-size job, train on CPU
     through an exception, a hang and a SIGKILL, and report how each was recovered."""
     from nvrx_eks.local.demo import run
 

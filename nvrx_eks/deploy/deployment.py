@@ -22,6 +22,11 @@ class Deployment:
         return ["-c", f"profile={self.profile or DEFAULT_PROFILE}"]
 
     @property
+    def source(self) -> str:
+        """Where the config came from, as a user would name it: "profile p5" or "config PATH"."""
+        return f"config {self.config_path}" if self.config_path else f"profile {self.profile or DEFAULT_PROFILE}"
+
+    @property
     def deploy_command(self) -> str:
         return "cdk deploy --all " + " ".join(self.cdk_context_args)
 

@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+import boto3
 import yaml
 from rich.console import Console
 from rich.markup import escape
@@ -23,6 +24,7 @@ from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_session, read_stack_outputs
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.job_kinds import JOB_KINDS, Api
+from nvrx_eks.jobs.capacity import deployed_nodes, live_limits, profile_limit, refuse_beyond
 from nvrx_eks.jobs.options import JobOptions
 from nvrx_eks.jobs.render import RenderedJob, render_job, write_documents
 from nvrx_eks.jobs.spec import JobSpec, build_jobspec, load_train_config
@@ -59,7 +61,7 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
             options.train_config, options.overrides, options.faults, config=deployment.config, nodes=nodes
         )
     )
-    return build_jobspec(
+    spec = build_jobspec(
         deployment.config,
         nodes=nodes,
         name=options.name or DEFAULT_JOB_NAME[options.workload],
@@ -72,6 +74,10 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
         outputs=outputs,
         spare_nodes=options.spare_nodes,
     )
+    # Here, not in build_jobspec: render, validate and submit all build their job through this
+    # function, and a job the profile's node group cannot hold is refused before anything else.
+    refuse_beyond(spec, [profile_limit(deployment)])
+    return spec
 
 
 def expectations(deployment: Deployment, outputs: StackOutputs | None) -> Expectations:
@@ -164,15 +170,25 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
         err.print("dry run: nothing was sent to a cluster")
         return rendered
 
-    outputs, client = connect(deployment, err)
+    session = aws_session(deployment.config)
+    outputs, client = connect(deployment, err, session)
     rendered = render_job(build_spec(deployment, options, outputs))
+    spec = rendered.spec
+    # The profile may have been raised without a deploy, or the node group changed by hand.
+    deployed = deployed_nodes(deployment, outputs, session)
+    for skipped in deployed.skipped:
+        err.print(f"[yellow]note:[/] not checked: {escape(skipped)}")
+    refuse_beyond(spec, live_limits(deployment, outputs, deployed))
     report = validate_documents(rendered.documents, expectations(deployment, outputs))
     print_report(report, err)
     report.raise_for_errors("the rendered job")
-    if rendered.spec.nodes > outputs.node_count:
+    if spec.launched_nodes > deployed.desired_size:
+        # Within the maximum, but nothing in the cluster scales a managed node group up by itself.
         err.print(
-            f"[yellow]note:[/] the job needs {rendered.spec.nodes} nodes and the GPU node group runs "
-            f"{outputs.node_count}; pods wait in Pending until the node group is scaled up"
+            f"[yellow]note:[/] the job launches {spec.launched_nodes} nodes and the GPU node group "
+            f"{escape(deployed.nodegroup)} runs {deployed.desired_size}; pods wait in Pending until it is scaled "
+            f"up (aws eks update-nodegroup-config --cluster-name {escape(outputs.cluster_name)} --nodegroup-name "
+            f"{escape(deployed.nodegroup)} --scaling-config desiredSize={spec.launched_nodes})"
         )
     job = client.submit(rendered)
     err.print(
@@ -183,12 +199,12 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
     return rendered
 
 
-def connect(deployment: Deployment, console: Console):
-    """(stack outputs, JobClient) for the deployed cluster, on one AWS session."""
+def connect(deployment: Deployment, console: Console, session: boto3.Session | None = None):
+    """(stack outputs, JobClient) for the deployed cluster, on one AWS session (`session`, or a new one)."""
     from nvrx_eks.deploy.kube import api_client_for
     from nvrx_eks.jobs.client import JobClient
 
-    session = aws_session(deployment.config)
+    session = session or aws_session(deployment.config)
     outputs = read_stack_outputs(deployment, session)
     client = JobClient(api_client_for(outputs, deployment.config, session), outputs.namespace, console)
     return outputs, client

@@ -1,8 +1,9 @@
 """`nvrx-eks demo` (`make demo`): the whole product, offline, in a few minutes on a laptop CPU.
 
 1. Synthesize the default profile (CDK + cdk-nag) and summarize what `cdk deploy` would create.
-2. Render the default 4-node training JobSet and validate it (strict Kubernetes schemas, the
-   JobSet CRD, project rules).
+2. Render the default profile's training JobSet at its full size (gpu_nodes.max_size nodes, the
+   most its node group can run) and validate it (strict Kubernetes schemas, the JobSet CRD,
+   project rules).
 3. Train on CPU with 2 ranks under ft_launcher while faults are injected: an exception and a
    hang (recovered in process), and a SIGKILL (recovered by ft_launcher).
 4. Print where the time went and write the timeline PNG.
@@ -23,7 +24,6 @@ from nvrx_eks.facts.errors import ConfigError
 DEMO_FAULTS = "exception@15:1,hang@27:0,sigkill@39:1"
 DEMO_STEPS = 50
 DEMO_CHECKPOINT_INTERVAL = 5
-DEMO_NODES = 4
 
 
 def run(run_dir: Path | None, console: Console) -> int:
@@ -41,14 +41,16 @@ def run(run_dir: Path | None, console: Console) -> int:
     console.print(Rule("1/4  The training environment `cdk deploy` would create (offline synth + cdk-nag)"))
     synth_summary.run(None, None, console)
 
-    console.print(Rule(f"2/4  The {DEMO_NODES}-node training job: render and validate"))
     deployment = load_deployment()
-    report_ = validate(deployment, JobOptions(nodes=DEMO_NODES), path=None, live=False, console=console)
+    # The job the profile's node group can hold: render and submit refuse a larger one.
+    nodes = deployment.config.gpu_nodes.max_size
+    console.print(Rule(f"2/4  The {nodes}-node training job: render and validate"))
+    report_ = validate(deployment, JobOptions(nodes=nodes), path=None, live=False, console=console)
     facts = deployment.config.gpu_nodes.facts
     console.print(
-        f"JobSet for {DEMO_NODES}x {facts.instance_type}: {report_.documents_checked} objects, world size "
-        f"{DEMO_NODES * facts.gpus}, {facts.gpus} GPUs and {facts.efa_interfaces} EFA devices per pod; "
-        "`nvrx-eks render --nodes 4` prints it"
+        f"JobSet for {nodes}x {facts.instance_type}: {report_.documents_checked} objects, world size "
+        f"{nodes * facts.gpus}, {facts.gpus} GPUs and {facts.efa_interfaces} EFA devices per pod; "
+        f"`nvrx-eks render --nodes {nodes}` prints it"
     )
 
     console.print(Rule(f"3/4  Training on this CPU with injected faults: {DEMO_FAULTS}"))

@@ -25,6 +25,7 @@ from tests.support.cli_harness import (
     deploy_fake_environment,
     run_cli,
 )
+from tests.support.profiles import profile_file
 
 # Fixtures shared with the other CLI test modules.
 aws = cli_harness.aws
@@ -41,13 +42,15 @@ NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/training/networkpolici
 
 
 @pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
-def test_render_four_nodes_default_profile_passes_validate(api):
-    """Acceptance 1: `render --nodes 4` (and the PyTorchJob variant) passes `validate`."""
-    rendered = run_cli("render", "--nodes", "4", "--api", api)
+def test_render_four_nodes_passes_validate(api, tmp_path):
+    """Acceptance 1: `render --nodes 4` (and the PyTorchJob variant) passes `validate`, on the
+    default profile sized for 4 nodes (as shipped it holds 2: tests/jobs/test_node_capacity.py)."""
+    config = str(profile_file(tmp_path, gpu_nodes__max_size=4, gpu_nodes__desired_size=4))
+    rendered = run_cli("render", "--config", config, "--nodes", "4", "--api", api)
     assert rendered.code == 0, rendered.output
     kinds = [d["kind"] for d in yaml.safe_load_all(rendered.stdout)]
     assert kinds == ["ConfigMap", "JobSet" if api == "jobset" else "PyTorchJob", "NetworkPolicy"]
-    validated = run_cli("validate", "-", stdin=rendered.stdout)
+    validated = run_cli("validate", "--config", config, "-", stdin=rendered.stdout)
     assert validated.code == 0, validated.output
     assert "checked (kubernetes, project, crd): valid" in validated.stdout
 
@@ -283,17 +286,22 @@ def test_status_shows_phase_pods_and_restarts_per_layer(cluster):
     assert "ft_launcher" in result.stdout and "in-process" in result.stdout
 
 
-def test_status_shows_active_spare_and_lost_nodes_with_hot_spares(cluster):
+def test_status_shows_active_spare_and_lost_nodes_with_hot_spares(aws, k8s_server, tmp_path):
     """3 active + 1 spare node; node 1's pod failed: node 2 and 3 move up (ranks 8-15, 16-23), no
     spare is left, and the pods of an earlier attempt get no role."""
-    assert run_cli("submit", "--nodes", "3", "--spare-nodes", "1").code == 0
+    path = profile_file(tmp_path, gpu_nodes__max_size=4, gpu_nodes__desired_size=4)
+    config = str(path)
+    deploy_fake_environment(k8s_server.url, path)
+    add_fsx_volume(k8s_server)
+    cluster = k8s_server
+    assert run_cli("submit", "--config", config, "--nodes", "3", "--spare-nodes", "1").code == 0
     jobset = cluster.objects[(JOBSET.api_version, JOBSET.plural, "training", "train")]
     jobset["status"] = {"restarts": 1, "conditions": []}
     add_job_pods(cluster, "train", 1, restart_attempt=0, phase="Failed", exit_code=1)  # old attempt
     add_job_pods(cluster, "train", 4, restart_attempt=1)
     failed = cluster.objects[("v1", "pods", "training", "train-worker-0-1-x1")]
     failed["status"]["phase"] = "Failed"
-    result = run_cli("status", "train")
+    result = run_cli("status", "--config", config, "train")
     assert result.code == 0, result.output
     assert "Nodes (hot spares): active 0, 2, 3; spare none; lost 1" in result.stdout
     pod = re.compile(r"train-worker-0-\d-x\d")

@@ -12,6 +12,7 @@ from nvrx_eks.facts.instances import INSTANCE_FACTS
 from nvrx_eks.jobs.spec import default_job
 from nvrx_eks.ops.plan import optimal_interval_steps
 from tests.support.cli_harness import run_cli
+from tests.support.profiles import profile_file
 from workloads.config import TrainConfig
 from workloads.memory import estimate_for
 from workloads.metrics import flops_per_token, step_throughput, summarize_throughput
@@ -57,9 +58,15 @@ def test_set_overrides_win_over_the_derived_fields():
     assert train["model"]["preset"] == "8b"
 
 
-def test_accumulation_follows_the_node_count():
-    assert rendered_train("--nodes", "4")["data"]["grad_accum_steps"] == 2
-    assert rendered_train("--nodes", "16")["data"]["grad_accum_steps"] == 1  # never below 1
+def _p5_for(tmp_path, nodes: int) -> str:
+    """The p5 profile with a node group that holds `nodes` (as shipped it holds 2)."""
+    return str(profile_file(tmp_path, gpu_nodes__max_size=nodes, gpu_nodes__desired_size=nodes))
+
+
+def test_accumulation_follows_the_node_count(tmp_path):
+    config = _p5_for(tmp_path, 16)
+    assert rendered_train("--config", config, "--nodes", "4")["data"]["grad_accum_steps"] == 2
+    assert rendered_train("--config", config, "--nodes", "16")["data"]["grad_accum_steps"] == 1  # never below 1
 
 
 def test_g5_smoke_keeps_a_small_preset():
@@ -107,9 +114,9 @@ def test_throughput_summary_leaves_out_the_warm_up_step():
     assert (summary["first_loss"], summary["last_loss"]) == (4.0, 1.0)
 
 
-def test_hybrid_shard_divides_the_state_by_one_nodes_gpus_only():
+def test_hybrid_shard_divides_the_state_by_one_nodes_gpus_only(tmp_path):
     full = rendered_train()
-    hybrid = rendered_train("--set", "distributed.shard=hybrid", "--nodes", "4")
+    hybrid = rendered_train("--config", _p5_for(tmp_path, 4), "--set", "distributed.shard=hybrid", "--nodes", "4")
     assert full["distributed"]["shard"] == "full" and hybrid["distributed"]["shard"] == "hybrid"
     config = resolve_config("p5")
     job = default_job(config, 4, ["distributed.shard=hybrid"])

@@ -116,12 +116,12 @@ def test_the_installed_packages_come_from_the_wheel(installed, tmp_path):
 
 
 def test_render_from_the_wheel_prints_the_checkouts_valid_jobset(installed, tmp_path):
-    rendered = _run(installed, "nvrx-eks", "render", "--nodes", "4", cwd=tmp_path)
+    rendered = _run(installed, "nvrx-eks", "render", "--nodes", "2", cwd=tmp_path)
     assert rendered.returncode == 0, rendered.stderr
     kinds = [doc["kind"] for doc in yaml.safe_load_all(rendered.stdout) if doc]
     assert "JobSet" in kinds, kinds
     checkout = subprocess.run(
-        [sys.executable, "-m", "nvrx_eks.cli", "render", "--nodes", "4"],
+        [sys.executable, "-m", "nvrx_eks.cli", "render", "--nodes", "2"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -15,11 +15,12 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import boto3
 import pytest
 
-from infra.config import resolve_config
+from infra.config import DeploymentConfig, resolve_config
 from nvrx_eks.facts.job_kinds import JOB_COMPLETION_INDEX_LABEL, JOBSET, JOBSET_RESTART_ATTEMPT_LABEL
 from nvrx_eks.facts.job_names import TRAINER_CONTAINER
 from nvrx_eks.facts.names import FSX_PV_NAME, FSX_PVC_NAME, GPU_RESOURCE, TRAINING_NAMESPACE
@@ -112,8 +113,16 @@ def k8s_server():
         yield server
 
 
-def cluster_outputs(endpoint: str, profile: str = "p5", **overrides: str) -> dict[str, str]:
-    config = resolve_config(profile)
+#: A profile: a shipped one by name, or a config file (tests/support/profiles.py writes copies).
+Profile = str | Path
+
+
+def _config(profile: Profile) -> DeploymentConfig:
+    return resolve_config(profile) if isinstance(profile, str) else resolve_config(config=str(profile))
+
+
+def cluster_outputs(endpoint: str, profile: Profile = "p5", **overrides: str) -> dict[str, str]:
+    config = _config(profile)
     outputs = {
         OutputKey.CLUSTER_NAME: config.cluster_name,
         OutputKey.REGION: config.region,
@@ -150,12 +159,37 @@ def create_stack(name: str, outputs: dict[str, str] | None = None) -> None:
     boto3.client("cloudformation", region_name=REGION).create_stack(StackName=name, TemplateBody=json.dumps(template))
 
 
-def deploy_fake_environment(endpoint: str, profile: str = "p5", **overrides: str) -> None:
-    """The three stacks of a deployment, as CloudFormation reports them after `cdk deploy`."""
-    config = resolve_config(profile)
+def deploy_fake_environment(
+    endpoint: str, profile: Profile = "p5", *, gpu_max_size: int | None = None, **overrides: str
+) -> None:
+    """The three stacks of a deployment, as CloudFormation reports them after `cdk deploy`, and
+    the EKS cluster with its GPU node group (scaled as the profile says, or to `gpu_max_size`: a
+    node group changed by hand, or a profile edited but not deployed)."""
+    config = _config(profile)
     create_stack(config.stack_name("network"))
     create_stack(config.stack_name("storage"))
-    create_stack(config.stack_name("cluster"), cluster_outputs(endpoint, profile, **overrides))
+    outputs = cluster_outputs(endpoint, profile, **overrides)
+    create_stack(config.stack_name("cluster"), outputs)
+    eks = boto3.client("eks", region_name=REGION)
+    subnets = ["subnet-0123456789abcdef0"]  # moto's EKS does not look them up
+    eks.create_cluster(
+        name=outputs[OutputKey.CLUSTER_NAME.value],
+        roleArn=f"arn:aws:iam::{ACCOUNT}:role/{config.name}-cluster",
+        resourcesVpcConfig={"subnetIds": subnets},
+    )
+    nodes = config.gpu_nodes
+    max_size = nodes.max_size if gpu_max_size is None else gpu_max_size
+    eks.create_nodegroup(
+        clusterName=outputs[OutputKey.CLUSTER_NAME.value],
+        nodegroupName=outputs[OutputKey.GPU_NODEGROUP_NAME.value],
+        nodeRole=f"arn:aws:iam::{ACCOUNT}:role/{config.name}-gpu-node",
+        subnets=subnets,
+        scalingConfig={
+            "minSize": nodes.min_size,
+            "maxSize": max_size,
+            "desiredSize": min(nodes.desired_size, max_size),
+        },
+    )
 
 
 def add_fsx_volume(server: KubeApiTestServer) -> None:
