@@ -686,12 +686,12 @@ def _print_plan(
     if cluster_stack in plan.destroy:
         console.print(f"  - cdk destroy {cluster_stack}")
     file_systems = ", ".join(retained.file_systems)
-    buckets = ", ".join(retained.buckets)
+    buckets = ("bucket " if len(retained.buckets) == 1 else "buckets ") + ", ".join(retained.buckets)
     if delete_data:
         if retained.file_systems:
             console.print(f"  - [red]DELETE[/] FSx file system {file_systems}, and wait until it is gone")
         if retained.buckets:
-            console.print(f"  - [red]DELETE[/] bucket {buckets} (every object version)")
+            console.print(f"  - [red]DELETE[/] {buckets} (every object version)")
         if data_stacks:
             console.print(f"  - cdk destroy {', then '.join(data_stacks)}")
     if not plan.destroy:
@@ -706,7 +706,7 @@ def _print_plan(
     if retained.file_systems:
         console.print(f"  - [green]keep[/] FSx file system {file_systems}")
     if retained.buckets:
-        console.print(f"  - [green]keep[/] bucket {buckets}")
+        console.print(f"  - [green]keep[/] {buckets}")
     if plan.keep:
         why = (
             "the file system needs their VPC, subnet and security group, and its data repository "
@@ -717,7 +717,7 @@ def _print_plan(
         console.print(f"  - [green]keep[/] stacks {' and '.join(plan.keep)}: {why}")
     console.print("  - [green]keep[/] FSx backups and the EKS control-plane (audit) log groups")
     gone = [f"FSx file system {file_systems} (waiting until it is gone)"] if retained.file_systems else []
-    gone += [f"bucket {buckets}"] if retained.buckets else []
+    gone += [buckets] if retained.buckets else []
     gone.append("the FSx backups and control-plane log groups")
     then = f", then cdk destroy {', then '.join(plan.keep)}" if plan.keep else ""
     console.print(f"    --delete-data would also delete {', '.join(gone)}{then}")

@@ -335,13 +335,13 @@ def test_the_plan_says_what_goes_what_stays_and_what_delete_data_adds(deployed):
     assert f"  - cdk destroy {CLUSTER}\n" in plan
     assert f"cdk destroy {STORAGE}" not in plan.split("--delete-data would")[0]
     assert f"  - keep FSx file system {left.file_system}\n" in plan
-    assert f"  - keep bucket {DATA_BUCKET}, {LOG_BUCKET}\n" in plan
+    assert f"  - keep buckets {DATA_BUCKET}, {LOG_BUCKET}\n" in plan
     assert (
         f"  - keep stacks {STORAGE} and {NETWORK}: the file system needs their VPC, subnet and security group" in plan
     )
     assert (
         f"    --delete-data would also delete FSx file system {left.file_system} (waiting until it is gone), "
-        f"bucket {DATA_BUCKET}, {LOG_BUCKET}, the FSx backups and control-plane log groups, "
+        f"buckets {DATA_BUCKET}, {LOG_BUCKET}, the FSx backups and control-plane log groups, "
         f"then cdk destroy {STORAGE}, then {NETWORK}\n"
     ) in plan
 
@@ -349,6 +349,7 @@ def test_the_plan_says_what_goes_what_stays_and_what_delete_data_adds(deployed):
     _teardown(session, yes=False, delete_data=True, console=console, run_cdk=FakeCdk())
     plan = console.export_text()
     assert f"  - DELETE FSx file system {left.file_system}, and wait until it is gone\n" in plan
+    assert f"  - DELETE buckets {DATA_BUCKET}, {LOG_BUCKET} (every object version)\n" in plan
     assert f"  - cdk destroy {CLUSTER}\n" in plan and f"  - cdk destroy {STORAGE}, then {NETWORK}\n" in plan
     assert "keep" not in plan
 
