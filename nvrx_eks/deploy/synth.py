@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from infra.config import DeploymentConfig, resolve_config
+from infra.config import DeploymentConfig, documentation_placeholders, resolve_config
 from nvrx_eks.deploy.cdk_cli import quiet_end_of_life_banner
 from nvrx_eks.resources import checkout_root
 
@@ -145,6 +146,10 @@ def run(profile: str | None, config_path: str | None, console: Console) -> Synth
     note = quiet_end_of_life_banner()
     if note:
         console.print(f"[yellow]{note}[/]", highlight=False)
+    # Warn, not fail: the offline rehearsal synthesizes the shipped profiles unchanged;
+    # `nvrx-eks preflight` fails on the same fields before a real deploy.
+    for placeholder in documentation_placeholders(config):
+        console.print(f"[yellow]warning:[/] {escape(str(placeholder))}", highlight=False, soft_wrap=True)
     with tempfile.TemporaryDirectory(prefix="nvrx-eks-synth-") as tmp:
         with console.status(f"Synthesizing {config.name} (CDK + cdk-nag, offline)..."):
             result = synthesize_profile(config, Path(tmp))
