@@ -230,7 +230,8 @@ def preflight(
     config: str | None = ConfigOption,
     nodes: int | None = typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes to plan for (default: max_size)."),
 ) -> None:
-    """Before deploying: credentials, vCPU quota, instance offering, reservation, FSx quota, EKS version."""
+    """Before deploying: credentials, vCPU quota, instance offering, reservation, FSx quota, EKS version,
+    no documentation placeholders in the profile, and API endpoint access from this machine."""
     from nvrx_eks.ops import preflight as checks
 
     checks.run(_deployment(profile, config), nodes, Console())

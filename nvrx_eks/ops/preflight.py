@@ -2,12 +2,17 @@
 
 Each check is one small function over a boto3 session that returns a CheckResult with the fix
 when it fails, so a user learns about a missing quota or an expired reservation in seconds
-instead of after a 40-minute rollback. The checks only read (Describe/Get/List).
+instead of after a 40-minute rollback. The checks only read (Describe/Get/List). Two need no
+AWS credentials and always run: the profile must hold no documentation placeholder (account,
+admin role, endpoint CIDRs: infra/config/placeholders.py), and with a public API endpoint this
+machine's address, as https://checkip.amazonaws.com sees it, must be in endpoint.public_cidrs.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from infra.addon_catalog import managed_addons
-from infra.config import DeploymentConfig
+from infra.config import DeploymentConfig, documentation_placeholders
 from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, VcpuQuota
@@ -37,11 +42,25 @@ class CheckResult:
     fix: str = ""
 
 
+#: Where this machine learns its public IPv4 address: an AWS service, answering with the address alone.
+CHECKIP_URL = "https://checkip.amazonaws.com"
+#: It answers in well under a second; a few seconds cover a slow link without stalling preflight.
+CHECKIP_TIMEOUT_S = 5.0
+
+
+def fetch_egress_ip() -> str:
+    """This machine's public IPv4 address as AWS sees it (what the API endpoint's CIDR filter sees)."""
+    with urllib.request.urlopen(CHECKIP_URL, timeout=CHECKIP_TIMEOUT_S) as response:
+        return response.read(64).decode("ascii").strip()
+
+
 @dataclass(frozen=True)
 class PreflightContext:
     config: DeploymentConfig
     nodes: int
     session: boto3.Session
+    #: How to learn this machine's egress address; None: fetch_egress_ip (tests pass their own).
+    egress_ip: Callable[[], str] | None = None
 
     @property
     def facts(self) -> InstanceFacts:
@@ -348,12 +367,59 @@ def check_addon_versions(ctx: PreflightContext) -> CheckResult:
     return CheckResult(name, PASS, ", ".join(pinned))
 
 
+def check_placeholders(ctx: PreflightContext) -> CheckResult:
+    name = "profile has no placeholders"
+    found = documentation_placeholders(ctx.config)
+    if not found:
+        return CheckResult(name, PASS, "account, admin_principal_arn and endpoint.public_cidrs are your own")
+    # One line per field in both columns, so each problem sits beside its fix.
+    return CheckResult(
+        name,
+        FAIL,
+        "\n".join(p.problem for p in found),
+        "\n".join(f"{p.field}: {p.fix}" for p in found),
+    )
+
+
+def check_endpoint_reachable(ctx: PreflightContext) -> CheckResult:
+    """With a public endpoint, EKS drops every request from outside endpoint.public_cidrs: a list
+    that leaves this machine out deploys fine, then locks its user out of the cluster."""
+    endpoint = ctx.config.endpoint
+    name = "API endpoint allows this machine"
+    if endpoint.access == "private":
+        return CheckResult(name, SKIP, "endpoint.access is private: reach the API from inside the VPC (VPN, bastion)")
+    by_hand = f"check by hand: `curl {CHECKIP_URL}` must print an address inside endpoint.public_cidrs"
+    try:
+        answer = (ctx.egress_ip or fetch_egress_ip)()
+    except (OSError, UnicodeDecodeError) as e:  # urllib's URLError and timeouts are OSErrors
+        reason = getattr(e, "reason", None) or e
+        return CheckResult(name, SKIP, f"not run: could not reach {CHECKIP_URL} ({reason})", by_hand)
+    try:
+        address = ipaddress.IPv4Address(answer)
+    except ValueError:
+        return CheckResult(name, SKIP, f"not run: {CHECKIP_URL} answered {answer[:40]!r}, not an IPv4 address", by_hand)
+    for cidr in endpoint.public_cidrs:
+        if address in ipaddress.IPv4Network(cidr):
+            return CheckResult(name, PASS, f"this machine's egress address {address} is in {cidr}")
+    return CheckResult(
+        name,
+        FAIL,
+        f"this machine's egress address {address} is in none of endpoint.public_cidrs "
+        f"({', '.join(endpoint.public_cidrs)}): EKS would refuse its kubectl and nvrx-eks requests",
+        f"add {address}/32 (or your network's range) to endpoint.public_cidrs, or run from a network inside them",
+    )
+
+
 # ----- the run ------------------------------------------------------------------------------
 
 
-def run_checks(config: DeploymentConfig, nodes: int, session: boto3.Session) -> list[CheckResult]:
-    ctx = PreflightContext(config, nodes, session)
+def run_checks(
+    config: DeploymentConfig, nodes: int, session: boto3.Session, egress_ip: Callable[[], str] | None = None
+) -> list[CheckResult]:
+    ctx = PreflightContext(config, nodes, session, egress_ip)
     results = [check_credentials(ctx)]
+    # These need no AWS credentials: they run, and are listed last, either way.
+    offline = [check_placeholders(ctx), check_endpoint_reachable(ctx)]
     if results[0].status == FAIL:
         skipped = (
             "vCPU quota",
@@ -363,7 +429,7 @@ def run_checks(config: DeploymentConfig, nodes: int, session: boto3.Session) -> 
             "EKS version",
             "EKS add-on versions",
         )
-        return results + [CheckResult(n, SKIP, "needs working credentials") for n in skipped]
+        return results + [CheckResult(n, SKIP, "needs working credentials") for n in skipped] + offline
     reservation, reservation_result = describe_reservation(ctx)
     checks: list[Callable[[], CheckResult]] = [
         lambda: check_vcpu_quota(ctx, reservation if reservation_result.status == PASS else None),
@@ -373,7 +439,7 @@ def run_checks(config: DeploymentConfig, nodes: int, session: boto3.Session) -> 
         lambda: check_kubernetes_version(ctx),
         lambda: check_addon_versions(ctx),
     ]
-    return results + [check() for check in checks]
+    return results + [check() for check in checks] + offline
 
 
 def print_results(results: list[CheckResult], console: Console) -> None:

@@ -4,15 +4,14 @@ with responses checked against botocore's service model."""
 
 from __future__ import annotations
 
-import copy
 import datetime
+import urllib.error
 
 import boto3
 import pytest
-import yaml
 
 from infra.addon_catalog import managed_addons
-from infra.config import PROFILES_DIR, DeploymentConfig, resolve_config
+from infra.config import DeploymentConfig, resolve_config
 from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS
 from nvrx_eks.ops import preflight
 from nvrx_eks.ops.preflight import FAIL, PASS, SKIP, WARN, PreflightContext
@@ -26,6 +25,7 @@ from tests.support.aws_gaps import (
     quotas_answer,
 )
 from tests.support.cli_harness import ACCOUNT, REGION, run_cli
+from tests.support.profiles import config_with, profile_file
 
 aws = cli_harness.aws
 no_credentials = cli_harness.no_credentials
@@ -35,17 +35,36 @@ G_QUOTA = ("ec2", "L-DB2E81BA")
 LUSTRE_QUOTA = ("L-FSXLUSTRE2", "Lustre Persistent_2 storage capacity (GiB)")
 RESERVATION_ID = "cr-0123456789abcdef0"
 
+#: A profile edited the way its comments ask: a user's own account, admin role and office
+#: network. Not documentation values (infra/config/placeholders.py): 198.18.0.0/15 is the
+#: RFC 2544 benchmarking range, which no test machine's real address is in either.
+OWN_ACCOUNT = "210987654321"
+OWN_CHANGES = {
+    "account": OWN_ACCOUNT,
+    "admin_principal_arn": f"arn:aws:iam::{OWN_ACCOUNT}:role/Admin",
+    "endpoint__public_cidrs": ["198.18.7.0/24"],
+}
+#: This machine's egress address, as checkip.amazonaws.com would report it: inside OWN_CHANGES's CIDR.
+OWN_EGRESS = "198.18.7.9"
 
-def config_with(profile: str = "p5", **changes) -> DeploymentConfig:
-    """A shipped profile with dotted-path changes (`gpu_nodes__placement_group=False`)."""
-    raw = copy.deepcopy(yaml.safe_load((PROFILES_DIR / f"{profile}.yaml").read_text()))
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split("__")
-        node = raw
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return DeploymentConfig.model_validate(raw)
+
+def own_config(profile: str = "p5", **changes) -> DeploymentConfig:
+    return config_with(profile, **{**OWN_CHANGES, **changes})
+
+
+#: The real one, before no_checkip replaces it in every test.
+REAL_FETCH_EGRESS_IP = preflight.fetch_egress_ip
+
+
+@pytest.fixture(autouse=True)
+def no_checkip(monkeypatch):
+    """No test reaches the network: a check that asks checkip.amazonaws.com without an injected
+    answer sees it unreachable."""
+
+    def unreachable():
+        raise urllib.error.URLError("tests do not reach the network")
+
+    monkeypatch.setattr(preflight, "fetch_egress_ip", unreachable)
 
 
 def reservation(**overrides) -> dict:
@@ -110,6 +129,13 @@ def session(aws):
     return boto3.Session(region_name=REGION)
 
 
+@pytest.fixture
+def own_session(aws, monkeypatch):
+    """moto as the user's own account (OWN_ACCOUNT), for profiles with no placeholder."""
+    monkeypatch.setenv("MOTO_ACCOUNT_ID", OWN_ACCOUNT)
+    return boto3.Session(region_name=REGION)
+
+
 def statuses(results) -> list[str]:
     return [r.status for r in results]
 
@@ -117,9 +143,9 @@ def statuses(results) -> list[str]:
 # ----- the whole run ------------------------------------------------------------------------
 
 
-def test_ready_account_passes_every_check(session):
-    ready_account(session)
-    results = preflight.run_checks(resolve_config(), 2, session)
+def test_ready_account_passes_every_check(own_session):
+    ready_account(own_session)
+    results = preflight.run_checks(own_config(), 2, own_session, egress_ip=lambda: OWN_EGRESS)
     assert [(r.name, r.status) for r in results] == [
         ("AWS credentials", PASS),
         ("vCPU quota: Running On-Demand P instances", PASS),
@@ -128,14 +154,21 @@ def test_ready_account_passes_every_check(session):
         ("FSx for Lustre storage quota", PASS),
         ("EKS offers Kubernetes 1.35", PASS),
         ("EKS add-on versions for 1.35", PASS),
+        ("profile has no placeholders", PASS),
+        ("API endpoint allows this machine", PASS),
     ]
 
 
-def test_no_credentials_fails_first_and_skips_the_rest(no_credentials):
+def test_no_credentials_fails_first_and_skips_the_aws_checks(no_credentials):
     results = preflight.run_checks(resolve_config(), 2, boto3.Session(region_name=REGION))
     assert results[0].status == FAIL and "no credentials" in results[0].detail
     assert "AWS_PROFILE" in results[0].fix
-    assert statuses(results[1:]) == [SKIP] * 6
+    assert statuses(results[1:7]) == [SKIP] * 6
+    # The checks that need no credentials still run: the shipped profile's placeholders fail.
+    assert [(r.name, r.status) for r in results[7:]] == [
+        ("profile has no placeholders", FAIL),
+        ("API endpoint allows this machine", SKIP),
+    ]
 
 
 def test_credentials_for_another_account_fail(session):
@@ -343,12 +376,107 @@ def test_addon_build_not_offered_for_the_minor_fails_with_the_fix(session):
     assert result.fix.startswith("set addons.versions.coredns: v1.14.7-eksbuild.1 in the profile")
 
 
+# ----- documentation placeholders ---------------------------------------------------------------
+
+
+def test_shipped_profile_placeholders_fail_naming_each_field_and_its_fix(session):
+    result = preflight.check_placeholders(PreflightContext(resolve_config(), 2, session))
+    assert result.status == FAIL
+    assert result.detail.splitlines() == [
+        f"account: {ACCOUNT} is a documentation placeholder",
+        f"admin_principal_arn: arn:aws:iam::{ACCOUNT}:role/Admin is a documentation placeholder",
+        "endpoint.public_cidrs: 203.0.113.0/24 is a documentation placeholder",
+    ]
+    fixes = result.fix.splitlines()
+    assert fixes[0].startswith("account: set it to the 12-digit id of the account you deploy to")
+    assert fixes[1].startswith("admin_principal_arn: set it to the IAM role or user")
+    assert fixes[2].startswith("endpoint.public_cidrs: list the networks you reach the Kubernetes API from")
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"account": "123456789012"}, "account"),
+        ({"admin_principal_arn": "arn:aws:iam::444455556666:role/Admin"}, "admin_principal_arn"),
+        ({"endpoint__public_cidrs": ["198.18.7.0/24", "192.0.2.10/32"]}, "endpoint.public_cidrs: 192.0.2.10/32 "),
+        ({"endpoint__public_cidrs": ["198.51.100.128/25"]}, "endpoint.public_cidrs: 198.51.100.128/25 "),
+    ],
+)
+def test_one_placeholder_left_fails_naming_that_field(session, changes, field):
+    result = preflight.check_placeholders(PreflightContext(own_config(**changes), 2, session))
+    assert result.status == FAIL and result.detail.startswith(field) and len(result.detail.splitlines()) == 1
+
+
+def test_own_values_pass_even_around_a_documentation_range(session):
+    """A real network that merely contains a documentation range is not a placeholder."""
+    config = own_config(endpoint__public_cidrs=["203.0.0.0/16"])
+    assert preflight.check_placeholders(PreflightContext(config, 2, session)).status == PASS
+
+
+# ----- API endpoint access from this machine -------------------------------------------------
+
+
+def _endpoint_check(config: DeploymentConfig, answer) -> preflight.CheckResult:
+    return preflight.check_endpoint_reachable(PreflightContext(config, 2, boto3.Session(), answer))
+
+
+def test_egress_address_inside_public_cidrs_passes():
+    result = _endpoint_check(own_config(), lambda: OWN_EGRESS)
+    assert result.status == PASS and result.detail == "this machine's egress address 198.18.7.9 is in 198.18.7.0/24"
+
+
+def test_egress_address_outside_public_cidrs_fails_with_the_fix():
+    result = _endpoint_check(own_config(), lambda: "198.19.1.1")
+    assert result.status == FAIL
+    assert result.detail.startswith("this machine's egress address 198.19.1.1 is in none of endpoint.public_cidrs")
+    assert result.fix.startswith("add 198.19.1.1/32 (or your network's range) to endpoint.public_cidrs")
+
+
+def test_checkip_unreachable_is_not_run_not_failed():
+    def timeout():
+        raise urllib.error.URLError(TimeoutError("timed out"))
+
+    result = _endpoint_check(own_config(), timeout)
+    assert result.status == SKIP
+    assert result.detail == "not run: could not reach https://checkip.amazonaws.com (timed out)"
+    assert "curl https://checkip.amazonaws.com" in result.fix
+
+
+def test_checkip_answer_that_is_no_ipv4_address_is_not_run():
+    result = _endpoint_check(own_config(), lambda: "<html>captive portal</html>")
+    assert result.status == SKIP and "not an IPv4 address" in result.detail
+
+
+def test_private_endpoint_needs_no_egress_check():
+    def never():
+        raise AssertionError("a private endpoint must not ask checkip")
+
+    config = own_config(endpoint__access="private", endpoint__public_cidrs=None)
+    assert _endpoint_check(config, never).status == SKIP
+
+
+def test_fetch_egress_ip_asks_checkip_with_a_short_timeout(monkeypatch):
+    import io
+
+    asked = {}
+
+    def urlopen(url, timeout):
+        asked.update(url=url, timeout=timeout)
+        return io.BytesIO(b"198.18.7.9\n")
+
+    monkeypatch.setattr(preflight.urllib.request, "urlopen", urlopen)
+    assert REAL_FETCH_EGRESS_IP() == "198.18.7.9"
+    assert asked == {"url": "https://checkip.amazonaws.com", "timeout": preflight.CHECKIP_TIMEOUT_S}
+    assert asked["timeout"] <= 10
+
+
 # ----- the command ----------------------------------------------------------------------------
 
 
 @pytest.fixture
-def cli_sessions(aws, monkeypatch):
-    """Sessions the CLI creates get the same gap answers."""
+def cli_sessions(own_session, monkeypatch):
+    """Sessions the CLI creates get the same gap answers, in the user's own account; this
+    machine's egress address is inside the own profile's public CIDR."""
     real_session = boto3.Session
     settings: dict = {}
 
@@ -358,29 +486,52 @@ def cli_sessions(aws, monkeypatch):
         return session
 
     monkeypatch.setattr(boto3, "Session", make)
+    monkeypatch.setattr(preflight, "fetch_egress_ip", lambda: OWN_EGRESS)
     return settings
 
 
-def test_preflight_command_passes_on_a_ready_account(cli_sessions):
-    result = run_cli("preflight")
+@pytest.fixture
+def own_profile(tmp_path) -> str:
+    return str(profile_file(tmp_path, **OWN_CHANGES))
+
+
+def test_preflight_command_passes_on_a_ready_account(cli_sessions, own_profile):
+    result = run_cli("preflight", "--config", own_profile)
     assert result.code == 0, result.output
-    assert "Preflight" in result.stdout and result.stdout.count("PASS") == 6
+    assert "Preflight" in result.stdout and result.stdout.count("PASS") == 8
 
 
-def test_preflight_command_fails_with_the_fix_and_exit_2(cli_sessions):
+def test_preflight_command_fails_with_the_fix_and_exit_2(cli_sessions, own_profile):
     cli_sessions["p_vcpus"] = 96
-    result = run_cli("preflight", "--nodes", "2")
+    result = run_cli("preflight", "--config", own_profile, "--nodes", "2")
     assert result.code == 2
     assert "FAIL" in result.stdout and "request a quota increase" in result.stdout
     assert "1 preflight check(s) failed (vCPU quota: Running On-Demand P instances)" in result.stderr
     assert "Traceback" not in result.output
 
 
-def test_preflight_command_prints_the_addon_fix(cli_sessions):
+def test_preflight_command_on_a_shipped_profile_fails_on_its_placeholders(cli_sessions, monkeypatch):
+    """The account moto answers as is the example one, so only the placeholder check fails; the
+    egress address is outside 203.0.113.0/24, as every real address is."""
+    monkeypatch.setenv("MOTO_ACCOUNT_ID", ACCOUNT)
+    result = run_cli("preflight")
+    assert result.code == 2
+    table = " ".join(result.stdout.split())
+    for field in ("account", "admin_principal_arn", "endpoint.public_cidrs"):
+        assert f"{field}:" in table
+    assert "set it to the 12-digit id of the account you deploy to" in table
+    assert "add 198.18.7.9/32 (or your network's range) to endpoint.public_cidrs" in table
+    assert (
+        "2 preflight check(s) failed (profile has no placeholders, API endpoint allows this machine)" in result.stderr
+    )
+    assert "Traceback" not in result.output
+
+
+def test_preflight_command_prints_the_addon_fix(cli_sessions, own_profile):
     offers = offers_for_every_pin()
     offers[("1.35", "kube-proxy")] = ["v1.35.9-eksbuild.1"]
     cli_sessions["addon_offers"] = offers
-    result = run_cli("preflight")
+    result = run_cli("preflight", "--config", own_profile)
     assert result.code == 2
     assert "set addons.versions.kube_proxy: v1.35.9-eksbuild.1" in " ".join(result.stdout.split())
     assert "(EKS add-on versions for 1.35)" in result.stderr
