@@ -51,7 +51,8 @@ def refuse_beyond(spec: JobSpec, limits: Iterable[NodeLimit]) -> None:
     for limit in limits:
         if spec.launched_nodes > limit.limit:
             fewer = "--nodes" if not spec.spare_nodes else "--nodes plus --spare-nodes"
-            issues.append((limit.field, f"{limit.what}; {limit.fix}, or use {fewer} <= {limit.limit}"))
+            smaller = f", or use {fewer} <= {limit.limit}" if limit.limit else ""  # no job fits in 0
+            issues.append((limit.field, f"{limit.what}; {limit.fix}{smaller}"))
     if issues:
         launched = f"--nodes {spec.nodes}" + (f" + --spare-nodes {spec.spare_nodes}" if spec.spare_nodes else "")
         raise ConfigError(
@@ -81,10 +82,13 @@ class DeployedNodes:
     """The GPU node group as EKS reports it, and the reservation it launches into."""
 
     nodegroup: str
-    max_size: int
-    desired_size: int
-    #: TotalInstanceCount of gpu_nodes.capacity_reservation_id; None without one (or not readable).
+    #: scalingConfig.maxSize and desiredSize; None where the identity may not read the node group.
+    max_size: int | None
+    desired_size: int | None
+    #: TotalInstanceCount of gpu_nodes.capacity_reservation_id (0 when it no longer exists); None
+    #: without one, or where the identity may not read it.
     reservation_total: int | None
+    reservation_missing: bool = False
     #: Checks that could not be made (the identity may not read), for a note.
     skipped: tuple[str, ...] = ()
 
@@ -94,14 +98,13 @@ def deployed_nodes(deployment: Deployment, outputs: StackOutputs, session: boto3
     config = deployment.config
     nodegroup = outputs[OutputKey.GPU_NODEGROUP_NAME]
     skipped: list[str] = []
-    max_size, desired_size = config.gpu_nodes.max_size, config.gpu_nodes.desired_size
+    max_size = desired_size = None
     try:
         described = session.client("eks", region_name=config.region).describe_nodegroup(
             clusterName=outputs.cluster_name, nodegroupName=nodegroup
         )["nodegroup"]
         scaling = described.get("scalingConfig", {})
-        max_size = scaling.get("maxSize", max_size)
-        desired_size = scaling.get("desiredSize", desired_size)
+        max_size, desired_size = scaling.get("maxSize"), scaling.get("desiredSize")
     except ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
         if code == "ResourceNotFoundException":
@@ -116,18 +119,18 @@ def deployed_nodes(deployment: Deployment, outputs: StackOutputs, session: boto3
     except BotoCoreError as e:
         raise aws_error(e, config, f"reading node group {nodegroup}") from None
 
-    reservation_total = None
+    reservation_total, reservation_missing = None, False
     reservation_id = config.gpu_nodes.capacity_reservation_id
     if reservation_id is not None:
         try:
             found = session.client("ec2", region_name=config.region).describe_capacity_reservations(
                 CapacityReservationIds=[reservation_id]
             )["CapacityReservations"]
-            reservation_total = found[0]["TotalInstanceCount"] if found else 0
+            reservation_total, reservation_missing = (found[0]["TotalInstanceCount"], False) if found else (0, True)
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
             if code == "InvalidCapacityReservationId.NotFound":
-                reservation_total = 0
+                reservation_total, reservation_missing = 0, True
             elif code in _DENIED:
                 skipped.append(
                     f"the size of capacity reservation {reservation_id} (ec2:DescribeCapacityReservations denied)"
@@ -136,7 +139,7 @@ def deployed_nodes(deployment: Deployment, outputs: StackOutputs, session: boto3
                 raise aws_error(e, config, f"reading capacity reservation {reservation_id}") from None
         except BotoCoreError as e:
             raise aws_error(e, config, f"reading capacity reservation {reservation_id}") from None
-    return DeployedNodes(nodegroup, max_size, desired_size, reservation_total, tuple(skipped))
+    return DeployedNodes(nodegroup, max_size, desired_size, reservation_total, reservation_missing, tuple(skipped))
 
 
 def live_limits(deployment: Deployment, outputs: StackOutputs, deployed: DeployedNodes) -> list[NodeLimit]:
@@ -146,24 +149,30 @@ def live_limits(deployment: Deployment, outputs: StackOutputs, deployed: Deploye
         f"aws eks update-nodegroup-config --cluster-name {outputs.cluster_name} --nodegroup-name "
         f"{deployed.nodegroup} --scaling-config maxSize=N,desiredSize=N"
     )
-    limits = [
-        NodeLimit(
-            ("gpu_nodes", "max_size"),
-            deployed.max_size,
-            f"the deployed node group {deployed.nodegroup} has scalingConfig.maxSize {deployed.max_size} "
-            f"(the profile says {config.gpu_nodes.max_size})",
-            f"deploy the profile (`{deployment.deploy_command}`) or raise it with `{scale}`",
+    limits = []
+    if deployed.max_size is not None:
+        limits.append(
+            NodeLimit(
+                ("gpu_nodes", "max_size"),
+                deployed.max_size,
+                f"the deployed node group {deployed.nodegroup} has scalingConfig.maxSize {deployed.max_size} "
+                f"(the profile says {config.gpu_nodes.max_size})",
+                f"deploy the profile (`{deployment.deploy_command}`) or raise it with `{scale}`",
+            )
         )
-    ]
     if deployed.reservation_total is not None:
         reservation_id = config.gpu_nodes.capacity_reservation_id
         limits.append(
             NodeLimit(
                 ("gpu_nodes", "capacity_reservation_id"),
                 deployed.reservation_total,
-                f"capacity reservation {reservation_id} holds {deployed.reservation_total} instances "
+                f"capacity reservation {reservation_id} does not exist in {config.region} (ended or cancelled), "
+                "and the node group launches only into it"
+                if deployed.reservation_missing
+                else f"capacity reservation {reservation_id} holds {deployed.reservation_total} instances "
                 "(TotalInstanceCount), and the node group launches only into it",
-                "use a larger reservation or Capacity Block (then `cdk deploy` with its id)",
+                f"set gpu_nodes.capacity_reservation_id to a larger reservation or Capacity Block and run "
+                f"`{deployment.deploy_command}`",
             )
         )
     return limits

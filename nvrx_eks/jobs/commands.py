@@ -182,7 +182,7 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
     report = validate_documents(rendered.documents, expectations(deployment, outputs))
     print_report(report, err)
     report.raise_for_errors("the rendered job")
-    if spec.launched_nodes > deployed.desired_size:
+    if deployed.desired_size is not None and spec.launched_nodes > deployed.desired_size:
         # Within the maximum, but nothing in the cluster scales a managed node group up by itself.
         err.print(
             f"[yellow]note:[/] the job launches {spec.launched_nodes} nodes and the GPU node group "

@@ -197,7 +197,7 @@ def test_submit_refuses_more_than_the_capacity_reservation_holds(gaps, k8s_serve
         run_cli("submit", "--config", str(config), "--nodes", "2", "--spare-nodes", "1"),
         f"gpu_nodes.capacity_reservation_id: capacity reservation {RESERVATION_ID} holds 2 instances "
         "(TotalInstanceCount)",
-        "use a larger reservation or Capacity Block",
+        "set gpu_nodes.capacity_reservation_id to a larger reservation or Capacity Block",
         "or use --nodes plus --spare-nodes <= 2",
     )
     assert any(g.called("DescribeCapacityReservations") == [{"CapacityReservationIds": [RESERVATION_ID]}] for g in made)
@@ -209,10 +209,12 @@ def test_submit_refuses_when_the_reservation_no_longer_exists(gaps, k8s_server, 
     config = profile_file(tmp_path, gpu_nodes__capacity_reservation_id=RESERVATION_ID, gpu_nodes__placement_group=False)
     deploy_fake_environment(k8s_server.url, config)
     add_fsx_volume(k8s_server)
-    _refused(
+    message = _refused(
         run_cli("submit", "--config", str(config), "--nodes", "1"),
-        f"capacity reservation {RESERVATION_ID} holds 0 instances",
+        f"gpu_nodes.capacity_reservation_id: capacity reservation {RESERVATION_ID} does not exist in us-east-1",
+        "set gpu_nodes.capacity_reservation_id to a larger reservation or Capacity Block and run `cdk deploy",
     )
+    assert "<= 0" not in message
 
 
 def test_submit_without_permission_to_read_the_node_group_goes_on_with_a_note(aws, k8s_server, monkeypatch):
