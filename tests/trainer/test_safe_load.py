@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
 
 from workloads.checkpoint.safe_load import SafeFileSystemReader, TensorsOnlyLoadPlanner, UnsafeCheckpoint
 
@@ -85,3 +86,30 @@ def test_poisoned_non_tensor_item_is_refused(tmp_path):
     with pytest.raises(UnsafeCheckpoint, match="item step is not plain data"):
         planner.load_bytes(item, buffer)  # type: ignore[arg-type]
     assert not planted.exists()
+
+
+def test_enum_members_pickled_by_name_load_and_nothing_else_through_getattr(tmp_path):
+    """Python may pickle an Enum member as getattr(cls, name), as DCP's metadata written in the
+    trainer image was: that loads; a getattr that walks anywhere else is refused."""
+    _save(tmp_path / "ckpt")
+    metadata_file = tmp_path / "ckpt" / ".metadata"
+    metadata = SafeFileSystemReader(str(tmp_path / "ckpt")).read_metadata()
+
+    class ByName:
+        def __reduce__(self):
+            return (getattr, (_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT"))
+
+    metadata.planner_data = {"memory_format": ByName()}
+    metadata_file.write_bytes(pickle.dumps(metadata))
+    assert SafeFileSystemReader(str(tmp_path / "ckpt")).read_metadata().planner_data == {
+        "memory_format": _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT
+    }
+
+    class Walk:
+        def __reduce__(self):
+            return (getattr, (torch.Size, "__init__"))
+
+    metadata.planner_data = Walk()
+    metadata_file.write_bytes(pickle.dumps(metadata))
+    with pytest.raises(UnsafeCheckpoint, match="getattr"):
+        SafeFileSystemReader(str(tmp_path / "ckpt")).read_metadata()

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import io
 import pickle
+from enum import Enum
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING, Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 #: Every global a DCP `.metadata` pickle names (seen in checkpoints of torch 2.13: the metadata
 #: dataclasses, the file system's storage records, torch.Size, dtypes, layouts, and the path
-#: FileSystemWriter records as the checkpoint id when it was given one).
+#: FileSystemWriter records as the checkpoint id when it was given one), besides the getattr an
+#: Enum member may be pickled with (_enum_member).
 _METADATA_GLOBALS = {
     "torch.distributed.checkpoint.metadata": {
         "Metadata",
@@ -43,12 +45,31 @@ _METADATA_GLOBALS = {
 }
 
 
+#: Enums of DCP's metadata, whose members a pickle may name (see _enum_member).
+_ENUMS = (_MEM_FORMAT_ENCODING,)
+
+
 class UnsafeCheckpoint(pickle.UnpicklingError):
     """A checkpoint file asks to load something no checkpoint of ours contains."""
 
 
+def _enum_member(cls: Any, name: str) -> Any:
+    """Stands in for `builtins.getattr`, with which Python pickles an Enum member by name
+    (`getattr(_MEM_FORMAT_ENCODING, 'TORCH_CONTIGUOUS_FORMAT')`): members of the metadata's own
+    enums only. A getattr free to walk attributes would reach any module from a function's
+    globals."""
+    if isinstance(cls, type) and issubclass(cls, Enum) and cls in _ENUMS and name in cls.__members__:
+        return cls[name]
+    raise UnsafeCheckpoint(
+        f"its .metadata asks for getattr({getattr(cls, '__name__', type(cls).__name__)}, {name!r}), "
+        "which DCP metadata never holds; refusing to unpickle it"
+    )
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if name in _METADATA_GLOBALS.get(module, ()):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
