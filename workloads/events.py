@@ -15,6 +15,8 @@ Every line is one JSON object with these common fields:
     host       hostname
     cycle      ft_launcher restart count of the process (TORCHELASTIC_RESTART_COUNT)
     iteration  NVRx in-process restart iteration within the process (0 before any restart)
+    attempt    the JobSet's restart attempt the pod belongs to (JOBSET_RESTART_ATTEMPT, from the
+               pod's label; 0 outside a JobSet): every pod is new after a JobSet restart
 
 Events and their own fields:
     run_start             world_size, preset, backend, checkpoint_backend, steps
@@ -41,7 +43,8 @@ Events and their own fields:
     fault_injected        kind, step, target_rank[, damaged][, node (node-loss: the simulated node)]
     restart_begin         layer="inprocess", reason (emitted when NVRx finalizes the failed
                           iteration; the fault itself is usually a fault_injected line earlier)
-    restart_end           layer="inprocess"|"launcher", resumed_from_step, since_begin_s (inprocess)
+    restart_end           layer="inprocess"|"launcher"|"kubernetes" (the JobSet recreated the
+                          pods), resumed_from_step, since_begin_s (inprocess)
     sigterm               signal
     rank_discarded        reason (spare nodes: a rank of this node was lost, so this rank left with
                           its node; workloads.spares)
@@ -69,6 +72,8 @@ from typing import Any
 from workloads.goodput import WallTimeSplit, split_wall_time
 
 SCHEMA_VERSION = 1
+#: The pod's JobSet restart attempt (rendered from the pod's restart-attempt label).
+JOBSET_ATTEMPT_ENV = "JOBSET_RESTART_ATTEMPT"
 
 
 def events_dir(run_dir: str | Path) -> Path:
@@ -82,6 +87,7 @@ class EventLog:
         self.rank = rank
         self.iteration = 0
         self.cycle = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        self.attempt = int(os.environ.get(JOBSET_ATTEMPT_ENV, "0") or 0)
         self._host = socket.gethostname()
         path = events_dir(run_dir) / f"rank{rank}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,6 +103,7 @@ class EventLog:
             "host": self._host,
             "cycle": self.cycle,
             "iteration": self.iteration,
+            "attempt": self.attempt,
             **fields,
         }
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
@@ -108,7 +115,7 @@ class EventLog:
 
 @dataclass
 class Restart:
-    layer: str  # "inprocess" | "launcher"
+    layer: str  # "inprocess" | "launcher" | "kubernetes"
     rank: int
     begin_t: float
     end_t: float
@@ -138,7 +145,8 @@ class RunEvents:
 
         In-process: restart_begin -> restart_end of the same pid. Launcher: the new process's
         restart_end, begun at the last event any rank emitted in the previous cycle (for a
-        sigkill that is the fault_injected line written just before the kill).
+        sigkill that is the fault_injected line written just before the kill). Kubernetes: the
+        new pod's restart_end, begun at the last event of the previous attempt.
         """
         out: list[Restart] = []
         mine = [e for e in self.events if e["rank"] == rank]
@@ -152,14 +160,18 @@ class RunEvents:
                     out.append(
                         Restart("inprocess", rank, begin["t"], e["t"], e["resumed_from_step"], (e["pid"], e["pid"]))
                     )
-            elif e["event"] == "restart_end" and e.get("layer") == "launcher":
-                earlier = [x for x in self.events if x["cycle"] < e["cycle"] and x["t"] <= e["t"]]
+            elif e["event"] == "restart_end" and e.get("layer") in ("launcher", "kubernetes"):
+                # Events written before the attempt field existed belong to attempt 0.
+                if e["layer"] == "launcher":
+                    earlier = [x for x in self.events if x["cycle"] < e["cycle"] and x["t"] <= e["t"]]
+                else:
+                    earlier = [x for x in self.events if x.get("attempt", 0) < e["attempt"] and x["t"] <= e["t"]]
                 if earlier:
                     last = max(earlier, key=lambda x: x["t"])
                     before = [x for x in earlier if x["rank"] == rank]
                     old_pid = before[-1]["pid"] if before else last["pid"]
                     out.append(
-                        Restart("launcher", rank, last["t"], e["t"], e["resumed_from_step"], (old_pid, e["pid"]))
+                        Restart(e["layer"], rank, last["t"], e["t"], e["resumed_from_step"], (old_pid, e["pid"]))
                     )
         return out
 
@@ -171,7 +183,7 @@ def load_run(run_dir: str | Path) -> RunEvents:
     events: list[dict[str, Any]] = []
     unreadable = 0
     directory = events_dir(run_dir)
-    for path in sorted(directory.glob("rank*.jsonl")) if directory.is_dir() else []:
+    for path in sorted(directory.glob("*.jsonl")) if directory.is_dir() else []:
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 event = json.loads(line)
@@ -201,7 +213,7 @@ class RunReport(WallTimeSplit):
     def restarts_by_layer(self) -> dict[str, int]:
         counts = {"inprocess": 0, "launcher": 0}
         for r in self.restarts:
-            counts[r.layer] += 1
+            counts[r.layer] = counts.get(r.layer, 0) + 1
         return counts
 
     def fault_outcomes(self) -> list[dict[str, Any]]:

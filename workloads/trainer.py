@@ -145,6 +145,8 @@ class Trainer:
             self.events.emit("restart_end", layer="inprocess", resumed_from_step=start_step, since_begin_s=since)
         elif self.events.cycle > 0:
             self.events.emit("restart_end", layer="launcher", resumed_from_step=start_step)
+        elif self.events.attempt > 0:
+            self.events.emit("restart_end", layer="kubernetes", resumed_from_step=start_step)
         if self.rank == 0:
             log.info(
                 "iteration %d: %s at step %d (world %d, %s, %s)",

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from nvrx_eks.local.report import format_restarts
 from workloads.events import RunEvents, load_run, summarize
 
 
@@ -21,13 +22,15 @@ def stop_reason(run: RunEvents, since: float) -> str | None:
 
 def restart_counts(run: RunEvents) -> dict[str, int]:
     """Restarts begun, recovered or not: in-process ones from restart_begin (the busiest rank's
-    count; every rank records each one), launcher ones from the highest launcher cycle seen."""
+    count; every rank records each one), launcher ones from the highest launcher cycle seen,
+    JobSet ones (a rehearsal's recreated pods) from the highest attempt seen."""
     per_rank: dict[int, int] = {}
     for e in run.of("restart_begin"):
         per_rank[e["rank"]] = per_rank.get(e["rank"], 0) + 1
     return {
         "inprocess": max(per_rank.values(), default=0),
         "launcher": max((e["cycle"] for e in run.events), default=0),
+        "kubernetes": max((e.get("attempt", 0) for e in run.events), default=0),
     }
 
 
@@ -39,14 +42,16 @@ def print_report(
     killed: list[int],
     started_at: float = 0.0,
     stopped: str | None = None,
+    command: str = "local",
 ) -> None:
     """The run's outcome from its own events: a resumed run directory also holds the events and
     summary.json of earlier runs, which must not be reported as this one's."""
     run = RunEvents([e for e in load_run(run_dir).events if e["t"] >= started_at])
     report = summarize(run)
     # With a do-not-requeue record the run's code (93) is not the launcher's (1, closed rendezvous).
-    title = f"exit {code}, {wall_s:.1f}s" if stopped else f"launcher exit {code}, {wall_s:.1f}s"
-    table = Table(title=f"nvrx-eks local: {title}", show_header=False)
+    ended = "JobSet exit" if command == "rehearse" else "launcher exit"
+    title = f"exit {code}, {wall_s:.1f}s" if stopped else f"{ended} {code}, {wall_s:.1f}s"
+    table = Table(title=f"nvrx-eks {command}: {title}", show_header=False)
     table.add_column(no_wrap=True)  # labels stay greppable on narrow terminals
     table.add_column(overflow="fold")
     reason = stopped or stop_reason(run, started_at)
@@ -57,7 +62,7 @@ def print_report(
     if ends:
         table.add_row("loss first -> last", f"{ends[0]['loss']:.3f} -> {ends[-1]['loss']:.3f}")
     counts = restart_counts(run)
-    table.add_row("restarts", f"in-process {counts['inprocess']}, launcher {counts['launcher']}")
+    table.add_row("restarts", format_restarts(counts).replace(" /", ","))
     for outcome in report.fault_outcomes():
         if "layer" in outcome:
             text = (

@@ -24,12 +24,23 @@ from nvrx_eks.local.throughput_chart import plot_throughput
 from workloads.events import RunEvents, events_dir, fault_label, load_run, summarize
 from workloads.metrics import format_mfu, summarize_throughput
 
+#: The restart layers as the report names them.
+LAYER_NAMES = {"inprocess": "in-process", "launcher": "ft_launcher", "kubernetes": "JobSet"}
+
+
+def format_restarts(restarts: dict[str, int]) -> str:
+    """`in-process 2 / launcher 0`, plus JobSet restarts where a run had any."""
+    parts = [f"in-process {restarts['inprocess']}", f"launcher {restarts['launcher']}"]
+    if restarts.get("kubernetes"):
+        parts.append(f"JobSet {restarts['kubernetes']}")
+    return " / ".join(parts)
+
 
 @dataclass(frozen=True)
 class FaultRecovery:
     label: str  # KIND@STEP:RANK
     t: float  # seconds since the run started
-    layer: str | None  # "inprocess" | "launcher" | None (not interrupting, or not recovered)
+    layer: str | None  # "inprocess" | "launcher" | "kubernetes" | None (not interrupting, or not recovered)
     detect_and_restart_s: float | None  # fault -> training process ready again
     first_step_after_s: float | None  # fault -> first completed step after it
     resumed_from_step: int | None
@@ -118,7 +129,7 @@ def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> No
     stall = f"median {b.median_stall_s * 1000:.0f} ms over {b.saves} saves" if b.median_stall_s is not None else "none"
     console.print(
         f"final step {b.final_step}, goodput {b.goodput:.1%}, checkpoint stall {stall}, restarts "
-        f"in-process {b.restarts['inprocess']} / launcher {b.restarts['launcher']}"
+        f"{format_restarts(b.restarts)}"
     )
     print_throughput(b.throughput, console)
     if b.faults:
@@ -133,7 +144,7 @@ def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> No
             faults.add_row(
                 f.label,
                 f"{f.t:.1f} s",
-                {"inprocess": "in-process", "launcher": "ft_launcher"}.get(f.layer or "", "-"),
+                LAYER_NAMES.get(f.layer or "", "-"),
                 f"{f.detect_and_restart_s:.1f} s" if f.detect_and_restart_s is not None else "-",
                 f"{f.first_step_after_s:.1f} s" if f.first_step_after_s is not None else "-",
                 str(f.resumed_from_step) if f.resumed_from_step is not None else "-",
@@ -177,6 +188,7 @@ def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]
         "write": "#ff9f40",
         "inprocess": "#9467bd",
         "launcher": "#1f77b4",
+        "kubernetes": "#17becf",
         "setup": "#c6dbef",
     }
     for lane, rank in enumerate(ranks):
@@ -216,7 +228,7 @@ def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]
     ax.set_xlabel("seconds since start")
     ax.set_title(
         f"goodput {breakdown.goodput:.1%} - steps, checkpoints, faults and restarts "
-        f"(in-process {breakdown.restarts['inprocess']}, launcher {breakdown.restarts['launcher']})"
+        f"({format_restarts(breakdown.restarts)})"
     )
     fig.legend(
         handles=[
@@ -227,6 +239,7 @@ def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]
             Patch(color=colors["write"], label="checkpoint background write"),
             Patch(color=colors["inprocess"], alpha=0.3, label="in-process restart"),
             Patch(color=colors["launcher"], alpha=0.3, label="ft_launcher restart"),
+            Patch(color=colors["kubernetes"], alpha=0.3, label="JobSet restart (new pods)"),
             plt.Line2D([], [], marker="X", color="black", linestyle="", label="fault injected"),
         ],
         loc="lower center",
