@@ -73,6 +73,7 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
         max_step_time_s=options.max_step_time_s,
         outputs=outputs,
         spare_nodes=options.spare_nodes,
+        ranks_per_node=options.ranks_per_node,
     )
     # Here, not in build_jobspec: render, validate and submit all build their job through this
     # function, and a job the profile's node group cannot hold is refused before anything else.

@@ -100,6 +100,8 @@ class JobOptions:
     max_restarts: int = _default("max_restarts")
     max_step_time_s: float | None = _default("max_step_time_s")
     spare_nodes: int = _default("spare_nodes")
+    #: Not a flag: ranks per pod where they are not one per GPU (`nvrx-eks rehearse` on CPUs).
+    ranks_per_node: int | None = None
 
     @property
     def workload(self) -> Workload:

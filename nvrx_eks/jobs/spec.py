@@ -82,6 +82,9 @@ class JobSpec(BaseModel):
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
     #: Hot spare nodes launched beyond `nodes` (workloads/spares.py); the active world stays `nodes`.
     spare_nodes: Annotated[int, Field(ge=0, le=64)] = 0
+    #: Ranks per pod when not one per GPU: a rehearsal on CPUs (nvrx_eks.rehearse) runs the pods
+    #: with fewer ranks than the instance has GPUs.
+    ranks_per_node: Annotated[int, Field(ge=1, le=64)] | None = None
     #: Longest healthy training step; sizes the job's deadline (nvrx_eks/jobs/backstop.py).
     max_step_time_s: Annotated[float, Field(gt=0)] | None = None
     train: TrainConfig = TrainConfig.model_validate({})
@@ -126,7 +129,7 @@ class JobSpec(BaseModel):
 
     @property
     def nproc_per_node(self) -> int:
-        return self.facts.gpus
+        return self.ranks_per_node or self.facts.gpus
 
     @property
     def world_size(self) -> int:
@@ -308,6 +311,7 @@ def build_jobspec(
     max_step_time_s: float | None = None,
     outputs: StackOutputs | None = None,
     spare_nodes: int = 0,
+    ranks_per_node: int | None = None,
 ) -> JobSpec:
     """A JobSpec for `config`: from live stack outputs when given, else derived offline.
 
@@ -343,6 +347,7 @@ def build_jobspec(
             max_restarts=max_restarts,
             max_step_time_s=max_step_time_s,
             spare_nodes=spare_nodes,
+            ranks_per_node=ranks_per_node,
             train=train,
         )
     except ValidationError as e:
