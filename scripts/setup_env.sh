@@ -28,10 +28,8 @@ mapfile -t BUILD_REQUIRES < <("$VENV/bin/python" -c \
 # multi-GB CUDA build. The container image installs its own CUDA torch.
 "${PIP[@]}" install "torch==$TORCH_VERSION"
 
-# nvidia-resiliency-ext 0.7.0 ships only cp312/cp314 manylinux_2_39 wheels and no sdist. Where pip
-# cannot take it natively (Python 3.11, or glibc < 2.39), a plain install silently falls back to
-# 0.4.1, which has the torn async-checkpoint bug. Every module we use is pure Python (the one native
-# module serves the GPU-only straggler detector), so we fetch the cp312 wheel and retag it.
+# nvidia-resiliency-ext 0.7.0: natively where pip can, else the cp312 wheel retagged for this
+# interpreter (scripts/nvrx_wheel.sh says why).
 have_nvrx=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("nvidia-resiliency-ext"))' 2>/dev/null || true)
 if [ "$have_nvrx" != "$NVRX_VERSION" ]; then
   if ! "${PIP[@]}" install --only-binary=:all: "nvidia-resiliency-ext==$NVRX_VERSION" 2>/dev/null; then
@@ -39,12 +37,8 @@ if [ "$have_nvrx" != "$NVRX_VERSION" ]; then
          "installing the cp312 wheel retagged for this interpreter (pure-Python modules only)."
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
-    "${PIP[@]}" download --no-deps --only-binary=:all: --python-version 3.12 \
-      --platform manylinux_2_39_x86_64 -d "$tmp" "nvidia-resiliency-ext==$NVRX_VERSION"
     tag=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.minor}")')
-    "$VENV/bin/python" -m wheel tags --remove --python-tag "$tag" --abi-tag "$tag" \
-      --platform-tag linux_x86_64 "$tmp"/nvidia_resiliency_ext-"$NVRX_VERSION"-*.whl >/dev/null
-    "${PIP[@]}" install "$tmp"/nvidia_resiliency_ext-"$NVRX_VERSION"-"$tag"-"$tag"-linux_x86_64.whl
+    "${PIP[@]}" install "$(PYTHON="$VENV/bin/python" scripts/nvrx_wheel.sh "$tmp" "$NVRX_VERSION" "$tag")"
   fi
 fi
 
@@ -58,6 +52,26 @@ import importlib.metadata as m
 for pkg in ("torch", "nvidia-resiliency-ext", "aws-cdk-lib", "cdk-nag"):
     print(f"setup: {pkg} {m.version(pkg)}")
 PY
+
+# --- the container runtime of `nvrx-eks rehearse` ----------------------------------------------
+# podman with runc (nvrx_eks/rehearse/containers.conf says why runc), catatonit, mmdebstrap for the
+# CPU twin's Debian base, numactl for the seccomp tests. Debian packages, installed where this
+# runs as root with apt; elsewhere the rehearsal tests skip, saying why. REHEARSE=0 leaves it out.
+if [ "${REHEARSE:-1}" != 0 ]; then
+  need=()
+  for tool in podman:podman runc:runc catatonit:catatonit mmdebstrap:mmdebstrap numactl:numactl; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
+  done
+  if [ "${#need[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "setup: installing ${need[*]} (Debian packages) for nvrx-eks rehearse"
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" uidmap >/dev/null
+    else
+      echo "setup: ${need[*]} missing and not installable here (needs root and apt); rehearsals will be skipped"
+    fi
+  fi
+fi
 
 # --- checkov, in its own virtualenv -----------------------------------------------------------
 # The security scanner gate (tests/infra/test_checkov.py, rules in .checkov.yaml). checkov pins versions

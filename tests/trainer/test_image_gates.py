@@ -254,7 +254,7 @@ def test_dockerfile_states_no_package_version_of_its_own():
     """Python versions come from pyproject's trainer extra only; the image reads them there."""
     text = (ROOT / DOCKERFILE).read_text()
     runs = " ".join(args for keyword, args in instructions(text) if keyword == "RUN")
-    assert "trainer_requirements.py" in runs and "pip install --no-cache-dir -r" in runs
+    assert "trainer_requirements.py" in runs and "pip install --no-cache-dir ${PIP_INSTALL_FROM} -r" in runs
     assert not re.search(r"pip install[^&]*==", runs)
     assert not re.search(r"ARG (TORCH|NVRX)_", text)
 
@@ -265,6 +265,36 @@ def test_dockerfile_runs_the_efa_installer_before_apt_lists_are_deleted():
     assert "apt-get update" in efa and efa.index("efa_installer.sh") < efa.index("/var/lib/apt/lists")
     assert not any("/var/lib/apt/lists" in r for r in runs[: runs.index(efa)])
     assert "VALIDSIG" in efa  # the tarball is used only with a good signature
+
+
+def _stages(dockerfile: str) -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    """{stage name: (what it is FROM, its instructions)}, in order."""
+    stages: dict[str, tuple[str, list[tuple[str, str]]]] = {}
+    current: list[tuple[str, str]] = []
+    for keyword, args in instructions(dockerfile):
+        if keyword == "FROM":
+            base, _, name = args.partition(" AS ")
+            current = []
+            stages[name.strip()] = (base.strip(), current)
+        else:
+            current.append((keyword, args))
+    return stages
+
+
+def test_the_cpu_twin_and_the_cluster_image_share_the_trainer_layer():
+    """One `trainer` stage on either base; the cluster's image (the default target, the last
+    stage) is that stage plus the CUDA/EFA checks, so the twin runs the same lines."""
+    text = (ROOT / DOCKERFILE).read_text()
+    stages = _stages(text)
+    assert list(stages) == ["cuda-efa", "cpu", "trainer", "gpu"]
+    assert stages["trainer"][0] == "${TRAINER_BASE}" and "ARG TRAINER_BASE=cuda-efa" in text
+    assert stages["gpu"][0] == "trainer"
+    trainer = stages["trainer"][1]
+    assert ("COPY", "workloads ./workloads") in trainer
+    assert ("ENTRYPOINT", '["/usr/bin/tini", "--"]') in trainer
+    assert any(k == "RUN" and "trainer_requirements.py" in a for k, a in trainer)
+    ((keyword, checks),) = stages["gpu"][1]
+    assert keyword == "RUN" and "--check-plugin" in checks and "nccl.version" in checks
 
 
 def test_dockerfile_keeps_the_efa_installer_off_its_ngc_paths():
