@@ -322,6 +322,43 @@ def local(
 
 
 @app.command()
+def rehearse(
+    profile: str | None = ProfileOption,
+    nodes: int = typer.Option(2, "--nodes", min=1, help="Active nodes: one pod each."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="CPU ranks (gloo) per pod, in place of its GPUs."),
+    spare_nodes: int = typer.Option(0, "--spare-nodes", min=0, help="Hot spare nodes beyond --nodes."),
+    local_interval: int | None = typer.Option(
+        None, "--local-interval", min=1, help="Steps between node-local checkpoints (default: the profile's job)."
+    ),
+    steps: int = typer.Option(30, help="Training steps."),
+    faults: str = typer.Option(
+        "",
+        help='Trainer and pod faults (pod-kill@STEP:NODE, pod-stop@STEP:NODE), e.g. "exception@9:1,pod-stop@17:1".',
+    ),
+    checkpoint_interval: int = typer.Option(10, "--checkpoint-interval", help="Steps between FSx-tier saves."),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Default: runs/rehearse-<time>."),
+    overrides: list[str] = typer.Option([], "--set", help="TrainConfig override key=value (repeatable)."),
+) -> None:
+    """Run the profile's rendered training pods in podman, under their own security context."""
+    from nvrx_eks.rehearse.runner import rehearse as run_rehearsal
+
+    code = run_rehearsal(
+        profile=profile,
+        nodes=nodes,
+        nproc=nproc,
+        spare_nodes=spare_nodes,
+        steps=steps,
+        faults=faults,
+        run_dir=run_dir,
+        checkpoint_interval=checkpoint_interval,
+        local_interval=local_interval,
+        overrides=list(overrides),
+        console=Console(),
+    )
+    raise typer.Exit(code)
+
+
+@app.command()
 def bench(
     quick: bool = typer.Option(False, "--quick", help="Fewer repetitions and steps: ~9 min on 2 CPU cores (full: ~21)"),
     out: Path | None = typer.Option(None, "--out", help="Results directory (default: runs/bench-<time>)."),

@@ -1,0 +1,346 @@
+"""`nvrx-eks rehearse`: the JobSet a profile renders, its pods run in podman on this machine.
+
+The job is rendered and validated as `submit` would (nvrx_eks.jobs.commands.build_spec), with
+the ranks per pod and a CPU-sized trainer config as render inputs; every pod then runs in the CPU
+twin of the trainer image (nvrx_eks.rehearse.image) with only the substitutions of
+nvrx_eks.rehearse.pods. The controllers' part is emulated from the rendered JobSet
+(nvrx_eks.rehearse.jobset): a pod ending fails its Job or its index, a failed Job restarts the
+JobSet (every pod deleted, with its grace period, and recreated) or fails it. Pod 0 is started
+first and the others once its rendezvous port listens: on one host every pod's rendezvous name
+resolves to loopback, and the store must be pod 0's, as on the cluster.
+
+Faults at pod level (besides the trainer's own, which go into its config):
+    pod-kill@STEP:NODE  the pod's container is killed (SIGKILL): a lost node
+    pod-stop@STEP:NODE  the pod is deleted: SIGTERM, SIGKILL after its grace period (preemption)
+Each fires once, when rank 0 has ended STEP, and is written to the run's events like the
+trainer's faults, so the report says which layer recovered it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from nvrx_eks.deploy.deployment import load_deployment
+from nvrx_eks.facts import job_names
+from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from nvrx_eks.jobs.commands import build_spec, expectations
+from nvrx_eks.jobs.options import JobOptions
+from nvrx_eks.jobs.render import render_job
+from nvrx_eks.jobs.spec import FSX_MOUNT_PATH
+from nvrx_eks.jobs.validate import validate_documents
+from nvrx_eks.local.outcome import print_report
+from nvrx_eks.local.runner import local_config
+from nvrx_eks.rehearse.image import build_twin
+from nvrx_eks.rehearse.jobset import JobState, jobset_action
+from nvrx_eks.rehearse.pods import NodeDirs, PodIdentity, create_argv
+from nvrx_eks.rehearse.runtime import REHEARSAL_LABEL, Podman
+from workloads import do_not_requeue
+from workloads.events import SCHEMA_VERSION, events_dir, load_run
+
+POD_FAULT_KINDS = ("pod-kill", "pod-stop")
+JOB_NAME = "train"
+#: How long pod 0 may take to listen on its rendezvous port before the others start anyway.
+RENDEZVOUS_WAIT_S = 120.0
+
+
+@dataclass(frozen=True)
+class PodFault:
+    kind: str
+    step: int
+    node: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}@{self.step}:{self.node}"
+
+
+def split_faults(spec: str, launched_nodes: int) -> tuple[list[PodFault], str]:
+    """(pod faults, the trainer's fault spec)."""
+    pod_faults, trainer = [], []
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        kind = item.split("@", 1)[0]
+        if kind not in POD_FAULT_KINDS:
+            trainer.append(item)
+            continue
+        try:
+            step, node = (int(x) for x in item.split("@", 1)[1].split(":"))
+        except ValueError:
+            raise ConfigError(f"--faults: {item!r}; write {kind}@STEP:NODE, e.g. {kind}@20:1") from None
+        if not 0 <= node < launched_nodes:
+            raise ConfigError(f"--faults: {item} names node {node}; the job launches nodes 0-{launched_nodes - 1}")
+        pod_faults.append(PodFault(kind, step, node))
+    return pod_faults, ",".join(trainer)
+
+
+class Rehearsal:
+    """One rehearsal: its directories, its pods, the emulated controllers."""
+
+    def __init__(self, podman: Podman, root: Path, jobset: dict[str, Any], image: str, console: Console):
+        self.podman, self.root, self.jobset, self.image, self.console = podman, root, jobset, image, console
+        self.name = jobset["metadata"]["name"]
+        replicated = jobset["spec"]["replicatedJobs"][0]
+        self.job_spec = replicated["template"]["spec"]
+        self.pod_template = self.job_spec["template"]
+        self.pods = int(self.job_spec["parallelism"])
+        self.uid = uuid.uuid4().hex[:12]
+        self.label = f"{self.name}-{self.uid}"
+        self.claim = next(
+            v["persistentVolumeClaim"]["claimName"]
+            for v in self.pod_template["spec"]["volumes"]
+            if "persistentVolumeClaim" in v
+        )
+        self.hosts = [job_names.jobset_pod_dns_name(self.name, i) for i in range(self.pods)]
+        self.container = self.pod_template["spec"]["containers"][0]["name"]
+
+    def dirs(self, index: int) -> NodeDirs:
+        return NodeDirs(self.root / "fsx", self.root / "nodes" / f"node-{index}", self.root / "configmaps")
+
+    def identity(self, index: int, attempt: int) -> PodIdentity:
+        return PodIdentity(self.name, index, attempt, self.uid, f"rehearsal-node-{index}")
+
+    def create(self, index: int, attempt: int) -> str:
+        pod = self.identity(index, attempt)
+        argv = create_argv(
+            self.pod_template,
+            self.container,
+            pod,
+            image=self.image,
+            hosts=self.hosts,
+            dirs=self.dirs(index),
+            claim=self.claim,
+            run_label=self.label,
+        )
+        self.podman.run(argv)
+        return pod.pod_name
+
+    def start_attempt(self, attempt: int, port: int) -> list[str]:
+        names = [self.create(i, attempt) for i in range(self.pods)]
+        self.podman.run(["start", names[0]])
+        deadline = time.monotonic() + RENDEZVOUS_WAIT_S
+        while time.monotonic() < deadline and self.podman.exit_code(names[0]) is None:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        if names[1:]:
+            self.podman.run(["start", *names[1:]])
+        return names
+
+    def delete(self, names: list[str]) -> None:
+        """Delete pods as the kubelet does: SIGTERM, SIGKILL after the grace period; keep logs."""
+        stops = [self.podman.popen(["stop", n], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for n in names]
+        for stop in stops:
+            stop.wait()
+        self.save_logs(names)
+        self.podman.run(["rm", "-f", *names], check=False)
+
+    def save_logs(self, names: list[str]) -> None:
+        logs = self.root / "pod-logs"
+        logs.mkdir(exist_ok=True)
+        for name in names:
+            out = self.podman.run(["logs", name], check=False)
+            (logs / f"{name}.log").write_text(out.stdout + out.stderr)
+
+
+def _emit_fault(run_dir: Path, fault: PodFault, nproc: int, attempt: int) -> None:
+    """The fault in the run's events, as the trainer writes its own (workloads.events)."""
+    path = events_dir(run_dir) / "pods.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "v": SCHEMA_VERSION,
+        "t": time.time(),
+        "event": "fault_injected",
+        "rank": fault.node * nproc,
+        "pid": 0,
+        "host": "rehearsal",
+        "cycle": 0,
+        "iteration": 0,
+        "attempt": attempt,
+        "kind": fault.kind,
+        "step": fault.step,
+        "target_rank": fault.node * nproc,
+        "node": fault.node,
+    }
+    with path.open("a") as f:
+        f.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+
+@dataclass
+class Prepared:
+    """A rehearsal ready to run: the rendered job, the twin image, the pod faults."""
+
+    run: Rehearsal
+    trainer_dir: Path  # the trainer's run directory, on the rehearsal's FSx directory
+    port: int  # pod 0's rendezvous port
+    nproc: int
+    pod_faults: list[PodFault]
+
+
+def prepare(
+    *,
+    profile: str | None,
+    nodes: int,
+    nproc: int,
+    steps: int,
+    faults: str,
+    run_dir: Path | None,
+    spare_nodes: int = 0,
+    checkpoint_interval: int = 10,
+    local_interval: int | None = None,
+    preset: str = "tiny",
+    overrides: list[str] | tuple[str, ...] = (),
+    console: Console,
+    podman: Podman,
+) -> Prepared:
+    if reason := podman.unusable():
+        raise ConfigError(f"rehearse: {reason}")
+    root = (run_dir or Path("runs") / time.strftime("rehearse-%Y%m%d-%H%M%S")).resolve()
+    if root.exists() and any(root.iterdir()):
+        raise ConfigError(f"--run-dir: {root} already holds a rehearsal; choose another directory")
+    pod_faults, trainer_faults = split_faults(faults, nodes + spare_nodes)
+    deployment = load_deployment(profile)
+    train = local_config(
+        run_dir=Path("runs") / JOB_NAME,  # on the FSx claim, as render places a default run
+        steps=steps,
+        faults=trainer_faults,
+        preset=preset,
+        checkpoint_interval=checkpoint_interval,
+        backend="nvrx",
+        overrides=overrides,
+        local_interval=local_interval,
+    )
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=root, delete=False) as f:
+        f.write(train.to_yaml())
+    # The job as `submit` would send it, validated; then the same job with `nproc` ranks per pod
+    # instead of one per GPU, which is what runs.
+    options = JobOptions(nodes=nodes, train_config=f.name, spare_nodes=spare_nodes, name=JOB_NAME)
+    try:
+        submitted = render_job(build_spec(deployment, options, None))
+        report = validate_documents(submitted.documents, expectations(deployment, None))
+        if not report.ok:
+            raise ConfigError("rehearse: the rendered job does not validate: " + "; ".join(map(str, report.errors)))
+        options.ranks_per_node = nproc
+        spec = build_spec(deployment, options, None)
+    finally:
+        Path(f.name).unlink()
+    rendered = render_job(spec)
+    (root / "rendered.yaml").write_text(submitted.text)
+    (root / "rehearsed.yaml").write_text(rendered.text)
+    for cm in (d for d in rendered.documents if d["kind"] == "ConfigMap"):
+        for key, value in cm["data"].items():
+            (root / "configmaps" / cm["metadata"]["name"]).mkdir(parents=True, exist_ok=True)
+            (root / "configmaps" / cm["metadata"]["name"] / key).write_text(value)
+    image = build_twin(podman, console)
+    run = Rehearsal(podman, root, rendered.job_document, image, console)
+    console.print(
+        f"rehearsal {root}: {run.pods} pod(s) of {spec.instance_type} from profile "
+        f"{deployment.config.name}, image {image}"
+    )
+    return Prepared(
+        run=run,
+        trainer_dir=root / "fsx" / Path(spec.train.run_dir).relative_to(FSX_MOUNT_PATH),
+        port=int(spec.rendezvous_endpoint.rsplit(":", 1)[1]),
+        nproc=nproc,
+        pod_faults=pod_faults,
+    )
+
+
+def execute(prepared: Prepared) -> int:
+    """Run the JobSet to its end: attempts, pod faults, the controllers' decisions; then the
+    report. No container of the rehearsal is left, whatever way it ends."""
+    run, trainer_dir, podman, console = prepared.run, prepared.trainer_dir, prepared.run.podman, prepared.run.console
+    started, started_at = time.monotonic(), time.time()
+    code, attempt = 1, 0
+    pending = list(prepared.pod_faults)
+    job = JobState(run.job_spec)
+    try:
+        while True:
+            names = run.start_attempt(attempt, prepared.port)
+            job = JobState(run.job_spec)
+            running = dict(enumerate(names))
+            action = None
+            while running and action is None:
+                time.sleep(0.5)
+                ends = load_run(trainer_dir).of("step_end", rank=0)
+                reached = max((e["step"] for e in ends if e.get("attempt", 0) == attempt), default=0)
+                for fault in [f for f in pending if reached >= f.step and f.node in running]:
+                    pending.remove(fault)
+                    _emit_fault(trainer_dir, fault, prepared.nproc, attempt)
+                    console.print(f"rehearse: {fault.label} ({running[fault.node]})")
+                    verb = ["kill", "-s", "KILL"] if fault.kind == "pod-kill" else ["stop"]
+                    podman.popen([*verb, running[fault.node]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for index, name in list(running.items()):
+                    exit_code = podman.exit_code(name)
+                    if exit_code is None:
+                        continue
+                    del running[index]
+                    console.print(f"rehearse: pod {name} exited {exit_code}")
+                    job.pod_ended(index, exit_code)
+                    if job.failure_reason:
+                        code = exit_code
+                        action = jobset_action(run.jobset["spec"], job.failure_reason, attempt)
+                    elif job.succeeded_job:
+                        code, action = 0, "done"
+            run.delete(names)
+            if action != "restart":
+                break
+            attempt += 1
+            console.print(f"rehearse: the Job failed ({job.failure_reason}); JobSet restart {attempt}")
+    finally:
+        leftovers = podman.remove_labelled(f"{REHEARSAL_LABEL}={run.label}")
+    record = do_not_requeue.read_record(trainer_dir, f"{run.uid}-{attempt}")
+    if record is not None:
+        code = EXIT_DO_NOT_REQUEUE
+    wall_s = time.monotonic() - started
+    (run.root / "rehearsal.json").write_text(
+        json.dumps(
+            {
+                "exit_code": code,
+                "wall_s": wall_s,
+                "attempts": attempt + 1,
+                "job_failure_reason": job.failure_reason,
+                "image": run.image,
+                "pods": run.pods,
+                "pod_faults": [f.label for f in prepared.pod_faults],
+                "run_dir": str(trainer_dir),
+                "leftover_containers": leftovers,
+            },
+            indent=1,
+        )
+    )
+    print_report(
+        console,
+        trainer_dir,
+        code,
+        wall_s,
+        [],
+        started_at,
+        stopped=do_not_requeue.describe(record) if record else None,
+        command="rehearse",
+    )
+    return code
+
+
+def rehearse(*, console: Console | None = None, podman: Podman | None = None, **options: Any) -> int:
+    """`nvrx-eks rehearse`: prepare (render, validate, build the twin), then execute."""
+    return execute(prepare(console=console or Console(), podman=podman or Podman(), **options))
+
+
+def rendered_pod(root: Path) -> dict[str, Any]:
+    """The pod template of a rehearsal's rendered JobSet (rendered.yaml)."""
+    docs = list(yaml.safe_load_all((root / "rendered.yaml").read_text()))
+    jobset = next(d for d in docs if d and d["kind"] == "JobSet")
+    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]

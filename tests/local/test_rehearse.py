@@ -1,0 +1,265 @@
+"""`nvrx-eks rehearse`: the rendered JobSet's pods run in podman, under their own security context
+and containerd's RuntimeDefault seccomp profile, from the CPU twin of the trainer image.
+
+Without podman (or where it cannot run) the tests that need it skip with one line saying why;
+`make setup` installs it where it can (as root with apt). The JobSet semantics and the pod's
+translation into podman's arguments are tested without it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+from infra.config import resolve_config
+from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from nvrx_eks.facts.job_kinds import JOBSET_RESTART_ATTEMPT_LABEL
+from nvrx_eks.jobs.render import render_job
+from nvrx_eks.jobs.spec import build_jobspec
+from nvrx_eks.rehearse import pods
+from nvrx_eks.rehearse.jobset import JobState, jobset_action
+from nvrx_eks.rehearse.pods import SUBSTITUTIONS, NodeDirs, PodIdentity, create_argv
+from nvrx_eks.rehearse.runner import execute, prepare, split_faults
+from nvrx_eks.rehearse.runtime import CONTAINERD_SECCOMP, REHEARSAL_LABEL, Podman
+from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair
+
+
+def _jobset(**kwargs) -> dict:
+    return render_job(build_jobspec(resolve_config("p5"), nodes=2, name="train", **kwargs)).job_document
+
+
+def _job_spec(**kwargs) -> dict:
+    return _jobset(**kwargs)["spec"]["replicatedJobs"][0]["template"]["spec"]
+
+
+# --- the controllers, from the rendered JobSet -------------------------------------------------
+
+
+def test_exit_93_fails_the_jobset_and_other_failures_restart_it_up_to_max_restarts():
+    jobset = _jobset()
+    job = JobState(_job_spec())
+    job.pod_ended(1, EXIT_DO_NOT_REQUEUE)
+    assert jobset_action(jobset["spec"], job.failure_reason, 0) == "fail"
+    job = JobState(_job_spec())
+    job.pod_ended(0, 137)
+    max_restarts = jobset["spec"]["failurePolicy"]["maxRestarts"]
+    assert [jobset_action(jobset["spec"], job.failure_reason, n) for n in range(max_restarts + 1)] == [
+        "restart"
+    ] * max_restarts + ["fail"]
+    job = JobState(_job_spec())
+    job.pod_ended(0, 0)
+    assert not job.succeeded_job and job.failure_reason is None
+    job.pod_ended(1, 0)
+    assert job.succeeded_job
+
+
+def test_with_a_spare_a_failed_pod_fails_only_its_index():
+    job = JobState(_job_spec(spare_nodes=1))
+    job.pod_ended(1, 1)
+    assert job.failure_reason is None  # the spare takes over; no pod is replaced
+    job.pod_ended(0, 0)
+    job.pod_ended(2, 0)
+    assert job.succeeded_job  # the active nodes' pods succeeded
+    job.pod_ended(0, 1)
+    job = JobState(_job_spec(spare_nodes=1))
+    job.pod_ended(0, 1)
+    job.pod_ended(2, 1)
+    assert job.failure_reason == "FailedIndexes"
+
+
+def test_pod_faults_are_split_from_the_trainers_and_checked():
+    faults, trainer = split_faults("exception@9:1,pod-stop@17:1,pod-kill@29:0", 2)
+    assert [f.label for f in faults] == ["pod-stop@17:1", "pod-kill@29:0"] and trainer == "exception@9:1"
+    with pytest.raises(ConfigError, match="names node 2"):
+        split_faults("pod-kill@5:2", 2)
+    with pytest.raises(ConfigError, match="pod-stop@STEP:NODE"):
+        split_faults("pod-stop@x", 2)
+
+
+# --- one rendered pod, as podman runs it -------------------------------------------------------
+
+
+def test_the_pod_runs_with_its_own_args_env_security_context_and_mounts(tmp_path):
+    jobset = _jobset()
+    template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    pod = PodIdentity("train", 1, 2, "uid0", "rehearsal-node-1")
+    dirs = NodeDirs(tmp_path / "fsx", tmp_path / "node-1", tmp_path / "configmaps")
+    argv = create_argv(
+        template,
+        "trainer",
+        pod,
+        image="twin:1",
+        hosts=["a.train", "b.train"],
+        dirs=dirs,
+        claim="fsx-lustre",
+        run_label="r",
+    )
+    image_at = argv.index("twin:1")
+    assert argv[image_at + 1 :] == container["args"]  # verbatim, after the image's tini entrypoint
+    pairs = list(zip(argv, argv[1:], strict=False))
+    assert ("--cap-drop", "ALL") in pairs and ("--cap-add", "IPC_LOCK") in pairs
+    assert ("--security-opt", f"seccomp={CONTAINERD_SECCOMP}") in pairs
+    assert ("--security-opt", "no-new-privileges") in pairs
+    assert ("--stop-timeout", str(template["spec"]["terminationGracePeriodSeconds"])) in pairs
+    assert ("--hostname", "train-worker-0-1") in pairs and ("--network", "host") in pairs
+    env = dict(a.split("=", 1) for f, a in pairs if f == "--env")
+    rendered = {e["name"] for e in container["env"]}
+    assert rendered <= set(env)
+    assert env["NVRX_EKS_ATTEMPT_ID"] == "uid0-2"  # $(JOBSET_UID)-$(JOBSET_RESTART_ATTEMPT), expanded
+    assert env["POD_NAME"] == pod.pod_name and env["JOBSET_RESTART_ATTEMPT"] == "2"
+    mounts = {a.split(":")[1]: a for f, a in pairs if f == "--volume"}
+    assert set(mounts) | {"/dev/shm"} == {m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["/etc/nvrx-eks"].endswith(":ro")
+    assert mounts["/local-checkpoints"].startswith(f"{dirs.node_root}/mnt/k8s-disks/0/nvrx-eks-checkpoints/train:")
+    assert pod.labels[JOBSET_RESTART_ATTEMPT_LABEL] == "2"
+
+
+def test_kubernetes_env_expansion():
+    assert pods.expand("$(A)-$(B)-$$(A)-$(C)", {"A": "1", "B": "2"}) == "1-2-$(A)-$(C)"
+
+
+# --- in podman ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def podman() -> Podman:
+    engine = Podman()
+    if reason := engine.unusable():
+        pytest.skip(f"no container runtime for rehearsals: {reason}")
+    return engine
+
+
+def _prepare(tmp_path: Path, podman: Podman, **kwargs) -> object:
+    options = {"profile": None, "nodes": 2, "nproc": 1, "steps": 30, "faults": "", "run_dir": tmp_path / "r"}
+    return prepare(**{**options, **kwargs}, console=Console(file=io.StringIO()), podman=podman)
+
+
+def _inspect_container_of(prepared, podman: Podman) -> dict:
+    name = prepared.run.create(0, 0)
+    try:
+        return podman.inspect(name)
+    finally:
+        podman.run(["rm", "-f", name], check=False)
+
+
+def _rendered_pod(root: Path) -> dict:
+    jobset = next(d for d in yaml.safe_load_all((root / "rendered.yaml").read_text()) if d and d["kind"] == "JobSet")
+    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+
+
+def _differences(rendered: dict, inspected: dict, image_env: set[str]) -> set[str]:
+    """What of the rendered pod's container the created container does not carry as written, by
+    SUBSTITUTIONS key; anything else is named by its field."""
+    (container,) = rendered["spec"]["containers"]
+    found: set[str] = set()
+    if inspected["ImageName"] != container["image"]:
+        found.add("image")
+    ran_args = inspected["Config"]["Cmd"]
+    if ran_args != container["args"]:
+        # Only the rank count may differ: --nproc-per-node and --world-size.
+        normalize = lambda s: re.sub(r"(--nproc-per-node|--world-size) \d+", r"\1 N", s)  # noqa: E731
+        assert [normalize(a) for a in ran_args] == [normalize(a) for a in container["args"]], "args"
+        found.add("ranks per node")
+    ran_env = dict(e.split("=", 1) for e in inspected["Config"]["Env"])
+    for var in container["env"]:
+        if "value" in var and "$(" not in var["value"] and ran_env.get(var["name"]) != var["value"]:
+            found.add(f"env {var['name']}")
+    rendered_names = {v["name"] for v in container["env"]}
+    kubelet_added = {"JOB_COMPLETION_INDEX", "HOSTNAME", "container", "TERM", "HOME"}
+    for name in set(ran_env) - rendered_names - image_env - kubelet_added:
+        found.add(f"env {name}")
+    host_config = inspected["HostConfig"]
+    caps = container["securityContext"]["capabilities"]
+    assert set(host_config["CapAdd"] or []) == {f"CAP_{c}" for c in caps["add"]}, "capabilities"
+    assert f"seccomp={CONTAINERD_SECCOMP}" in " ".join(host_config["SecurityOpt"]), "seccomp"
+    assert "no-new-privileges" in " ".join(host_config["SecurityOpt"]), "allowPrivilegeEscalation"
+    if host_config["NetworkMode"] == "host":
+        found.add("network")
+    if not host_config.get("Devices"):
+        found.add("resources")
+    mounted = {m["Destination"] for m in inspected["Mounts"]} | set(host_config.get("Tmpfs") or {})
+    assert mounted == {m["mountPath"] for m in container["volumeMounts"]}, "volume mounts"
+    assert inspected["Config"]["Hostname"] == "train-worker-0-0"
+    assert inspected["Config"]["StopTimeout"] == rendered["spec"]["terminationGracePeriodSeconds"]
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("trainer_runs")
+def test_the_rehearsed_pod_differs_from_the_rendered_one_only_by_the_substitutions(tmp_path, podman):
+    prepared = _prepare(tmp_path, podman)
+    inspected = _inspect_container_of(prepared, podman)
+    image = json.loads(podman.run(["image", "inspect", prepared.run.image]).stdout)[0]
+    image_env = {e.split("=", 1)[0] for e in image["Config"]["Env"]}
+    assert _differences(_rendered_pod(prepared.run.root), inspected, image_env) == set(SUBSTITUTIONS)
+
+
+def _local_state(tmp_path: Path, steps: int) -> str:
+    from nvrx_eks.local.runner import run_local
+
+    run_dir = tmp_path / "local"
+    code = run_local(
+        nproc=1, nodes=2, steps=steps, faults="", run_dir=run_dir, preset="tiny", checkpoint_interval=10,
+        backend="nvrx", port=port_pair(), console=Console(file=io.StringIO()),
+    )  # fmt: skip
+    assert code == 0
+    return json.loads((run_dir / "summary.json").read_text())["state_sha256"]
+
+
+def _no_container_left(podman: Podman) -> None:
+    left = podman.run(["ps", "-a", "--filter", f"label={REHEARSAL_LABEL}", "--format", "{{.Names}}"]).stdout
+    assert left.split() == []
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("trainer_runs")
+def test_rehearsals_of_the_p5_pods_end_as_the_bare_process_run_does(tmp_path, tmp_path_factory, podman):
+    """Acceptance: a clean rehearsal and one with a trainer fault, a deleted pod and a killed pod
+    end with the state of `nvrx-eks local` on the same world; each fault is recovered by its
+    layer; the p5 pod's ranks start under containerd's profile (they bind to their NUMA node
+    themselves); no container is left."""
+    with exclusive_trainer_runs(tmp_path_factory):
+        expected = _local_state(tmp_path, steps=30)
+        clean = _prepare(tmp_path / "clean", podman)
+        assert execute(clean) == 0
+        faulted = _prepare(tmp_path / "faults", podman, faults="exception@9:1,pod-stop@15:1,pod-kill@23:0")
+        assert execute(faulted) == 0
+    for prepared in (clean, faulted):
+        summary = json.loads((prepared.trainer_dir / "summary.json").read_text())
+        assert summary["state_sha256"] == expected
+    _no_container_left(podman)
+    log = (clean.run.root / "pod-logs" / "train-worker-0-0-a0.log").read_text()
+    assert "numa: local rank 0 bound to NUMA node 0" in log
+    summary = json.loads((faulted.trainer_dir / "summary.json").read_text())
+    layers = {f["fault"]: f.get("layer") for f in summary["faults"]}
+    assert layers == {"exception@9:1": "inprocess", "pod-stop@15:1": "kubernetes", "pod-kill@23:0": "kubernetes"}
+    assert json.loads((faulted.run.root / "rehearsal.json").read_text())["attempts"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("trainer_runs")
+def test_ft_launchers_numactl_binding_cannot_start_a_rank_under_the_pods_seccomp_profile(
+    tmp_path, tmp_path_factory, podman
+):
+    """The render before the fix set NVRX_GPUS_PER_NUMA: ft_launcher then starts each rank as
+    `numactl --cpunodebind N --membind N`, which containerd's RuntimeDefault refuses without
+    CAP_SYS_NICE. The same pod with that variable fails, numactl's EPERM in its log."""
+    prepared = _prepare(tmp_path, podman, steps=5)
+    container = prepared.run.pod_template["spec"]["containers"][0]
+    container["env"].append({"name": "NVRX_GPUS_PER_NUMA", "value": "4"})
+    prepared.run.jobset["spec"]["failurePolicy"]["maxRestarts"] = 0
+    with exclusive_trainer_runs(tmp_path_factory):
+        assert execute(prepared) != 0
+    log = (prepared.run.root / "pod-logs" / "train-worker-0-0-a0.log").read_text()
+    assert "Operation not permitted" in log and "membind" in log
+    assert not os.path.exists(prepared.trainer_dir / "summary.json")
+    _no_container_left(podman)
