@@ -3,7 +3,6 @@ before any construct is built, with a message naming the field and the fix, and 
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -18,24 +17,14 @@ from infra.config import PROFILES_DIR, DeploymentConfig, load_config, resolve_co
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import INSTANCE_FACTS, facts_for
 from tests.support import REPO_ROOT
+from tests.support.profiles import profile_data
 
 ROOT = REPO_ROOT
-BASE = yaml.safe_load((PROFILES_DIR / "p5.yaml").read_text())
 
 
 def with_changes(**changes) -> dict:
     """The p5 profile with dotted-path changes applied (value None deletes the key)."""
-    raw = copy.deepcopy(BASE)
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split("__")
-        node = raw
-        for key in parents:
-            node = node.setdefault(key, {})
-        if value is None:
-            node.pop(leaf, None)
-        else:
-            node[leaf] = value
-    return raw
+    return profile_data("p5", **changes)
 
 
 @pytest.mark.parametrize("profile", sorted(p.stem for p in PROFILES_DIR.glob("*.yaml")))
