@@ -324,6 +324,7 @@ def local(
 @app.command()
 def rehearse(
     profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
     nodes: int = typer.Option(2, "--nodes", min=1, help="Active nodes: one pod each."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="CPU ranks (gloo) per pod, in place of its GPUs."),
     spare_nodes: int = typer.Option(0, "--spare-nodes", min=0, help="Hot spare nodes beyond --nodes."),
@@ -344,6 +345,7 @@ def rehearse(
 
     code = run_rehearsal(
         profile=profile,
+        config_path=config,
         nodes=nodes,
         nproc=nproc,
         spare_nodes=spare_nodes,

@@ -192,6 +192,7 @@ def prepare(
     *,
     profile: str | None,
     nodes: int,
+    config_path: str | None = None,
     nproc: int,
     steps: int,
     faults: str,
@@ -210,7 +211,7 @@ def prepare(
     if root.exists() and any(root.iterdir()):
         raise ConfigError(f"--run-dir: {root} already holds a rehearsal; choose another directory")
     pod_faults, trainer_faults = split_faults(faults, nodes + spare_nodes)
-    deployment = load_deployment(profile)
+    deployment = load_deployment(profile, config_path)
     train = local_config(
         run_dir=Path("runs") / JOB_NAME,  # on the FSx claim, as render places a default run
         steps=steps,
