@@ -9,6 +9,7 @@ launcher's process group (ranks, checkpoint workers) and the NVRx in-process mon
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -305,38 +307,46 @@ def run_local(
             _wait_for_listener(port, launchers[0])
     completed_at = None  # with a lost node: when the survivors completed the run
     released = 0  # with a lost node: how many nodes were lost when the survivors were released
-    try:
-        with console.status("starting") as status:
-            while any(p.poll() is None for p in launchers):
+    stop = StopSignals()
+    with stop:
+        try:
+            with console.status("starting") as status:
+                while any(p.poll() is None for p in launchers):
+                    for p in launchers:
+                        tracker.sample(p.pid)
+                    lost = [p for p in launchers if p.poll() not in (None, 0)]
+                    if 0 < len(lost) <= spares and _completed(run_dir, started_at, steps):
+                        # The survivors' launchers now wait in torch elastic's exit barrier for
+                        # every node of the rendezvous, the lost one too, for 300 s (not
+                        # configurable through ft_launcher, and deaf to SIGTERM there); their ranks
+                        # have exited and the run is complete, so end the wait: SIGKILL the
+                        # launchers' process trees.
+                        completed_at = completed_at or time.monotonic()
+                        if time.monotonic() - completed_at > EXIT_BARRIER_GRACE_S and not released:
+                            for p in launchers:
+                                if p.poll() is None:
+                                    _kill_tree(p.pid)
+                            released = len(lost)
+                    ends = load_run(run_dir).of("step_end", rank=0)
+                    if ends:
+                        status.update(f"step {ends[-1]['step']}/{steps}  loss {ends[-1]['loss']:.3f}")
+                    time.sleep(0.5)
+        except KeyboardInterrupt:
+            # Ctrl-C, or SIGTERM/SIGHUP to this command (StopSignals). Like an eviction: SIGTERM lets
+            # the ranks finish their in-flight checkpoint. Further signals do not interrupt that
+            # (StopSignals raises once; Ctrl-C is ignored meanwhile).
+            with stop.ignoring_interrupts():
                 for p in launchers:
-                    tracker.sample(p.pid)
-                lost = [p for p in launchers if p.poll() not in (None, 0)]
-                if 0 < len(lost) <= spares and _completed(run_dir, started_at, steps):
-                    # The survivors' launchers now wait in torch elastic's exit barrier for every
-                    # node of the rendezvous, the lost one too, for 300 s (not configurable
-                    # through ft_launcher, and deaf to SIGTERM there); their ranks have exited and
-                    # the run is complete, so end the wait: SIGKILL the launchers' process trees.
-                    completed_at = completed_at or time.monotonic()
-                    if time.monotonic() - completed_at > EXIT_BARRIER_GRACE_S and not released:
-                        for p in launchers:
-                            if p.poll() is None:
-                                _kill_tree(p.pid)
-                        released = len(lost)
-                ends = load_run(run_dir).of("step_end", rank=0)
-                if ends:
-                    status.update(f"step {ends[-1]['step']}/{steps}  loss {ends[-1]['loss']:.3f}")
-                time.sleep(0.5)
-    except KeyboardInterrupt:
-        # Like an eviction: SIGTERM lets the ranks finish their in-flight checkpoint.
-        for p in launchers:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        while any(p.poll() is None for p in launchers):
-            for p in launchers:
-                tracker.sample(p.pid)
-            time.sleep(0.2)
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+                while any(p.poll() is None for p in launchers):
+                    for p in launchers:
+                        tracker.sample(p.pid)
+                    time.sleep(0.2)
     codes = [p.returncode for p in launchers]
     code, lost_nodes = run_code(codes, spares, completed=_completed(run_dir, started_at, steps))
+    if stop.received is not None:
+        code = 128 + stop.received  # the run stopped because this command was told to stop
     launcher_code = code
     if released:  # the survivors completed the run; their launchers' end was ours
         lost_nodes, code = released, 0
@@ -380,6 +390,41 @@ def run_local(
     elif killed:
         console.print(f"[red]processes had to be killed after the launcher exited: {killed}[/]")
     return code
+
+
+class StopSignals:
+    """SIGTERM and SIGHUP to `nvrx-eks local` (a CI timeout, `kill`, a closed terminal) stop the
+    run as Ctrl-C does, by raising KeyboardInterrupt once, instead of killing this command and
+    leaving its launchers training unattended."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._saved: dict[int, Any] = {}
+
+    def _raise(self, signum: int, _frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> StopSignals:
+        self._saved = {s: signal.signal(s, self._raise) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        for s, handler in self._saved.items():
+            signal.signal(s, handler)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def ignoring_interrupts() -> Iterator[None]:
+        """Ctrl-C ignored for the duration: the stop in progress must finish."""
+        saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, saved)
 
 
 def run_code(launcher_codes: list[int], spare_nodes: int, *, completed: bool) -> tuple[int, int]:

@@ -19,6 +19,7 @@ trainer's faults, so the report says which layer recovered it.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import tempfile
@@ -41,7 +42,7 @@ from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import FSX_MOUNT_PATH
 from nvrx_eks.jobs.validate import validate_documents
 from nvrx_eks.local.outcome import print_report
-from nvrx_eks.local.runner import local_config
+from nvrx_eks.local.runner import StopSignals, local_config
 from nvrx_eks.rehearse.image import build_twin
 from nvrx_eks.rehearse.jobset import JobState, jobset_action
 from nvrx_eks.rehearse.pods import NodeDirs, PodIdentity, create_argv
@@ -267,41 +268,51 @@ def execute(prepared: Prepared) -> int:
     code, attempt = 1, 0
     pending = list(prepared.pod_faults)
     job = JobState(run.job_spec)
-    try:
-        while True:
-            names = run.start_attempt(attempt, prepared.port)
-            job = JobState(run.job_spec)
-            running = dict(enumerate(names))
-            action = None
-            while running and action is None:
-                time.sleep(0.5)
-                ends = load_run(trainer_dir).of("step_end", rank=0)
-                reached = max((e["step"] for e in ends if e.get("attempt", 0) == attempt), default=0)
-                for fault in [f for f in pending if reached >= f.step and f.node in running]:
-                    pending.remove(fault)
-                    _emit_fault(trainer_dir, fault, prepared.nproc, attempt)
-                    console.print(f"rehearse: {fault.label} ({running[fault.node]})")
-                    verb = ["kill", "-s", "KILL"] if fault.kind == "pod-kill" else ["stop"]
-                    podman.popen([*verb, running[fault.node]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                for index, name in list(running.items()):
-                    exit_code = podman.exit_code(name)
-                    if exit_code is None:
-                        continue
-                    del running[index]
-                    console.print(f"rehearse: pod {name} exited {exit_code}")
-                    job.pod_ended(index, exit_code)
-                    if job.failure_reason:
-                        code = exit_code
-                        action = jobset_action(run.jobset["spec"], job.failure_reason, attempt)
-                    elif job.succeeded_job:
-                        code, action = 0, "done"
-            run.delete(names)
-            if action != "restart":
-                break
-            attempt += 1
-            console.print(f"rehearse: the Job failed ({job.failure_reason}); JobSet restart {attempt}")
-    finally:
-        leftovers = podman.remove_labelled(f"{REHEARSAL_LABEL}={run.label}")
+    names: list[str] = []
+    stop = StopSignals()
+    with stop:
+        try:
+            while True:
+                names = run.start_attempt(attempt, prepared.port)
+                job = JobState(run.job_spec)
+                running = dict(enumerate(names))
+                action = None
+                while running and action is None:
+                    time.sleep(0.5)
+                    ends = load_run(trainer_dir).of("step_end", rank=0)
+                    reached = max((e["step"] for e in ends if e.get("attempt", 0) == attempt), default=0)
+                    for fault in [f for f in pending if reached >= f.step and f.node in running]:
+                        pending.remove(fault)
+                        _emit_fault(trainer_dir, fault, prepared.nproc, attempt)
+                        console.print(f"rehearse: {fault.label} ({running[fault.node]})")
+                        verb = ["kill", "-s", "KILL"] if fault.kind == "pod-kill" else ["stop"]
+                        podman.popen([*verb, running[fault.node]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    for index, name in list(running.items()):
+                        exit_code = podman.exit_code(name)
+                        if exit_code is None:
+                            continue
+                        del running[index]
+                        console.print(f"rehearse: pod {name} exited {exit_code}")
+                        job.pod_ended(index, exit_code)
+                        if job.failure_reason:
+                            code = exit_code
+                            action = jobset_action(run.jobset["spec"], job.failure_reason, attempt)
+                        elif job.succeeded_job:
+                            code, action = 0, "done"
+                run.delete(names)
+                if action != "restart":
+                    break
+                attempt += 1
+                console.print(f"rehearse: the Job failed ({job.failure_reason}); JobSet restart {attempt}")
+        except KeyboardInterrupt:
+            # Ctrl-C, SIGTERM or SIGHUP: the pods are deleted as the cluster would delete them (SIGTERM,
+            # their grace period, SIGKILL), so the ranks finish their in-flight checkpoint.
+            with stop.ignoring_interrupts():
+                console.print("rehearse: stopping: deleting the pods")
+                run.delete(names)
+            code = 128 + (stop.received or signal.SIGINT)
+        finally:
+            leftovers = podman.remove_labelled(f"{REHEARSAL_LABEL}={run.label}")
     record = do_not_requeue.read_record(trainer_dir, f"{run.uid}-{attempt}")
     if record is not None:
         code = EXIT_DO_NOT_REQUEUE
