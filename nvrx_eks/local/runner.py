@@ -34,6 +34,7 @@ from workloads.config import TrainConfig
 from workloads.events import load_run
 from workloads.faults import outside_world, parse_fault_spec
 from workloads.launch import build_ft_launcher_argv, inprocess_store_port_above
+from workloads.lease import LEASE_FILE, RunLease
 
 # Short timeouts for CPU runs: a hang is noticed in seconds, gloo (which cannot be aborted) gives
 # up on a dead peer at the soft timeout, and ft_launcher's timeouts stay above what the
@@ -220,7 +221,7 @@ def run_local(
     if spare_nodes:
         overrides = [*overrides, f"distributed.spare_nodes={spare_nodes}"]
     run_dir = (run_dir or Path("runs") / time.strftime("local-%Y%m%d-%H%M%S")).resolve()
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+    if run_dir.exists() and any(p.name != LEASE_FILE for p in run_dir.iterdir()) and not resume:
         raise ConfigError(
             f"--run-dir: {run_dir} already holds a run; pass --resume to continue it or choose another directory"
         )
@@ -259,137 +260,139 @@ def run_local(
             f"active rank below {world}"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    port = port or free_port_pair()
-    argvs = []
-    for n, node_cfg in enumerate(configs):
-        config_path = run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")
-        config_path.write_text(node_cfg.to_yaml())
-        argvs.append(
-            build_ft_launcher_argv(
-                node_cfg,
-                config_path=str(config_path),
-                nnodes=f"{nodes - launcher_spare_nodes}:{nodes}" if launcher_spare_nodes else nodes,
-                nproc_per_node=nproc,
-                rdzv_endpoint=f"127.0.0.1:{port}",
-                rdzv_id=f"local-{port}",
-                launcher=str(Path(sys.executable).parent / "ft_launcher"),
+    # Before anything of the run is written: a second run on this directory is refused.
+    with RunLease(run_dir):
+        port = port or free_port_pair()
+        argvs = []
+        for n, node_cfg in enumerate(configs):
+            config_path = run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")
+            config_path.write_text(node_cfg.to_yaml())
+            argvs.append(
+                build_ft_launcher_argv(
+                    node_cfg,
+                    config_path=str(config_path),
+                    nnodes=f"{nodes - launcher_spare_nodes}:{nodes}" if launcher_spare_nodes else nodes,
+                    nproc_per_node=nproc,
+                    rdzv_endpoint=f"127.0.0.1:{port}",
+                    rdzv_id=f"local-{port}",
+                    launcher=str(Path(sys.executable).parent / "ft_launcher"),
+                )
+            )
+        # A fresh attempt id per run: a do-not-requeue record left by an earlier run in a resumed
+        # directory is not this run's.
+        attempt = f"local-{uuid.uuid4().hex}"
+        env = {
+            **os.environ,
+            "TORCH_CPP_LOG_LEVEL": "ERROR",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            do_not_requeue.ATTEMPT_ID_ENV: attempt,
+        }
+        if nodes > 1:
+            # ft_launcher's barrier rendezvous closes itself when two launchers share a host, unless
+            # told the nodes are simulated.
+            env["NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE"] = "1"
+        log_path = run_dir / "launcher.log"
+        console.print(f"run dir {run_dir}\nlauncher log {log_path}")
+        started = time.monotonic()
+        started_at = time.time()  # events and summary.json newer than this belong to this run
+        tracker = ProcessTracker(run_dir)
+        launchers = []
+        for n, argv in enumerate(argvs):
+            with open(log_path if n == 0 else run_dir / f"launcher-node{n}.log", "ab") as log_file:
+                launchers.append(
+                    subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                )
+            if n == 0 and nodes > 1:
+                # The first launcher to bind the rendezvous port hosts the store every launcher
+                # needs to the end; on EKS that is node 0 (the endpoint's pod). Make it node 0 here
+                # too, so that a lost simulated node > 0 does not take the store with it.
+                _wait_for_listener(port, launchers[0])
+        completed_at = None  # with a lost node: when the survivors completed the run
+        released = 0  # with a lost node: how many nodes were lost when the survivors were released
+        stop = StopSignals()
+        with stop:
+            try:
+                with console.status("starting") as status:
+                    while any(p.poll() is None for p in launchers):
+                        for p in launchers:
+                            tracker.sample(p.pid)
+                        lost = [p for p in launchers if p.poll() not in (None, 0)]
+                        if 0 < len(lost) <= spares and _completed(run_dir, started_at, steps):
+                            # The survivors' launchers now wait in torch elastic's exit barrier for
+                            # every node of the rendezvous, the lost one too, for 300 s (not
+                            # configurable through ft_launcher, and deaf to SIGTERM there); their ranks
+                            # have exited and the run is complete, so end the wait: SIGKILL the
+                            # launchers' process trees.
+                            completed_at = completed_at or time.monotonic()
+                            if time.monotonic() - completed_at > EXIT_BARRIER_GRACE_S and not released:
+                                for p in launchers:
+                                    if p.poll() is None:
+                                        _kill_tree(p.pid)
+                                released = len(lost)
+                        ends = load_run(run_dir).of("step_end", rank=0)
+                        if ends:
+                            status.update(f"step {ends[-1]['step']}/{steps}  loss {ends[-1]['loss']:.3f}")
+                        time.sleep(0.5)
+            except KeyboardInterrupt:
+                # Ctrl-C, or SIGTERM/SIGHUP to this command (StopSignals). Like an eviction: SIGTERM lets
+                # the ranks finish their in-flight checkpoint. Further signals do not interrupt that
+                # (StopSignals raises once; Ctrl-C is ignored meanwhile).
+                with stop.ignoring_interrupts():
+                    for p in launchers:
+                        if p.poll() is None:
+                            p.send_signal(signal.SIGTERM)
+                    while any(p.poll() is None for p in launchers):
+                        for p in launchers:
+                            tracker.sample(p.pid)
+                        time.sleep(0.2)
+        codes = [p.returncode for p in launchers]
+        code, lost_nodes = run_code(codes, spares, completed=_completed(run_dir, started_at, steps))
+        if stop.received is not None:
+            code = 128 + stop.received  # the run stopped because this command was told to stop
+        launcher_code = code
+        if released:  # the survivors completed the run; their launchers' end was ours
+            lost_nodes, code = released, 0
+        ended_at = time.time()  # the launchers' end; reaping what they left comes after
+        # A rank decided that no restart can fix this run and shut the workload down: a launcher
+        # exits 1 (or 0 on a node whose ranks did not fail), the run's result is 93
+        # (workloads.do_not_requeue).
+        record = do_not_requeue.read_record(run_dir, attempt)
+        if record is not None:
+            code = EXIT_DO_NOT_REQUEUE
+        for p in launchers:
+            tracker.sample(p.pid)
+        killed = tracker.reap(grace_s=cfg.inprocess.barrier_timeout_s + 10)
+        wall_s = time.monotonic() - started
+        (run_dir / "local_run.json").write_text(
+            json.dumps(
+                {
+                    "exit_code": code,
+                    "wall_s": wall_s,
+                    "started_at": started_at,
+                    "processes_seen": len(tracker.seen),
+                    "killed_after_exit": killed,
+                    "launcher_exit_code": launcher_code,
+                    "lost_nodes": lost_nodes,
+                    "launcher_ended_at": ended_at,
+                    "stopped_by": record["reason"] if record else stop_reason(load_run(run_dir), started_at),
+                },
+                indent=1,
             )
         )
-    # A fresh attempt id per run: a do-not-requeue record left by an earlier run in a resumed
-    # directory is not this run's.
-    attempt = f"local-{uuid.uuid4().hex}"
-    env = {
-        **os.environ,
-        "TORCH_CPP_LOG_LEVEL": "ERROR",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        do_not_requeue.ATTEMPT_ID_ENV: attempt,
-    }
-    if nodes > 1:
-        # ft_launcher's barrier rendezvous closes itself when two launchers share a host, unless
-        # told the nodes are simulated.
-        env["NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE"] = "1"
-    log_path = run_dir / "launcher.log"
-    console.print(f"run dir {run_dir}\nlauncher log {log_path}")
-    started = time.monotonic()
-    started_at = time.time()  # events and summary.json newer than this belong to this run
-    tracker = ProcessTracker(run_dir)
-    launchers = []
-    for n, argv in enumerate(argvs):
-        with open(log_path if n == 0 else run_dir / f"launcher-node{n}.log", "ab") as log_file:
-            launchers.append(
-                subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        if print_summary:
+            print_report(
+                console,
+                run_dir,
+                code,
+                wall_s,
+                killed,
+                started_at,
+                stopped=do_not_requeue.describe(record) if record else None,
             )
-        if n == 0 and nodes > 1:
-            # The first launcher to bind the rendezvous port hosts the store every launcher
-            # needs to the end; on EKS that is node 0 (the endpoint's pod). Make it node 0 here
-            # too, so that a lost simulated node > 0 does not take the store with it.
-            _wait_for_listener(port, launchers[0])
-    completed_at = None  # with a lost node: when the survivors completed the run
-    released = 0  # with a lost node: how many nodes were lost when the survivors were released
-    stop = StopSignals()
-    with stop:
-        try:
-            with console.status("starting") as status:
-                while any(p.poll() is None for p in launchers):
-                    for p in launchers:
-                        tracker.sample(p.pid)
-                    lost = [p for p in launchers if p.poll() not in (None, 0)]
-                    if 0 < len(lost) <= spares and _completed(run_dir, started_at, steps):
-                        # The survivors' launchers now wait in torch elastic's exit barrier for
-                        # every node of the rendezvous, the lost one too, for 300 s (not
-                        # configurable through ft_launcher, and deaf to SIGTERM there); their ranks
-                        # have exited and the run is complete, so end the wait: SIGKILL the
-                        # launchers' process trees.
-                        completed_at = completed_at or time.monotonic()
-                        if time.monotonic() - completed_at > EXIT_BARRIER_GRACE_S and not released:
-                            for p in launchers:
-                                if p.poll() is None:
-                                    _kill_tree(p.pid)
-                            released = len(lost)
-                    ends = load_run(run_dir).of("step_end", rank=0)
-                    if ends:
-                        status.update(f"step {ends[-1]['step']}/{steps}  loss {ends[-1]['loss']:.3f}")
-                    time.sleep(0.5)
-        except KeyboardInterrupt:
-            # Ctrl-C, or SIGTERM/SIGHUP to this command (StopSignals). Like an eviction: SIGTERM lets
-            # the ranks finish their in-flight checkpoint. Further signals do not interrupt that
-            # (StopSignals raises once; Ctrl-C is ignored meanwhile).
-            with stop.ignoring_interrupts():
-                for p in launchers:
-                    if p.poll() is None:
-                        p.send_signal(signal.SIGTERM)
-                while any(p.poll() is None for p in launchers):
-                    for p in launchers:
-                        tracker.sample(p.pid)
-                    time.sleep(0.2)
-    codes = [p.returncode for p in launchers]
-    code, lost_nodes = run_code(codes, spares, completed=_completed(run_dir, started_at, steps))
-    if stop.received is not None:
-        code = 128 + stop.received  # the run stopped because this command was told to stop
-    launcher_code = code
-    if released:  # the survivors completed the run; their launchers' end was ours
-        lost_nodes, code = released, 0
-    ended_at = time.time()  # the launchers' end; reaping what they left comes after
-    # A rank decided that no restart can fix this run and shut the workload down: a launcher
-    # exits 1 (or 0 on a node whose ranks did not fail), the run's result is 93
-    # (workloads.do_not_requeue).
-    record = do_not_requeue.read_record(run_dir, attempt)
-    if record is not None:
-        code = EXIT_DO_NOT_REQUEUE
-    for p in launchers:
-        tracker.sample(p.pid)
-    killed = tracker.reap(grace_s=cfg.inprocess.barrier_timeout_s + 10)
-    wall_s = time.monotonic() - started
-    (run_dir / "local_run.json").write_text(
-        json.dumps(
-            {
-                "exit_code": code,
-                "wall_s": wall_s,
-                "started_at": started_at,
-                "processes_seen": len(tracker.seen),
-                "killed_after_exit": killed,
-                "launcher_exit_code": launcher_code,
-                "lost_nodes": lost_nodes,
-                "launcher_ended_at": ended_at,
-                "stopped_by": record["reason"] if record else stop_reason(load_run(run_dir), started_at),
-            },
-            indent=1,
-        )
-    )
-    if print_summary:
-        print_report(
-            console,
-            run_dir,
-            code,
-            wall_s,
-            killed,
-            started_at,
-            stopped=do_not_requeue.describe(record) if record else None,
-        )
-    elif killed:
-        console.print(f"[red]processes had to be killed after the launcher exited: {killed}[/]")
-    return code
+        elif killed:
+            console.print(f"[red]processes had to be killed after the launcher exited: {killed}[/]")
+        return code
 
 
 class StopSignals:
