@@ -31,6 +31,25 @@ app = typer.Typer(
 )
 err_console = Console(stderr=True)
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"nvrx-eks {version('nvrx-eks')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    # Options of `nvrx-eks` itself; the help text is the app's.
+    return None
+
+
 #: The highest TCP port is 65535; `local` uses --port and --port + 1.
 MAX_TCP_PORT = 65535
 
