@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 
 from nvrx_eks.deploy.deployment import load_deployment
@@ -349,10 +348,3 @@ def execute(prepared: Prepared) -> int:
 def rehearse(*, console: Console | None = None, podman: Podman | None = None, **options: Any) -> int:
     """`nvrx-eks rehearse`: prepare (render, validate, build the twin), then execute."""
     return execute(prepare(console=console or Console(), podman=podman or Podman(), **options))
-
-
-def rendered_pod(root: Path) -> dict[str, Any]:
-    """The pod template of a rehearsal's rendered JobSet (rendered.yaml)."""
-    docs = list(yaml.safe_load_all((root / "rendered.yaml").read_text()))
-    jobset = next(d for d in docs if d and d["kind"] == "JobSet")
-    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
