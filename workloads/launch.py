@@ -31,6 +31,10 @@ def _seconds(value: float | None) -> str:
     return "none" if value is None else f"{value:g}"
 
 
+#: ft_launcher's barrier rendezvous closes itself when it sees several launchers on one host,
+#: unless this says they are simulated nodes (`nvrx-eks local --nodes`, rehearsed pods).
+MULTI_LAUNCHER_ENV = "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE"
+
 #: The in-process store listens this far above the rendezvous endpoint's port.
 _STORE_PORT_OFFSET = 1
 

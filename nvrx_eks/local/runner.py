@@ -33,7 +33,7 @@ from workloads import do_not_requeue
 from workloads.config import TrainConfig
 from workloads.events import load_run
 from workloads.faults import outside_world, parse_fault_spec
-from workloads.launch import build_ft_launcher_argv, inprocess_store_port_above
+from workloads.launch import MULTI_LAUNCHER_ENV, build_ft_launcher_argv, inprocess_store_port_above
 from workloads.lease import LEASE_FILE, RunLease
 
 # Short timeouts for CPU runs: a hang is noticed in seconds, gloo (which cannot be aborted) gives
@@ -291,7 +291,7 @@ def run_local(
         if nodes > 1:
             # ft_launcher's barrier rendezvous closes itself when two launchers share a host, unless
             # told the nodes are simulated.
-            env["NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE"] = "1"
+            env[MULTI_LAUNCHER_ENV] = "1"
         log_path = run_dir / "launcher.log"
         console.print(f"run dir {run_dir}\nlauncher log {log_path}")
         started = time.monotonic()

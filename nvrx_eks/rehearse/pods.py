@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_eks.facts import job_kinds, job_names
+from nvrx_eks.jobs.validate.rules.pods import memory_gib
 from nvrx_eks.rehearse.runtime import CONTAINERD_SECCOMP, REHEARSAL_LABEL
+from workloads.launch import MULTI_LAUNCHER_ENV
 
 #: What a rehearsal changes in a rendered pod because the machine has no GPU, no EFA and no
 #: cluster network; tests/local/test_rehearse.py holds the rehearsed containers to this list.
@@ -29,12 +31,9 @@ SUBSTITUTIONS = {
     "image": "the CPU twin of the trainer image: the Dockerfile's trainer stage on a Debian base",
     "resources": "no GPU, EFA, CPU or memory reservation: the machine has no devices to give",
     "network": "every pod in the host's network namespace, its DNS name resolving to a loopback address of its own",
-    "env NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1: ft_launcher's rendezvous must accept launchers sharing a host",
+    f"env {MULTI_LAUNCHER_ENV}": "1: ft_launcher's rendezvous must accept launchers sharing a host",
 }
 
-#: ft_launcher's barrier rendezvous closes itself when it sees several launchers on one host
-#: unless told they are simulated nodes.
-MULTI_LAUNCHER_ENV = "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE"
 _EXPANSION = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -51,10 +50,6 @@ class PodIdentity:
     @property
     def hostname(self) -> str:
         return job_names.jobset_pod_host(self.jobset, self.index)
-
-    @property
-    def dns_name(self) -> str:
-        return job_names.jobset_pod_dns_name(self.jobset, self.index)
 
     @property
     def pod_name(self) -> str:
@@ -125,14 +120,6 @@ class NodeDirs:
     config_maps: Path  # ConfigMap data, one directory per ConfigMap
 
 
-def _size_bytes(quantity: str) -> int:
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
-    for suffix, factor in units.items():
-        if quantity.endswith(suffix):
-            return int(float(quantity[: -len(suffix)]) * factor)
-    return int(quantity)
-
-
 def volume_args(pod_spec: dict[str, Any], container: dict[str, Any], dirs: NodeDirs, claim: str) -> list[str]:
     volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
     args: list[str] = []
@@ -151,8 +138,8 @@ def volume_args(pod_spec: dict[str, Any], container: dict[str, Any], dirs: NodeD
         elif "emptyDir" in volume:
             if volume["emptyDir"].get("medium") != "Memory":
                 raise ValueError(f"volume {mount['name']}: only memory emptyDirs are emulated")
-            size = volume["emptyDir"].get("sizeLimit")
-            args += ["--tmpfs", f"{target}:rw,size={_size_bytes(size)}" if size else target]
+            size = memory_gib(volume["emptyDir"].get("sizeLimit"))
+            args += ["--tmpfs", f"{target}:rw,size={int(size * 2**30)}" if size else target]
             continue
         else:
             raise ValueError(f"volume {mount['name']}: the rehearsal does not emulate {sorted(volume)}")

@@ -104,7 +104,7 @@ class PodRules(RuleBase):
         # Requests within what the node can give a pod: (resource, parser, allocatable, its words).
         for resource, amount, allocatable, words, what in (
             ("cpu", _cpu_cores, facts.allocatable_vcpus, f"{facts.allocatable_vcpus} vCPUs", "vCPUs"),
-            ("memory", _memory_gib, facts.allocatable_memory_gib, f"{facts.allocatable_memory_gib}Gi", "memory"),
+            ("memory", memory_gib, facts.allocatable_memory_gib, f"{facts.allocatable_memory_gib}Gi", "memory"),
         ):
             path = cpath + ["resources", "requests", resource]
             requested = get(site.container, ["resources", "requests", resource])
@@ -228,7 +228,8 @@ _MEMORY_UNITS = {
 }
 
 
-def _memory_gib(value) -> float | None:
+def memory_gib(value) -> float | None:
+    """A Kubernetes memory quantity (`922Gi`, `1e9`... `512M`) in GiB; None when it is not one."""
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]i?)?", str(value))
     if not match:
         return None
