@@ -171,6 +171,7 @@ sys.exit(143)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("trainer_runs")  # real launchers: not beside a trainer run or rehearsal
 @pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
 def test_rank_finishes_its_last_checkpoint_when_the_pod_is_terminated(sandbox, api):
     """The rendered entrypoint with the real ft_launcher (local rendezvous, one CPU rank): SIGTERM
@@ -287,6 +288,7 @@ def _finish(process: subprocess.Popen, timeout: float) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("trainer_runs")  # real launchers: not beside a trainer run or rehearsal
 @pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
 def test_a_rank_that_stops_the_job_makes_the_pod_exit_93_after_one_cycle(sandbox, api):
     from tests.support.trainer_fixtures import port_pair
@@ -305,6 +307,7 @@ def test_a_rank_that_stops_the_job_makes_the_pod_exit_93_after_one_cycle(sandbox
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("trainer_runs")  # real launchers: not beside a trainer run or rehearsal
 @pytest.mark.parametrize("stale", [False, True])
 @pytest.mark.parametrize("api, expected", [("jobset", 1), ("pytorchjob", 138)])
 def test_a_failure_without_this_attempts_record_keeps_its_exit_status(sandbox, api, expected, stale):
@@ -328,6 +331,7 @@ def test_a_failure_without_this_attempts_record_keeps_its_exit_status(sandbox, a
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("trainer_runs")  # real launchers: not beside a trainer run or rehearsal
 def test_the_node_whose_rank_did_not_fail_exits_93_too(sandbox):
     """Two JobSet pods on one rendezvous (nnodes 2, one rank each): node 1's rank stops the job;
     node 0's launcher sees the closed rendezvous and exits 0 (as a standby node would); its
