@@ -147,7 +147,9 @@ def test_a_worker_stuck_in_its_files_is_replaced_within_the_drain_and_abort_grac
     begin = time.monotonic()
     assert checkpoint_worker._take_previous_worker() is None
     took = time.monotonic() - begin
-    assert DRAIN_S <= took < DRAIN_S + WRITER_ABORT_GRACE_S + 1.5
+    # The slack is for a loaded machine (a fresh-clone run on 2 busy cores took 4.7 s); NVRx's
+    # default grace alone would be 30 s, which this bound still tells apart.
+    assert DRAIN_S <= took < DRAIN_S + WRITER_ABORT_GRACE_S + 8
     profile = LOCAL_CPU_PROFILE["inprocess"]
     assert DRAIN_S + WRITER_ABORT_GRACE_S < profile["hard_timeout_s"] - profile["soft_timeout_s"]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
