@@ -23,6 +23,11 @@ JOB_POD_SELECTOR_KEYS = (APP_NAME_LABEL, APP_INSTANCE_LABEL)
 WORLD_SIZE_ANNOTATION = "nvrx-eks.io/world-size"
 #: Annotation on a job with hot spare nodes: how many of its launched nodes are spares.
 SPARE_NODES_ANNOTATION = "nvrx-eks.io/spare-nodes"
+#: Annotation on a training job naming the directories it writes (its run directory, and its
+#: checkpoint directory where that is elsewhere): submit refuses a job whose directory a live job
+#: already writes, since two writers delete each other's checkpoints.
+RUN_DIR_ANNOTATION = "nvrx-eks.io/run-dir"
+CHECKPOINT_DIR_ANNOTATION = "nvrx-eks.io/checkpoint-dir"
 
 #: The replicated job (JobSet) that runs the trainer or the fabric test.
 JOBSET_REPLICATED_JOB = "worker"

@@ -178,6 +178,8 @@ def _common_context(spec: JobSpec) -> dict:
         "annotations": {
             "world_size": job_names.WORLD_SIZE_ANNOTATION,
             "spare_nodes": job_names.SPARE_NODES_ANNOTATION,
+            "run_dir": job_names.RUN_DIR_ANNOTATION,
+            "checkpoint_dir": job_names.CHECKPOINT_DIR_ANNOTATION,
         },
         "replicated_job": job_names.JOBSET_REPLICATED_JOB,
         "exit_do_not_requeue": EXIT_DO_NOT_REQUEUE,
