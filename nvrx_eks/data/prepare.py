@@ -23,6 +23,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,19 +97,24 @@ def load_tokenizer(spec: str) -> Tokenizer:
     )
 
 
-def _open_text(path: Path) -> tuple[IO[bytes], IO[str]]:
-    """(raw file, text stream): the raw file's position is the progress through the input."""
+def _open_text(path: Path) -> tuple[IO[bytes], IO[str], tuple[type[Exception], ...]]:
+    """(raw file, text stream, what reading the stream raises when the compressed data is
+    damaged): the raw file's position is the progress through the input."""
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
+    corrupt: tuple[type[Exception], ...] = ()
     if path.suffix == ".gz":
         # A binary stream that typeshed does not declare as IO[bytes].
         stream: IO[bytes] = cast(IO[bytes], gzip.GzipFile(fileobj=raw))
+        # Not gzip at all (BadGzipFile), damaged deflate data (zlib.error), cut short (EOFError).
+        corrupt = (gzip.BadGzipFile, zlib.error, EOFError)
     elif path.suffix == ".zst":
         import zstandard
 
         stream = zstandard.ZstdDecompressor().stream_reader(raw)
+        corrupt = (zstandard.ZstdError,)
     else:
         stream = raw
-    return raw, io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline="")
+    return raw, io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline=""), corrupt
 
 
 def _is_jsonl(path: Path) -> bool:
@@ -119,10 +125,22 @@ def _is_jsonl(path: Path) -> bool:
 def _units(path: Path, text_field: str, on_bytes: Callable[[int], None]) -> Iterator[tuple[str, bool]]:
     """(text, ends_document) per unit of one input."""
     jsonl = _is_jsonl(path)
-    raw, text = _open_text(path)
+    raw, text, corrupt = _open_text(path)
     with raw, text:
         last = 0
-        for number, line in enumerate(text, start=1):
+        lines = enumerate(text, start=1)
+        while True:
+            # Only the read is guarded: decompression fails there, and a mistake in the text
+            # below has its own message.
+            try:
+                number, line = next(lines)
+            except StopIteration:
+                return
+            except corrupt as err:
+                raise ConfigError(
+                    f"INPUT: {path} is not a readable {path.suffix} file ({err}); give the intact "
+                    "compressed file, or the text uncompressed"
+                ) from None
             if raw.tell() != last:
                 on_bytes(raw.tell() - last)
                 last = raw.tell()

@@ -123,6 +123,34 @@ def test_jsonl_without_the_text_field_names_it(tmp_path):
     assert "--text-field" in result.stderr and "a.jsonl:1" in result.stderr
 
 
+def _damaged(compressed: bytes, kind: str) -> bytes:
+    """`compressed` made unreadable: not compressed at all, cut short, or a byte flipped inside."""
+    if kind == "not compressed":
+        return b"plain text, not a compressed stream\n" * 4
+    if kind == "cut short":
+        return compressed[: len(compressed) // 2]
+    flipped = bytearray(compressed)
+    flipped[len(flipped) // 3] ^= 0xFF
+    return bytes(flipped)
+
+
+_TEXT = "".join(f"line {i} of a corpus\n" for i in range(2000)).encode()
+
+
+@pytest.mark.parametrize(
+    ("suffix", "kind"),
+    [(".gz", "not compressed"), (".gz", "cut short"), (".gz", "byte flipped"), (".zst", "not compressed")],
+)
+def test_damaged_compressed_input_is_named_without_a_traceback(tmp_path, suffix, kind):
+    compressed = gzip.compress(_TEXT) if suffix == ".gz" else zstandard.ZstdCompressor().compress(_TEXT)
+    damaged = tmp_path / f"corpus.txt{suffix}"
+    damaged.write_bytes(_damaged(compressed, kind))
+    result = prepare_cli([damaged], tmp_path / "out", "byte")
+    assert result.code == 2, result.output
+    assert f"INPUT: {damaged} is not a readable {suffix} file" in result.stderr
+    assert "Traceback" not in result.output
+
+
 def _prepared(tmp_path: Path) -> Path:
     prepare(stdlib_text(150_000), tmp_path / "shards", "byte", shard_tokens=50000)
     return tmp_path / "shards"
