@@ -28,7 +28,12 @@ from __future__ import annotations
 
 import math
 
+from nvrx_eks.facts.errors import ConfigError
 from workloads.config import TrainConfig
+
+#: The longest deadline Kubernetes can keep: the Job controller turns activeDeadlineSeconds into
+#: a Go time.Duration, int64 nanoseconds (about 292 years), and a longer one overflows there.
+MAX_DEADLINE_S = (2**63 - 1) // 10**9
 
 
 def max_step_time_s(train: TrainConfig, configured: float | None) -> float:
@@ -53,9 +58,22 @@ def active_deadline_s(train: TrainConfig, *, kubernetes_restarts: int, step_time
         + relaunches * (setup + replay)
         + train.recommended_termination_grace_period_s()
     )
-    return math.ceil(total)
+    return _deadline(total)
 
 
 def minimum_deadline_s(train: TrainConfig) -> int:
     """Below this a job could not even finish starting (the setup section) and stop cleanly."""
-    return math.ceil(train.fault_tolerance.section_timeouts_s.setup + train.recommended_termination_grace_period_s())
+    return _deadline(train.fault_tolerance.section_timeouts_s.setup + train.recommended_termination_grace_period_s())
+
+
+def _deadline(total_s: float) -> int:
+    """Whole seconds of a deadline that Kubernetes can keep. The trainer config bounds its times
+    only from below, so `--set fault_tolerance.section_timeouts_s.step=inf` (or a huge `steps`)
+    would otherwise reach here as infinity or as a number no Job can hold."""
+    if not (math.isfinite(total_s) and total_s <= MAX_DEADLINE_S):
+        raise ConfigError(
+            f"the job's deadline (activeDeadlineSeconds) comes to {total_s:g} s, beyond the {MAX_DEADLINE_S} s "
+            "Kubernetes can keep: lower steps, --max-step-time-s or fault_tolerance.section_timeouts_s "
+            "(--set or --train-config)"
+        )
+    return math.ceil(total_s)

@@ -7,15 +7,24 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import typer
+from yaml.reader import Reader
+
+from nvrx_eks.facts.errors import ConfigError
 
 #: What a job runs: the trainer, or the NCCL/EFA fabric test.
 Workload = Literal["train", "nccl-test"]
+
+#: The longest a healthy training step may be said to take (--max-step-time-s, and the measured
+#: step time `plan` takes): a day. Beyond it a figure is a typo, and `inf` or 1e308 would give a
+#: job deadline no integer holds.
+MAX_STEP_TIME_S = 24 * 3600.0
 
 #: The flags of render, validate and submit that describe the job: name -> (type, Typer option).
 JOB_FLAGS: dict[str, tuple[object, Any]] = {
@@ -109,7 +118,34 @@ class JobOptions:
 
     @classmethod
     def from_flags(cls, *, overrides: list[str] | None, data: str | None = None, **flags: Any) -> JobOptions:
+        """The options as typed, checked where a flag's own type cannot say it (ConfigError)."""
+        for item in overrides or []:
+            _check_yaml_text(f"--set {item.partition('=')[0].strip()}", item)
+        if data is not None:
+            _check_yaml_text("--data", data)
+        check_step_time("--max-step-time-s", flags.get("max_step_time_s"))
         return cls(overrides=list(overrides or []) + data_overrides(data), **flags)
+
+
+def _check_yaml_text(flag: str, text: str) -> None:
+    """The values reach the manifests, which are YAML: a character YAML cannot hold (a control
+    character such as U+0001) would make the rendered manifest unreadable, so it is refused here,
+    named, rather than found by the YAML parser."""
+    found = Reader.NON_PRINTABLE.search(text)
+    if found:
+        raise ConfigError(
+            f"{flag}: holds the control character U+{ord(found.group()):04X}, which a manifest cannot carry; "
+            "remove it (check for a stray escape or paste)"
+        )
+
+
+def check_step_time(flag: str, seconds: float | None) -> None:
+    """A step time (`flag`) above 0 and at most MAX_STEP_TIME_S; None is unset and passes."""
+    if seconds is not None and not (math.isfinite(seconds) and 0 < seconds <= MAX_STEP_TIME_S):
+        raise ConfigError(
+            f"{flag} {seconds:g}: give the seconds of one training step, above 0 and at most "
+            f"{MAX_STEP_TIME_S:g} (a day)"
+        )
 
 
 def data_overrides(data: str | None) -> list[str]:

@@ -23,7 +23,9 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.config import DeploymentConfig
+from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import PEAK_BF16_DENSE_TFLOPS
+from nvrx_eks.jobs.options import check_step_time
 from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, GIB, MemoryEstimate, parameter_count
 from workloads.presets import MODEL_PRESETS
 
@@ -31,6 +33,11 @@ from workloads.presets import MODEL_PRESETS
 #: unexpected interruptions in 54 days on 16,384 H100 GPUs (2,048 8-GPU nodes):
 #: 54 * 24 * 2048 / 419 = 6,335 node-hours between failures.
 DEFAULT_NODE_MTBF_HOURS = 54 * 24 * 2048 / 419
+#: The largest per-node MTBF `plan` takes: over a thousand years. Beyond it a figure is a typo,
+#: and `inf` or 1e308 overflow the interval arithmetic.
+MAX_NODE_MTBF_HOURS = 1e7
+#: The longest stall of one save `plan` takes (--sync-stall-s, --async-stall-s): a day.
+MAX_SAVE_STALL_S = 24 * 3600.0
 #: Recovery time after a fault. A Kubernetes pod restart: ~270 s, the published NVRx/EKS figure
 #: this project reproduces. An NVRx in-process restart: a fixed part (abort the process groups,
 #: finalize, health check, regroup, a new NCCL communicator, rebuild the model: the published
@@ -411,6 +418,27 @@ def print_two_tier(plan: Plan, tiers: TwoTierPlan, console: Console) -> None:
     )
 
 
+def check_measured(
+    node_mtbf_hours: float | None, sync_stall_s: float | None, async_stall_s: float | None, step_time_s: float | None
+) -> None:
+    """The figures given on the command line (None: not given), each finite and within what a
+    real system measures (ConfigError naming the flag)."""
+    if node_mtbf_hours is not None and not (
+        math.isfinite(node_mtbf_hours) and 0 < node_mtbf_hours <= MAX_NODE_MTBF_HOURS
+    ):
+        raise ConfigError(
+            f"--node-mtbf-hours {node_mtbf_hours:g}: give the mean hours between failures of one node, "
+            f"at most {MAX_NODE_MTBF_HOURS:g} (default: {DEFAULT_NODE_MTBF_HOURS:,.0f}, Llama 3's)"
+        )
+    for flag, stall in (("--sync-stall-s", sync_stall_s), ("--async-stall-s", async_stall_s)):
+        if stall is not None and not (math.isfinite(stall) and 0 < stall <= MAX_SAVE_STALL_S):
+            raise ConfigError(
+                f"{flag} {stall:g}: give the measured seconds one save stalls training, above 0 and at most "
+                f"{MAX_SAVE_STALL_S:g} (a day)"
+            )
+    check_step_time("--step-time-s", step_time_s)
+
+
 def run(
     profile: str | None,
     config_path: str | None,
@@ -429,6 +457,7 @@ def run(
     from nvrx_eks.jobs.spec import default_job
     from workloads.config import TrainConfig
 
+    check_measured(node_mtbf_hours, sync_stall_s, async_stall_s, step_time_s)
     config = resolve_config(profile, config_path)
     job_nodes = nodes or config.gpu_nodes.desired_size
     if train_config_path:

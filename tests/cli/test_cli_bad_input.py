@@ -161,3 +161,53 @@ def test_train_config_names_the_right_flag(kind, tmp_path):
     assert line.startswith(f"error: --train-config {path} ")
     assert ("is a directory" in line) == (kind == "directory")
     assert "check the --config path" not in line
+
+
+@pytest.mark.parametrize("command", ["render", "validate"])
+def test_set_value_with_a_control_character_is_named(command):
+    line = _error_line(run_cli(command, "--set", "run_dir=/fsx/a\x01b"))
+    assert "--set run_dir: holds the control character U+0001" in line
+
+
+def test_data_with_a_control_character_is_named():
+    line = _error_line(run_cli("render", "--data", "shards\x7f"))
+    assert "--data: holds the control character U+007F" in line
+
+
+@pytest.mark.parametrize("value", ["inf", "1e308", "nan", "86401"])
+def test_render_max_step_time_must_be_finite_and_at_most_a_day(value):
+    line = _error_line(run_cli("render", "--max-step-time-s", value))
+    assert f"--max-step-time-s {float(value):g}: give the seconds of one training step" in line
+    assert "at most 86400 (a day)" in line
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "fault_tolerance.section_timeouts_s.step=inf",
+        "fault_tolerance.section_timeouts_s.setup=1e300",
+        f"steps={10**13}",
+    ],
+)
+def test_render_deadline_beyond_what_kubernetes_keeps_is_named(override):
+    line = _error_line(run_cli("render", "--set", override))
+    assert "the job's deadline (activeDeadlineSeconds) comes to" in line
+    assert "beyond the 9223372036 s Kubernetes can keep" in line
+
+
+@pytest.mark.parametrize(
+    "flag, value, expected",
+    [
+        ("--node-mtbf-hours", "inf", "give the mean hours between failures of one node, at most 1e+07"),
+        ("--node-mtbf-hours", "1e308", "give the mean hours between failures of one node, at most 1e+07"),
+        ("--step-time-s", "inf", "give the seconds of one training step, above 0 and at most 86400"),
+        ("--step-time-s", "1e308", "give the seconds of one training step, above 0 and at most 86400"),
+        ("--sync-stall-s", "inf", "give the measured seconds one save stalls training, above 0"),
+        ("--async-stall-s", "1e308", "give the measured seconds one save stalls training, above 0"),
+        # A stall of 0 divided by zero in the interval arithmetic.
+        ("--async-stall-s", "0", "give the measured seconds one save stalls training, above 0"),
+    ],
+)
+def test_plan_figures_must_be_finite_and_plausible(flag, value, expected):
+    line = _error_line(run_cli("plan", flag, value))
+    assert f"{flag} {float(value):g}: {expected}" in line
