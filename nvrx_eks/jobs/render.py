@@ -25,6 +25,7 @@ from nvrx_eks.facts import job_kinds, job_names
 from nvrx_eks.facts import names as conventions
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from nvrx_eks.facts.instances import InstanceFacts
+from nvrx_eks.jobs.claim_mounts import claim_mounts
 from nvrx_eks.jobs.spec import (
     FSX_MOUNT_PATH,
     TRAIN_CONFIG_DIR,
@@ -184,6 +185,7 @@ def _common_context(spec: JobSpec) -> dict:
         "replicated_job": job_names.JOBSET_REPLICATED_JOB,
         "exit_do_not_requeue": EXIT_DO_NOT_REQUEUE,
         "mount_path": FSX_MOUNT_PATH,
+        "claim_mounts": claim_mounts(spec, NCCL_EXCHANGE_ROOT),
         "node": {
             "label_key": conventions.GPU_NODE_LABEL_KEY,
             "label_value": conventions.GPU_NODE_LABEL_VALUE,

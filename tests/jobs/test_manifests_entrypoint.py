@@ -36,7 +36,7 @@ esac
 FAKE_LAUNCHER = """\
 #!/bin/sh
 echo "$@" > "$WORK/launcher-args"
-trap 'echo term >> "$WORK/launcher-signals"; sleep 0.3; exit 143' TERM
+trap 'echo term >> "$WORK/launcher-signals"; sleep 0.3; exit "${LAUNCHER_TERM_EXIT:-143}"' TERM
 if [ -n "${LAUNCHER_SLEEP:-}" ]; then
   touch "$WORK/launcher-started"
   i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
@@ -141,6 +141,24 @@ def test_sigterm_as_tini_delivers_it_reaches_the_launcher_once(sandbox, api):
     assert (work / "launcher-signals").read_text().splitlines() == ["term"]
 
 
+@pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
+def test_a_launcher_that_exits_1_after_the_forwarded_sigterm_makes_the_pod_exit_143(sandbox, api):
+    """ft_launcher exits 1 after forwarding a SIGTERM even when its ranks honoured it with 143;
+    the pod was asked to stop, and says so."""
+    work, env = sandbox
+    process = subprocess.Popen(
+        ["/bin/sh", "-c", _entrypoint(api)],
+        env={**env, "LAUNCHER_SLEEP": "1", "LAUNCHER_TERM_EXIT": "1"},
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 20
+    while not (work / "launcher-started").exists():
+        assert time.monotonic() < deadline, "the launcher did not start"
+        time.sleep(0.02)
+    _deliver_sigterm_like_tini(process)
+    assert process.wait(timeout=20) == 143
+
+
 #: A rank that reports to ft_launcher's rank monitor like the trainer, and on SIGTERM keeps
 #: reporting for two seconds (its final checkpoint) before it exits 143.
 RANK = """\
@@ -212,6 +230,7 @@ def test_rank_finishes_its_last_checkpoint_when_the_pod_is_terminated(sandbox, a
             os.killpg(process.pid, signal.SIGKILL)
     result = (work / "rank-result").read_text() if (work / "rank-result").exists() else "(no result)"
     assert result == "finished", f"{result}\n{(work / 'launcher.log').read_text()[-3000:]}"
+    assert process.returncode == 143, (work / "launcher.log").read_text()[-3000:]
 
 
 # --- A rank's "do not requeue", with the real ft_launcher ----------------------------------------

@@ -214,7 +214,7 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
         "missing volume that a mount refers to",
         lambda d: _drop_volume(d, "dshm"),
         "project",
-        f"{CONTAINER}.volumeMounts[2].name",
+        f"{CONTAINER}.volumeMounts[3].name",
     ),
     (
         "bad rendezvous host (an IP instead of pod 0's DNS name)",

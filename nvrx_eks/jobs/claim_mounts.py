@@ -1,0 +1,58 @@
+"""What of the shared FSx claim a job's pods may write.
+
+Every job in the namespace mounts the same claim. A pod that can write all of it can plant a
+checkpoint or a data file that another job later reads, so a compromised or buggy job would reach
+every job that resumes after it. Each pod therefore mounts the claim read-only at FSX_MOUNT_PATH
+(its training data and other runs stay readable) and, on top of it, only its own directories
+writable, each through a subPath of the same claim: a training job its run directory and a
+checkpoint directory set apart from it; the fabric test its key-exchange directory.
+
+Mounts are listed parent first: the container runtime applies them in order, so the writable
+directories land on top of the read-only root. The kubelet creates a missing subPath directory on
+the claim before the container starts, so the mount point exists inside the read-only root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.jobs.spec import FSX_MOUNT_PATH, JobSpec
+
+
+@dataclass(frozen=True)
+class ClaimMount:
+    mount_path: str
+    sub_path: str | None  # None: the claim's root
+    read_only: bool
+
+
+def claim_mounts(spec: JobSpec, exchange_root: str) -> list[ClaimMount]:
+    """The read-only root, then each directory the job writes (one mount for nested ones)."""
+    if spec.workload == "nccl-test":
+        writable = {"the fabric test's exchange directory": exchange_root}
+    else:
+        writable = {"run_dir": spec.train.run_dir}
+        if spec.train.checkpoint.dir:
+            writable["checkpoint.dir"] = spec.train.checkpoint.dir
+    root = PurePosixPath(FSX_MOUNT_PATH)
+    own: list[PurePosixPath] = []
+    for field, value in writable.items():
+        path = PurePosixPath(value)
+        if not path.is_relative_to(root):
+            continue  # not on the claim: the validator refuses it (it would vanish with the pod)
+        if path == root:
+            raise ConfigError(
+                f"{field}: {value} is the whole shared file system, which other jobs read; give the job "
+                f"its own directory under it, such as {FSX_MOUNT_PATH}/runs/{spec.name}"
+            )
+        own.append(path)
+    mounts = [ClaimMount(FSX_MOUNT_PATH, None, read_only=True)]
+    for path in sorted(own):
+        if any(path != other and path.is_relative_to(other) for other in own) or any(
+            m.mount_path == str(path) for m in mounts
+        ):
+            continue  # inside a directory already mounted writable
+        mounts.append(ClaimMount(str(path), str(path.relative_to(root)), read_only=False))
+    return mounts
