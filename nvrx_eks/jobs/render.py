@@ -184,7 +184,6 @@ def _common_context(spec: JobSpec) -> dict:
         },
         "replicated_job": job_names.JOBSET_REPLICATED_JOB,
         "exit_do_not_requeue": EXIT_DO_NOT_REQUEUE,
-        "mount_path": FSX_MOUNT_PATH,
         "claim_mounts": claim_mounts(spec, NCCL_EXCHANGE_ROOT),
         "node": {
             "label_key": conventions.GPU_NODE_LABEL_KEY,
