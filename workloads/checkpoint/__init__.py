@@ -19,7 +19,8 @@ files are hashed by whoever wrote them: for the async backends the writer does i
 writing, in the NVRx worker process or torch's writer thread, so the commit on the training thread
 only gathers the digests instead of reading the rank's whole shard back; sync saves hash at the
 commit). Loading re-checks them (each rank the files it reads, except those this same process
-committed and nobody touched since: see Checkpointer._verify_share) and refuses, with a
+committed and nobody touched since, which are re-hashed in the background and refuse the next
+commit if damaged: see Checkpointer._verify_share) and refuses, with a
 ConfigError, a checkpoint from another world size or model preset; a checkpoint that fails the
 check or fails to load is skipped with a warning and the previous committed one is used.
 

@@ -42,6 +42,7 @@ from workloads.checkpoint.errors import (
     CheckpointStorageError,
     CheckpointTimeout,
     NoUsableCheckpoint,
+    TrustedFileDamaged,
     storage_failure,
 )
 from workloads.checkpoint.local_tier import LocalTier
@@ -123,6 +124,9 @@ class Checkpointer:
         self._last_save_t = time.monotonic()
         self._saves = 0
         self._trusted_files = 0
+        # The files the last load trusted without hashing, re-hashed before the next commit.
+        self._recheck: ckpt_files.TrustedFilesRecheck | None = None
+        self._loaded_from: Path | None = None
         self._state_bytes = 0
         self._handing_off: Path | None = None
         self.attempt = ""
@@ -312,13 +316,16 @@ class Checkpointer:
         mine = self._writer_digests(pending)
         if mine is None:  # sync saves, or a writer that recorded nothing
             mine = ckpt_files.rank_digests(pending.path, self.rank, with_sha)
+        damage = self._recheck.damage() if self._recheck is not None else None
+        gathered: list[dict[str, Any]] = [{}] * self.world_size
+        dist.all_gather_object(gathered, {"files": mine, "damage": damage})
+        self._refuse_damaged_lineage(pending, gathered)
+        self._recheck = None
         ckpt_files.remember_verified(pending.path, mine)
-        gathered: list[dict[str, Any] | None] = [None] * self.world_size
-        dist.all_gather_object(gathered, mine)
         if self.rank == 0:
             files: dict[str, Any] = {}
             for part in gathered:
-                files.update(part or {})
+                files.update(part["files"])
             files[METADATA_FILE] = ckpt_files.file_digest(pending.path / METADATA_FILE, with_sha)
             with self.atomic():
                 self._write_commit(pending, files)
@@ -326,6 +333,25 @@ class Checkpointer:
                 "checkpoint_commit", step=pending.step, path=str(pending.path), commit_s=time.monotonic() - started
             )
         self.pending = None
+
+    def _refuse_damaged_lineage(self, pending: PendingSave, gathered: list[dict[str, Any]]) -> None:
+        """Every rank, on the gathered re-hash results: when a file the last load trusted turned
+        out damaged, the state trained since grew from damaged data, so this save is not committed
+        (its hashes would vouch for it). Raised as a fault: the restart reloads with every file of
+        that checkpoint hashed, so the damage is found there and the load falls back."""
+        damaged = [(rank, part["damage"]) for rank, part in enumerate(gathered) if part["damage"]]
+        if not damaged:
+            return
+        assert self._loaded_from is not None  # a re-hash exists only after a load
+        ckpt_files.forget_verified(self._loaded_from)
+        rank, reason = damaged[0]
+        message = (
+            f"rank {rank}: {reason}, found after the load trusted it unchanged; the state loaded "
+            f"from {self._loaded_from} is damaged, so step {pending.step} is not committed"
+        )
+        log.error("checkpoint: %s", message)
+        self.events.emit("checkpoint_trust_failed", step=pending.step, path=str(self._loaded_from), reason=message)
+        raise TrustedFileDamaged(message)
 
     def _writer_digests(self, pending: PendingSave) -> dict[str, Any] | None:
         if "digests" in pending.extra:
@@ -375,16 +401,20 @@ class Checkpointer:
 
     # -- loading ---------------------------------------------------------------------------------
 
-    def _verify_share(self, path: Path, manifest: dict[str, Any]) -> str | None:
+    def _verify_share(self, path: Path, manifest: dict[str, Any]) -> tuple[str | None, list[tuple[Path, str]]]:
         """Check the files this rank will read (its own shards; rank 0 also the rest, e.g.
-        .metadata); returns a reason on failure. A file this process committed and that is
-        unchanged since (same size and mtime) is trusted without re-hashing: after an in-process
-        restart that is every shard of the rank, so the reload reads each shard once, from the
-        page cache the write left warm, instead of first hashing another rank's shard from the
-        file system (for the 8b preset: ~6 GB per rank, seconds). Anything written to the file
-        since, such as the corrupt-latest fault, changes its mtime and gets the full check (on
-        Lustre, mtime has one-second resolution: a write within the commit's second would pass)."""
+        .metadata); returns a reason on failure, and the files trusted without hashing with their
+        recorded SHA-256. A file this process committed and that is unchanged since (same size,
+        mtime, ctime and inode) is trusted: after an in-process restart that is every shard of the
+        rank, so the reload reads each shard once, from the page cache the write left warm,
+        instead of first hashing another rank's shard from the file system (for the 8b preset:
+        ~6 GB per rank, seconds). Anything written to the file since, such as the corrupt-latest
+        fault, changes its ctime even when the mtime is put back, and gets the full check (file
+        times have the kernel clock's tick, and on Lustre one second, as resolution: a write
+        within the commit's tick passes). What the metadata cannot show is caught before the next
+        commit: the trusted files are re-hashed off the training thread (_refuse_damaged_lineage)."""
         prefix = f"__{self.rank}_"
+        trusted: list[tuple[Path, str]] = []
         for name in sorted(manifest["files"]):
             mine = name.startswith(prefix)
             orphan = not ckpt_files.SHARD_NAME.match(name)
@@ -393,16 +423,18 @@ class Checkpointer:
             size, sha = manifest["files"][name]
             target = path / name
             if not target.is_file():
-                return f"{name} is missing"
+                return f"{name} is missing", trusted
             if ckpt_files.verified_earlier(target, size):
                 self._trusted_files += 1
+                if sha is not None:
+                    trusted.append((target, sha))
                 continue
             actual = ckpt_files.file_digest(target, sha is not None)
             if actual[0] != size:
-                return f"{name} has {actual[0]} bytes, the commit recorded {size}"
+                return f"{name} has {actual[0]} bytes, the commit recorded {size}", trusted
             if sha is not None and actual[1] != sha:
-                return f"{name} does not match its recorded SHA-256"
-        return None
+                return f"{name} does not match its recorded SHA-256", trusted
+        return None, trusted
 
     def _check_compatible(self, path: Path, manifest: dict[str, Any]) -> None:
         problem = incompatibility(manifest, self.identity)
@@ -431,13 +463,14 @@ class Checkpointer:
             started = time.monotonic()
             manifest: dict[str, Any] | None
             reason: str | None
+            trusted: list[tuple[Path, str]] = []
             try:
                 manifest = json.loads((path / COMMIT_FILE).read_text())
             except (OSError, ValueError) as err:
                 manifest, reason = None, f"unreadable {COMMIT_FILE}: {err}"
             if manifest is not None:
                 self._check_compatible(path, manifest)
-                reason = self._verify_share(path, manifest)
+                reason, trusted = self._verify_share(path, manifest)
             failed = torch.tensor([0 if reason is None else 1], device=self.device)
             dist.all_reduce(failed, op=dist.ReduceOp.MAX)
             state: dict[str, Any] | None = None
@@ -463,6 +496,8 @@ class Checkpointer:
                 self.events.emit("checkpoint_fallback", path=str(path), reason=reason)
                 continue
             assert manifest is not None and state is not None  # every rank verified and loaded
+            self._loaded_from = path
+            self._recheck = ckpt_files.TrustedFilesRecheck(trusted) if trusted else None
             self.events.emit(
                 "checkpoint_load",
                 step=manifest["step"],

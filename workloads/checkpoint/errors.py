@@ -27,6 +27,12 @@ class CheckpointWriterDied(RuntimeError):
     """The NVRx checkpoint worker exited with a save in flight: the save is abandoned."""
 
 
+class TrustedFileDamaged(RuntimeError):
+    """A checkpoint file a reload trusted without hashing it (this process committed it, its
+    metadata is unchanged) turned out damaged: the next commit is refused and the iteration
+    restarts, a fault a reload with every file hashed recovers from."""
+
+
 class CheckpointStorageError(ConfigError):
     """checkpoint.dir refuses the save: read-only, not permitted, or full. A restart meets the same
     storage, so this ends the run (exit 93) with the cause named, instead of costing restarts."""
