@@ -21,14 +21,17 @@ allowed set.
 
 On the cluster, Pod Security Admission cannot exempt one capability: `enforce: baseline` would
 reject every training pod. So PSA only warns and audits against `restricted` (users see what a pod
-lacks), its enforce level stays `privileged`, and the baseline controls that matter on a training
-node are enforced by a CEL policy bound to the namespace: no privileged containers, no host
-namespaces, no hostPath outside a reviewed allow-list, no hostPort, no seccomp Unconfined, and no
-added capability outside the baseline set plus IPC_LOCK. ValidatingAdmissionPolicy is GA since
-Kubernetes 1.30.
+lacks), its enforce level stays `privileged`, and every baseline control is enforced by a CEL
+policy bound to the namespace, with two exceptions: IPC_LOCK may be added, and a reviewed
+allow-list of host directories may be mounted, each only by a subdirectory (a job's own). The
+offline validator checks the same controls (pod_security_violations). ValidatingAdmissionPolicy is
+GA since Kubernetes 1.30.
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
 
 from nvrx_eks.facts.names import TRAINING_NAMESPACE
 
@@ -55,7 +58,8 @@ HOST_PATH_ALLOW_LIST: tuple[str, ...] = (LOCAL_CHECKPOINT_HOST_PATH,)
 
 SECCOMP_PROFILE = "RuntimeDefault"
 
-#: Pod Security Standards "baseline" (Kubernetes v1.35): the capabilities a container may add.
+# Pod Security Standards "baseline" (Kubernetes v1.35), control by control: what a pod may set.
+#: The capabilities a container may add.
 PSS_BASELINE_CAPABILITIES = frozenset(
     {
         "AUDIT_WRITE",
@@ -73,8 +77,20 @@ PSS_BASELINE_CAPABILITIES = frozenset(
         "SYS_CHROOT",
     }
 )
-_PSS_SECCOMP_TYPES = {"RuntimeDefault", "Localhost"}
-_PSS_SYSCTLS = {
+#: seccompProfile.type and appArmorProfile.type (pod and container level), where set.
+_PSS_SECCOMP_TYPES = ("RuntimeDefault", "Localhost")
+_PSS_APPARMOR_TYPES = ("RuntimeDefault", "Localhost")
+#: The annotation form of AppArmor, one per container, still honoured beside the field: its value
+#: may be empty, runtime/default or localhost/<profile>.
+APPARMOR_ANNOTATION_PREFIX = "container.apparmor.security.beta.kubernetes.io/"
+_PSS_APPARMOR_ANNOTATION_VALUES = ("", "runtime/default")
+_PSS_APPARMOR_ANNOTATION_LOCALHOST = "localhost/"
+#: seLinuxOptions.type, where set; user and role must stay empty.
+_PSS_SELINUX_TYPES = ("", "container_t", "container_init_t", "container_kvm_t", "container_engine_t")
+#: procMount, where set: the runtime's masked /proc.
+_PSS_PROC_MOUNT = "Default"
+#: The "safe" sysctls: namespaced and isolated from other pods on the node.
+_PSS_SYSCTLS = (
     "kernel.shm_rmid_forced",
     "net.ipv4.ip_local_port_range",
     "net.ipv4.ip_unprivileged_port_start",
@@ -85,83 +101,213 @@ _PSS_SYSCTLS = {
     "net.ipv4.tcp_fin_timeout",
     "net.ipv4.tcp_keepalive_intvl",
     "net.ipv4.tcp_keepalive_probes",
-}
+)
+#: Probes and lifecycle hooks whose httpGet/tcpSocket `host` must stay empty: the kubelet would
+#: connect from the node to any address the pod names.
+_PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
+_LIFECYCLE_HOOKS = ("postStart", "preStop")
+_HOST_HANDLERS = ("httpGet", "tcpSocket")
+
+_CONTAINER_SECTIONS = ("initContainers", "containers", "ephemeralContainers")
+#: A `..` path component (RE2 and Python alike): it leads out of a subPath's volume.
+PARENT_COMPONENT_PATTERN = "(^|/)[.][.](/|$)"
 
 
-def _containers(pod_spec: dict):
-    for section in ("initContainers", "containers", "ephemeralContainers"):
-        for i, container in enumerate(pod_spec.get(section) or []):
+@dataclass(frozen=True)
+class Violation:
+    """One Pod Security problem: the path of the offending field from the pod (or pod template),
+    e.g. ("spec", "containers", 0, "securityContext", "privileged"), and what is wrong."""
+
+    path: tuple[str | int, ...]
+    message: str
+
+    def __str__(self) -> str:
+        dotted = ""
+        for part in self.path:
+            if isinstance(part, int):
+                dotted += f"[{part}]"
+            elif re.fullmatch(r"[A-Za-z0-9_]+", part):
+                dotted += f".{part}" if dotted else part
+            else:
+                dotted += f'["{part}"]'
+        return f"{dotted}: {self.message}"
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+def pod_security_violations(
+    pod_spec: dict,
+    *,
+    annotations: dict | None = None,
+    allowed_capabilities: frozenset[str] = PSS_BASELINE_CAPABILITIES,
+    allowed_host_paths: tuple[str, ...] = (),
+) -> list[Violation]:
+    """Every Pod Security Standards "baseline" control (kubernetes.io/docs/concepts/security/
+    pod-security-standards) over a pod's spec and annotations, with this project's exceptions:
+    `allowed_capabilities` are all a container may add (baseline's set, or the few a pod of this
+    project needs), `allowed_host_paths` the hostPath volumes accepted (baseline allows none;
+    ours: HOST_PATH_ALLOW_LIST), each mounted only by a fixed subdirectory of its own."""
+    problems: list[Violation] = []
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod_spec.get(flag):
+            problems.append(Violation(("spec", flag), "host namespaces are not allowed"))
+    sc = _dict(pod_spec.get("securityContext"))
+    problems += _security_context_problems(("spec", "securityContext"), sc)
+    for i, sysctl in enumerate(_list(sc.get("sysctls"))):
+        name = _dict(sysctl).get("name")
+        if name not in _PSS_SYSCTLS:
+            problems.append(
+                Violation(
+                    ("spec", "securityContext", "sysctls", i, "name"),
+                    f"{name} is not a safe sysctl (baseline's list: infra/pod_security.py)",
+                )
+            )
+    allowed_volumes = set()
+    for i, volume in enumerate(_list(pod_spec.get("volumes"))):
+        volume = _dict(volume)
+        if "hostPath" not in volume:
+            continue
+        host_path = _dict(volume["hostPath"]).get("path")
+        if host_path in allowed_host_paths:
+            allowed_volumes.add(volume.get("name"))
+        elif allowed_host_paths:
+            problems.append(
+                Violation(
+                    ("spec", "volumes", i, "hostPath"),
+                    f"{host_path!r} is not on the reviewed hostPath allow-list ({', '.join(allowed_host_paths)}); "
+                    "use the FSx claim or an emptyDir",
+                )
+            )
+        else:
+            problems.append(Violation(("spec", "volumes", i, "hostPath"), "hostPath volumes are not allowed"))
+    for section in _CONTAINER_SECTIONS:
+        for j, container in enumerate(_list(pod_spec.get(section))):
             if isinstance(container, dict):
-                yield f"spec.{section}[{i}]", container
+                where = ("spec", section, j)
+                problems += _container_problems(where, container, allowed_capabilities, allowed_volumes)
+    for key, value in _dict(annotations).items():
+        if (
+            str(key).startswith(APPARMOR_ANNOTATION_PREFIX)
+            and value not in _PSS_APPARMOR_ANNOTATION_VALUES
+            and not str(value).startswith(_PSS_APPARMOR_ANNOTATION_LOCALHOST)
+        ):
+            problems.append(
+                Violation(
+                    ("metadata", "annotations", key),
+                    f"AppArmor profile {value!r} is not allowed (runtime/default or localhost/<profile>)",
+                )
+            )
+    return problems
+
+
+def _container_problems(
+    where: tuple, container: dict, allowed_capabilities: frozenset[str], allowed_volumes: set
+) -> list[Violation]:
+    problems = []
+    csc = _dict(container.get("securityContext"))
+    if csc.get("privileged"):
+        problems.append(Violation((*where, "securityContext", "privileged"), "privileged containers are not allowed"))
+    for cap in _list(_dict(csc.get("capabilities")).get("add")):
+        if cap not in allowed_capabilities:
+            message = (
+                f"{cap} is beyond baseline"
+                if cap not in PSS_BASELINE_CAPABILITIES
+                else f"{cap} is not needed here: only {', '.join(sorted(allowed_capabilities))} may be added "
+                "(infra/pod_security.py says why)"
+            )
+            problems.append(Violation((*where, "securityContext", "capabilities", "add"), message))
+    for k, port in enumerate(_list(container.get("ports"))):
+        if _dict(port).get("hostPort"):
+            problems.append(Violation((*where, "ports", k, "hostPort"), "host ports are not allowed"))
+    if csc.get("procMount") not in (None, _PSS_PROC_MOUNT):
+        problems.append(
+            Violation(
+                (*where, "securityContext", "procMount"),
+                f"must be {_PSS_PROC_MOUNT} (or unset): the runtime masks /proc",
+            )
+        )
+    problems += _security_context_problems((*where, "securityContext"), csc)
+    for handler_path in [(probe,) for probe in _PROBES] + [("lifecycle", hook) for hook in _LIFECYCLE_HOOKS]:
+        handler: object = container
+        for part in handler_path:
+            handler = _dict(handler).get(part)
+        for kind in _HOST_HANDLERS:
+            if _dict(_dict(handler).get(kind)).get("host"):
+                message = "must not be set: the kubelet would connect to that host from the node"
+                problems.append(Violation((*where, *handler_path, kind, "host"), message))
+    for k, mount in enumerate(_list(container.get("volumeMounts"))):
+        problems += _mount_problems((*where, "volumeMounts", k), _dict(mount), allowed_volumes)
+    return problems
+
+
+def _mount_problems(where: tuple, mount: dict, allowed_volumes: set) -> list[Violation]:
+    """A mount reaches only what its volume names: no `..` out of it, no subPathExpr (expanded
+    from the environment at start, so no check sees where it leads), and an allowed host
+    directory only by a non-empty subPath (the local tier's root holds every job's node-local
+    copies on that node; each job mounts its own directory)."""
+    problems = []
+    sub_path = mount.get("subPath")
+    if "subPathExpr" in mount:
+        problems.append(Violation((*where, "subPathExpr"), "not allowed: mount a fixed subPath"))
+    if isinstance(sub_path, str) and re.search(PARENT_COMPONENT_PATTERN, sub_path):
+        problems.append(Violation((*where, "subPath"), f"{sub_path!r} has a '..' component that leaves the volume"))
+    elif mount.get("name") in allowed_volumes and not sub_path:
+        problems.append(
+            Violation(
+                (*where, "subPath"),
+                "missing: a host directory is mounted only by this job's own subdirectory of it "
+                "(its root holds every other job's files on the node)",
+            )
+        )
+    return problems
+
+
+def _security_context_problems(where: tuple, sc: dict) -> list[Violation]:
+    """The controls a pod-level and a container-level securityContext share."""
+    problems = []
+    if _dict(sc.get("windowsOptions")).get("hostProcess"):
+        problems.append(Violation((*where, "windowsOptions", "hostProcess"), "not allowed: it runs on the host"))
+    seccomp = _dict(sc.get("seccompProfile")).get("type")
+    if seccomp is not None and seccomp not in _PSS_SECCOMP_TYPES:
+        problems.append(Violation((*where, "seccompProfile", "type"), f"{seccomp} is not allowed; use RuntimeDefault"))
+    apparmor = _dict(sc.get("appArmorProfile")).get("type")
+    if apparmor is not None and apparmor not in _PSS_APPARMOR_TYPES:
+        problems.append(
+            Violation((*where, "appArmorProfile", "type"), f"{apparmor} is not allowed; use RuntimeDefault")
+        )
+    selinux = _dict(sc.get("seLinuxOptions"))
+    if selinux.get("type") not in (None, *_PSS_SELINUX_TYPES):
+        problems.append(
+            Violation((*where, "seLinuxOptions", "type"), f"{selinux['type']} is not allowed; leave it unset")
+        )
+    for field in ("user", "role"):
+        if selinux.get(field):
+            problems.append(Violation((*where, "seLinuxOptions", field), "must not be set; leave it to the runtime"))
+    return problems
 
 
 def pss_baseline_violations(
     pod_spec: dict,
     *,
+    annotations: dict | None = None,
     allowed_extra_capabilities: frozenset[str] = frozenset(),
     allowed_host_paths: tuple[str, ...] = (),
 ) -> list[str]:
-    """The Pod Security Standards "baseline" checks (kubernetes.io/docs/concepts/security/
-    pod-security-standards), one message per violation; `allowed_extra_capabilities` are added
-    capabilities accepted on top of the baseline set (our IPC_LOCK), `allowed_host_paths` the
-    hostPath volumes accepted (baseline allows none; ours: HOST_PATH_ALLOW_LIST)."""
-    problems = []
-    for flag in ("hostNetwork", "hostPID", "hostIPC"):
-        if pod_spec.get(flag):
-            problems.append(f"spec.{flag}: host namespaces are not allowed")
-    sc = pod_spec.get("securityContext") or {}
-    if sc.get("windowsOptions", {}).get("hostProcess"):
-        problems.append("spec.securityContext.windowsOptions.hostProcess: not allowed")
-    for i, volume in enumerate(pod_spec.get("volumes") or []):
-        if (
-            isinstance(volume, dict)
-            and "hostPath" in volume
-            and volume["hostPath"].get("path") not in allowed_host_paths
-        ):
-            problems.append(f"spec.volumes[{i}].hostPath: hostPath volumes are not allowed")
-    for sysctl in sc.get("sysctls") or []:
-        if sysctl.get("name") not in _PSS_SYSCTLS:
-            problems.append(f"spec.securityContext.sysctls: {sysctl.get('name')} is not a safe sysctl")
-    problems += _seccomp_problems("spec.securityContext", sc)
-    problems += _selinux_apparmor_problems("spec.securityContext", sc)
-    allowed = PSS_BASELINE_CAPABILITIES | allowed_extra_capabilities
-    for where, container in _containers(pod_spec):
-        csc = container.get("securityContext") or {}
-        if csc.get("privileged"):
-            problems.append(f"{where}.securityContext.privileged: privileged containers are not allowed")
-        if (csc.get("windowsOptions") or {}).get("hostProcess"):
-            problems.append(f"{where}.securityContext.windowsOptions.hostProcess: not allowed")
-        for cap in (csc.get("capabilities") or {}).get("add") or []:
-            if cap not in allowed:
-                problems.append(f"{where}.securityContext.capabilities.add: {cap} is beyond baseline")
-        for j, port in enumerate(container.get("ports") or []):
-            if isinstance(port, dict) and port.get("hostPort"):
-                problems.append(f"{where}.ports[{j}].hostPort: host ports are not allowed")
-        if csc.get("procMount") not in (None, "Default"):
-            problems.append(f"{where}.securityContext.procMount: must be Default")
-        problems += _seccomp_problems(f"{where}.securityContext", csc)
-        problems += _selinux_apparmor_problems(f"{where}.securityContext", csc)
-    return problems
-
-
-def _seccomp_problems(where: str, sc: dict) -> list[str]:
-    kind = (sc.get("seccompProfile") or {}).get("type")
-    if kind is not None and kind not in _PSS_SECCOMP_TYPES:
-        return [f"{where}.seccompProfile.type: {kind} is not allowed"]
-    return []
-
-
-def _selinux_apparmor_problems(where: str, sc: dict) -> list[str]:
-    problems = []
-    selinux = sc.get("seLinuxOptions") or {}
-    if selinux.get("type") not in (None, "", "container_t", "container_init_t", "container_kvm_t"):
-        problems.append(f"{where}.seLinuxOptions.type: {selinux['type']} is not allowed")
-    if selinux.get("user") or selinux.get("role"):
-        problems.append(f"{where}.seLinuxOptions: user and role must not be set")
-    apparmor = (sc.get("appArmorProfile") or {}).get("type")
-    if apparmor not in (None, "RuntimeDefault", "Localhost"):
-        problems.append(f"{where}.appArmorProfile.type: {apparmor} is not allowed")
-    return problems
+    """pod_security_violations against baseline's capabilities plus `allowed_extra_capabilities`
+    (our IPC_LOCK), one `path: message` line per violation."""
+    problems = pod_security_violations(
+        pod_spec,
+        annotations=annotations,
+        allowed_capabilities=PSS_BASELINE_CAPABILITIES | allowed_extra_capabilities,
+        allowed_host_paths=allowed_host_paths,
+    )
+    return [str(problem) for problem in problems]
 
 
 #: What the admission policy lets any container of the namespace add: baseline's set, IPC_LOCK.
@@ -181,11 +327,24 @@ def _cel_list(items: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{item}'" for item in items) + "]"
 
 
+def _unset_or(base: str, fields: tuple[str, ...], condition: str) -> str:
+    """CEL: the field `base.fields...` is absent (or one of its parents is), or `condition` (a
+    format with {} for the field) holds."""
+    absent = [f"!has({'.'.join((base, *fields[: i + 1]))})" for i in range(len(fields))]
+    return "(" + " || ".join([*absent, condition.format(".".join((base, *fields)))]) + ")"
+
+
 def _each_container(check: str) -> str:
     """`check` (over a container `c`) for every container, init container and ephemeral
     container of the pod."""
-    lists = ("object.spec.containers", "object.spec.initContainers", "object.spec.ephemeralContainers")
+    lists = tuple(f"object.spec.{section}" for section in _CONTAINER_SECTIONS)
     return " && ".join(f"(!has({path}) || {path}.all(c, {check}))" for path in lists)
+
+
+def _pod_and_containers(fields: tuple[str, ...], condition: str) -> str:
+    """`condition` over `securityContext.<fields>` wherever set: on the pod and on every container."""
+    pod = _unset_or("object.spec", ("securityContext", *fields), condition)
+    return f"{pod} && " + _each_container(_unset_or("c", ("securityContext", *fields), condition))
 
 
 def _no_host_path() -> str:
@@ -197,12 +356,40 @@ def _no_host_path() -> str:
     )
 
 
-#: (CEL expression that must hold, message when it does not), in the policy's order.
+def _mounts_stay_inside() -> str:
+    """The rule of _mount_problems, over every mount `m` of every container."""
+    allowed_host_volume = (
+        "has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == m.name && has(v.hostPath) && "
+        f"v.hostPath.path in {_cel_list(HOST_PATH_ALLOW_LIST)})"
+    )
+    mount = (
+        "!has(m.subPathExpr) && "
+        f"(!has(m.subPath) || !m.subPath.matches('{PARENT_COMPONENT_PATTERN}')) && "
+        f"((has(m.subPath) && m.subPath != '') || !({allowed_host_volume}))"
+    )
+    return _each_container(f"!has(c.volumeMounts) || c.volumeMounts.all(m, {mount})")
+
+
+def _no_host_in_handlers() -> str:
+    handlers = [(probe,) for probe in _PROBES] + [("lifecycle", hook) for hook in _LIFECYCLE_HOOKS]
+    checks = [_unset_or("c", (*handler, kind, "host"), "{} == ''") for handler in handlers for kind in _HOST_HANDLERS]
+    return _each_container(" && ".join(checks))
+
+
+def _apparmor_annotations() -> str:
+    value = "object.metadata.annotations[k]"
+    return (
+        "!has(object.metadata.annotations) || object.metadata.annotations.all(k, "
+        f"!k.startsWith('{APPARMOR_ANNOTATION_PREFIX}') || {value} in {_cel_list(_PSS_APPARMOR_ANNOTATION_VALUES)} || "
+        f"{value}.startsWith('{_PSS_APPARMOR_ANNOTATION_LOCALHOST}'))"
+    )
+
+
+#: (CEL expression that must hold, message when it does not), in the policy's order: the
+#: controls of pod_security_violations, one validation each.
 VALIDATIONS: tuple[tuple[str, str], ...] = (
     (
-        _each_container(
-            "!has(c.securityContext) || !has(c.securityContext.privileged) || !c.securityContext.privileged"
-        ),
+        _each_container(_unset_or("c", ("securityContext", "privileged"), "!{}")),
         "privileged containers are not allowed in the training namespace",
     ),
     (
@@ -218,25 +405,58 @@ VALIDATIONS: tuple[tuple[str, str], ...] = (
         + ")",
     ),
     (
+        _mounts_stay_inside(),
+        "a volume mount may not use subPathExpr or a subPath with '..', and an allowed host directory is "
+        "mounted only by a non-empty subPath (the job's own subdirectory)",
+    ),
+    (
         _each_container("!has(c.ports) || c.ports.all(p, !has(p.hostPort) || p.hostPort == 0)"),
         "hostPort is not allowed in the training namespace",
     ),
     (
         _each_container(
-            "!has(c.securityContext) || !has(c.securityContext.capabilities) || "
-            "!has(c.securityContext.capabilities.add) || "
-            f"c.securityContext.capabilities.add.all(cap, cap in {_cel_list(_ADMITTED_CAPABILITIES)})"
+            _unset_or(
+                "c",
+                ("securityContext", "capabilities", "add"),
+                f"{{}}.all(cap, cap in {_cel_list(_ADMITTED_CAPABILITIES)})",
+            )
         ),
         "containers may add only the Pod Security baseline capabilities and IPC_LOCK",
     ),
     (
-        "(!has(object.spec.securityContext) || !has(object.spec.securityContext.seccompProfile) || "
-        "object.spec.securityContext.seccompProfile.type != 'Unconfined') && "
-        + _each_container(
-            "!has(c.securityContext) || !has(c.securityContext.seccompProfile) || "
-            "c.securityContext.seccompProfile.type != 'Unconfined'"
-        ),
+        _pod_and_containers(("seccompProfile", "type"), f"{{}} in {_cel_list(_PSS_SECCOMP_TYPES)}"),
         "seccomp profile Unconfined is not allowed in the training namespace",
+    ),
+    (
+        _pod_and_containers(("windowsOptions", "hostProcess"), "!{}"),
+        "windows hostProcess is not allowed in the training namespace",
+    ),
+    (
+        _each_container(_unset_or("c", ("securityContext", "procMount"), f"{{}} == '{_PSS_PROC_MOUNT}'")),
+        f"procMount other than {_PSS_PROC_MOUNT} is not allowed in the training namespace",
+    ),
+    (
+        _unset_or("object.spec", ("securityContext", "sysctls"), f"{{}}.all(s, s.name in {_cel_list(_PSS_SYSCTLS)})"),
+        "only the Pod Security baseline's safe sysctls are allowed in the training namespace",
+    ),
+    (
+        _pod_and_containers(("appArmorProfile", "type"), f"{{}} in {_cel_list(_PSS_APPARMOR_TYPES)}")
+        + " && "
+        + _apparmor_annotations(),
+        "AppArmor profiles other than RuntimeDefault and Localhost are not allowed in the training namespace",
+    ),
+    (
+        _pod_and_containers(("seLinuxOptions", "type"), f"{{}} in {_cel_list(_PSS_SELINUX_TYPES)}")
+        + " && "
+        + _pod_and_containers(("seLinuxOptions", "user"), "{} == ''")
+        + " && "
+        + _pod_and_containers(("seLinuxOptions", "role"), "{} == ''"),
+        "SELinux options other than the Pod Security baseline's container types are not allowed in the "
+        "training namespace",
+    ),
+    (
+        _no_host_in_handlers(),
+        "probes and lifecycle hooks may not name a host in the training namespace",
     ),
 )
 

@@ -13,6 +13,12 @@ import celpy
 import pytest
 import yaml
 
+from infra.pod_security import (
+    APPARMOR_ANNOTATION_PREFIX,
+    HOST_PATH_ALLOW_LIST,
+    LOCAL_CHECKPOINT_HOST_PATH,
+    pss_baseline_violations,
+)
 from nvrx_eks.facts.names import TRAINING_NAMESPACE
 from tests.support import REPO_ROOT
 
@@ -103,7 +109,56 @@ REJECTED = {
         ]
     ),
     "seccomp Unconfined": lambda s: s.update(securityContext={"seccompProfile": {"type": "Unconfined"}}),
+    "container seccomp Unconfined": lambda s: s["containers"][0]["securityContext"].update(
+        seccompProfile={"type": "Unconfined"}
+    ),
+    "procMount Unmasked": lambda s: s["containers"][0]["securityContext"].update(procMount="Unmasked"),
+    "unsafe sysctl": lambda s: s.update(securityContext={"sysctls": [{"name": "kernel.msgmax", "value": "65536"}]}),
+    "AppArmor Unconfined on the pod": lambda s: s.update(securityContext={"appArmorProfile": {"type": "Unconfined"}}),
+    "AppArmor Unconfined on a container": lambda s: s["containers"][0]["securityContext"].update(
+        appArmorProfile={"type": "Unconfined"}
+    ),
+    "SELinux type spc_t": lambda s: s.update(securityContext={"seLinuxOptions": {"type": "spc_t"}}),
+    "SELinux user": lambda s: s["containers"][0]["securityContext"].update(seLinuxOptions={"user": "system_u"}),
+    "SELinux role": lambda s: s["containers"][0]["securityContext"].update(seLinuxOptions={"role": "system_r"}),
+    "windows hostProcess on the pod": lambda s: s.update(securityContext={"windowsOptions": {"hostProcess": True}}),
+    "windows hostProcess on a container": lambda s: s["containers"][0]["securityContext"].update(
+        windowsOptions={"hostProcess": True}
+    ),
+    "probe with a host": lambda s: s["containers"][0].update(
+        livenessProbe={"httpGet": {"host": "169.254.169.254", "path": "/", "port": 80}}
+    ),
+    "lifecycle hook with a host": lambda s: s["containers"][0].update(
+        lifecycle={"preStop": {"tcpSocket": {"host": "10.0.0.1", "port": 22}}}
+    ),
+    "the whole local tier mounted": lambda s: _mount_local_tier(s, {}),
+    "the local tier mounted with an empty subPath": lambda s: _mount_local_tier(s, {"subPath": ""}),
+    "a subPath out of its volume": lambda s: _mount_local_tier(s, {"subPath": "../../etc"}),
+    "a subPathExpr": lambda s: _mount_local_tier(s, {"subPathExpr": "$(POD_NAME)"}),
 }
+
+#: What baseline still allows: a pod with each of these is admitted.
+ADMITTED = {
+    "a safe sysctl": lambda s: s.update(
+        securityContext={"sysctls": [{"name": "net.ipv4.tcp_keepalive_time", "value": "60"}]}
+    ),
+    "SELinux container_engine_t": lambda s: s.update(
+        securityContext={"seLinuxOptions": {"type": "container_engine_t"}}
+    ),
+    "AppArmor RuntimeDefault": lambda s: s["containers"][0]["securityContext"].update(
+        appArmorProfile={"type": "RuntimeDefault"}
+    ),
+    "procMount Default": lambda s: s["containers"][0]["securityContext"].update(procMount="Default"),
+    "the job's own local-tier directory": lambda s: _mount_local_tier(s, {"subPath": "train"}),
+    "a probe without a host": lambda s: s["containers"][0].update(livenessProbe={"tcpSocket": {"port": 29500}}),
+}
+
+
+def _mount_local_tier(spec: dict, how: dict) -> None:
+    """Mount the node-local checkpoint tier's host directory, as the job templates do, `how`
+    (subPath or subPathExpr) set as given."""
+    spec["volumes"].append({"name": "local", "hostPath": {"path": LOCAL_CHECKPOINT_HOST_PATH}})
+    spec["containers"][0]["volumeMounts"] = [{"name": "local", "mountPath": "/local-checkpoints", **how}]
 
 
 def test_namespace_warns_and_audits_restricted(manifests):
@@ -136,6 +191,32 @@ def test_a_trainer_like_pod_with_ipc_lock_is_admitted(policy):
 @pytest.mark.parametrize("violation", sorted(REJECTED))
 def test_each_baseline_violation_is_rejected(policy, violation):
     assert len(violations(policy, _with(trainer_pod(), REJECTED[violation]))) == 1
+
+
+@pytest.mark.parametrize("allowed", sorted(ADMITTED))
+def test_what_baseline_allows_is_admitted(policy, allowed):
+    assert violations(policy, _with(trainer_pod(), ADMITTED[allowed])) == []
+
+
+@pytest.mark.parametrize("annotation", ["unconfined", "docker-default"])
+def test_apparmor_annotation_other_than_default_or_localhost_is_rejected(policy, annotation):
+    pod = trainer_pod()
+    pod["metadata"]["annotations"] = {f"{APPARMOR_ANNOTATION_PREFIX}trainer": annotation}
+    assert len(violations(policy, pod)) == 1
+    for admitted in ("runtime/default", "localhost/nvrx-eks", ""):
+        pod["metadata"]["annotations"] = {f"{APPARMOR_ANNOTATION_PREFIX}trainer": admitted}
+        assert violations(policy, pod) == []
+
+
+@pytest.mark.parametrize("case", sorted(REJECTED) + sorted(ADMITTED))
+def test_the_offline_check_agrees_with_the_policy(policy, case):
+    """The validator's check (pod_security_violations) and the admission policy reject the same
+    pods: one statement of baseline, two enforcers."""
+    pod = _with(trainer_pod(), {**REJECTED, **ADMITTED}[case])
+    offline = pss_baseline_violations(
+        pod["spec"], allowed_extra_capabilities=frozenset({"IPC_LOCK"}), allowed_host_paths=HOST_PATH_ALLOW_LIST
+    )
+    assert bool(offline) == bool(violations(policy, pod)), offline
 
 
 def test_the_reviews_privileged_hostpath_pod_is_rejected(policy):

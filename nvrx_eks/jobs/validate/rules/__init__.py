@@ -2,10 +2,10 @@
 processes, GPU/EFA requests = the instance facts, one rendezvous host, the exit-93 rule, timeouts
 consistent with the trainer config, image set, PVC = the stack's claim, /dev/shm, IPC_LOCK, GPU
 node selection, a deadline that frees the nodes, a NetworkPolicy admitting only the job's own
-pods) and pod security (no pod template anywhere in the documents may be privileged, share a
-host namespace, mount a hostPath outside the reviewed allow-list, bind a host port or add a
-capability beyond what infra/pod_security.py allows; the job's own pods must also be as
-restricted as rendered).
+pods) and pod security (every pod template anywhere in the documents passes Pod Security
+baseline with the exceptions infra/pod_security.py allows: the capabilities the pod needs, the
+reviewed hostPath allow-list, each allowed host directory mounted by a subdirectory; the job's
+own pods must also be as restricted as rendered).
 
 One rule set per concern (pods, security, policy, entrypoint, training); ProjectRules joins them.
 """
@@ -43,7 +43,7 @@ class ProjectRules(TrainingRules):
                 pod_security.FABRIC_TEST_CAPABILITIES if fabric_test else pod_security.TRAINER_CAPABILITIES
             )
             for path, pod_spec in pod_specs(doc):
-                self._check_node_access(path, pod_spec, allowed)
+                self._check_pod_security(doc, path, pod_spec, allowed)
         for job in jobs:
             self.doc_id = document_id(job)
             if get(job, ["metadata", "labels", job_names.APP_NAME_LABEL]) == job_names.FABRIC_TEST_APP:

@@ -1,5 +1,6 @@
-"""Pod security rules: what no pod may do to its node, how restricted the job's own pods are, and
-the NetworkPolicy that admits only the job's pods."""
+"""Pod security rules: Pod Security baseline for every pod (infra/pod_security.py, the same
+controls the cluster's admission policy enforces), how restricted the job's own pods are, and the
+NetworkPolicy that admits only the job's pods."""
 
 from __future__ import annotations
 
@@ -16,43 +17,19 @@ NVRX_NUMA_ENV = "NVRX_GPUS_PER_NUMA"
 class SecurityRules(RuleBase):
     """What a pod may do to its node, how restricted the job's pods are, who may reach them."""
 
-    def _check_node_access(self, path: list, spec: dict, allowed_capabilities: frozenset[str]) -> None:
-        """What no pod of this project may do to its node, whatever document it comes in."""
-        for flag in ("hostNetwork", "hostPID", "hostIPC"):
-            if spec.get(flag):
-                self.error(path + [flag], "must not be set: the pod would share the node's namespace")
-        for i, volume in enumerate(spec.get("volumes") or []):
-            host_path = get(volume, ["hostPath", "path"])
-            if host_path is not MISSING and host_path not in pod_security.HOST_PATH_ALLOW_LIST:
-                allowed = ", ".join(pod_security.HOST_PATH_ALLOW_LIST) or "none today"
-                self.error(
-                    path + ["volumes", i, "hostPath"],
-                    f"{host_path!r} is not on the reviewed hostPath allow-list ({allowed}); "
-                    "use the FSx claim or an emptyDir",
-                )
-        for section in ("initContainers", "containers", "ephemeralContainers"):
-            containers = spec.get(section)
-            for j, container in enumerate(containers if isinstance(containers, list) else []):
-                if not isinstance(container, dict):
-                    continue
-                cpath = path + [section, j]
-                if get(container, ["securityContext", "privileged"]) is True:
-                    self.error(
-                        cpath + ["securityContext", "privileged"],
-                        "must not be true: a privileged container owns the node",
-                    )
-                added = get(container, ["securityContext", "capabilities", "add"])
-                for cap in added if isinstance(added, list) else []:
-                    if str(cap).upper().removeprefix("CAP_") not in allowed_capabilities:
-                        self.error(
-                            cpath + ["securityContext", "capabilities", "add"],
-                            f"adds {cap}; only {', '.join(sorted(allowed_capabilities))} may be added "
-                            "(infra/pod_security.py says why)",
-                        )
-                ports = container.get("ports")
-                for k, port in enumerate(ports if isinstance(ports, list) else []):
-                    if isinstance(port, dict) and port.get("hostPort"):
-                        self.error(cpath + ["ports", k, "hostPort"], "must not be set: it binds a port on the node")
+    def _check_pod_security(self, doc: dict, spec_path: list, spec: dict, allowed_capabilities: frozenset[str]) -> None:
+        """Pod Security baseline, with this project's exceptions (infra/pod_security.py), for a pod
+        in whatever document it comes: every control the cluster's admission policy enforces."""
+        # A PodSpec is the `spec` of a Pod or a PodTemplateSpec, whose metadata holds the annotations.
+        pod_path = spec_path[:-1]
+        annotations = get(doc, pod_path + ["metadata", "annotations"])
+        for problem in pod_security.pod_security_violations(
+            spec,
+            annotations=annotations if isinstance(annotations, dict) else None,
+            allowed_capabilities=allowed_capabilities,
+            allowed_host_paths=pod_security.HOST_PATH_ALLOW_LIST,
+        ):
+            self.error(pod_path + list(problem.path), problem.message)
 
     def _check_restricted(self, site: PodSite) -> None:
         """The job's pods are as restricted as EFA allows (everything of Pod Security
@@ -68,7 +45,14 @@ class SecurityRules(RuleBase):
             return
         cpath = spec_path + ["containers", site.container_index]
         container_seccomp = get(site.container, ["securityContext", "seccompProfile", "type"])
-        if pod_security.SECCOMP_PROFILE not in (pod_seccomp, container_seccomp):
+        # The container's own profile, where it sets one, overrides the pod's.
+        if container_seccomp is not MISSING and container_seccomp != pod_security.SECCOMP_PROFILE:
+            self.error(
+                cpath + ["securityContext", "seccompProfile", "type"],
+                f"must be {pod_security.SECCOMP_PROFILE} (or unset, taking the pod's): the container's own "
+                "profile overrides the pod's",
+            )
+        elif container_seccomp is MISSING and pod_seccomp != pod_security.SECCOMP_PROFILE:
             self.error(
                 spec_path + ["securityContext", "seccompProfile", "type"],
                 f"must be {pod_security.SECCOMP_PROFILE}: without it the container runs unconfined",
