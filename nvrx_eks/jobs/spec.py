@@ -19,6 +19,7 @@ stack output TrainerImageUri.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import PurePosixPath
 from typing import Annotated
@@ -204,11 +205,11 @@ def resolve_train_paths(train: TrainConfig, job_name: str) -> TrainConfig:
     """
     run_dir = train.run_dir if "run_dir" in train.model_fields_set else f"runs/{job_name}"
     data = train.model_dump(mode="json")
-    data["run_dir"] = _on_fsx(run_dir)
+    data["run_dir"] = _on_fsx(run_dir, "run_dir")
     if train.checkpoint.dir:
-        data["checkpoint"]["dir"] = _on_fsx(train.checkpoint.dir)
+        data["checkpoint"]["dir"] = _on_fsx(train.checkpoint.dir, "checkpoint.dir")
     if train.data.path:
-        data["data"]["path"] = _on_fsx(train.data.path)
+        data["data"]["path"] = _on_fsx(train.data.path, "data.path")
     if train.checkpoint.local.enabled:
         # The node's instance store, not FSx: that is the point of the tier.
         data["checkpoint"]["local"]["dir"] = LOCAL_CHECKPOINT_MOUNT_PATH
@@ -249,9 +250,35 @@ def peak_tflops_from_facts(train: TrainConfig, instance_type: str) -> TrainConfi
     return train.model_copy(update={"peak_tflops_per_gpu": INSTANCE_FACTS[instance_type].peak_bf16_tflops})
 
 
-def _on_fsx(path: str) -> str:
-    p = PurePosixPath(path)
+def _on_fsx(path: str, field: str) -> str:
+    """`path` (the TrainConfig's `field`) as the pods see it: relative to FSX_MOUNT_PATH unless
+    absolute, normalised. A `..` component is refused: joined to /fsx it can lead anywhere
+    (`../../etc` is /etc, in the container's writable layer, gone with the pod)."""
+    problem = parent_component_problem(path)
+    if problem:
+        raise ConfigError(f"--train-config/--set {field}: {problem}")
+    p = PurePosixPath(posixpath.normpath(path))
     return str(p if p.is_absolute() else PurePosixPath(FSX_MOUNT_PATH) / p)
+
+
+def parent_component_problem(path: str) -> str | None:
+    """Why `path` may not be joined to the FSx mount as it stands (a `..` component), or None."""
+    if ".." in PurePosixPath(path).parts:
+        return (
+            f"{path!r} has a '..' component, which can lead off the FSx volume; give a path under "
+            f"{FSX_MOUNT_PATH} (absolute, or relative to it) without '..'"
+        )
+    return None
+
+
+def fsx_path_problem(path: str) -> str | None:
+    """Why a directory the trainer writes or reads (run_dir, checkpoint.dir, data.path) is not on
+    the FSx claim, or None. Checked on the normalised path, and no `..` at all: a string prefix
+    says nothing about where `/fsx/../../etc` leads."""
+    problem = parent_component_problem(path)
+    if problem is None and not posixpath.normpath(path).startswith(FSX_MOUNT_PATH + "/"):
+        problem = f"{path!r} is not on the FSx volume ({FSX_MOUNT_PATH}); it would vanish with the pod"
+    return problem
 
 
 def load_train_config(

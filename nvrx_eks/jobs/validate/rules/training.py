@@ -9,7 +9,7 @@ from infra import pod_security
 from nvrx_eks.facts import job_names
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import InstanceFacts
-from nvrx_eks.jobs.spec import FSX_MOUNT_PATH, TRAIN_CONFIG_KEY
+from nvrx_eks.jobs.spec import FSX_MOUNT_PATH, TRAIN_CONFIG_KEY, fsx_path_problem, parent_component_problem
 from nvrx_eks.jobs.validate.findings import Finding, document_id, format_path
 from nvrx_eks.jobs.validate.rules.base import MISSING, PodSite, get
 from nvrx_eks.jobs.validate.rules.entrypoint import EntrypointRules
@@ -78,15 +78,19 @@ class TrainingRules(PodRules, SecurityRules, PolicyRules, EntrypointRules):
                         f"{fault.label} targets rank {fault.rank}, but the job has {world_size} ranks",
                     )
                 )
-            for label, value in (("run_dir", train.run_dir), ("checkpoint.dir", train.checkpoint_dir)):
-                if not str(value).startswith(FSX_MOUNT_PATH + "/"):
+            # Where the run writes must be on FSx; the data it reads (which may be baked into the
+            # image) must at least not climb out of where it is placed.
+            paths = [
+                ("run_dir", train.run_dir, fsx_path_problem),
+                ("checkpoint.dir", train.checkpoint_dir, fsx_path_problem),
+            ]
+            if train.data.path:
+                paths.append(("data.path", train.data.path, parent_component_problem))
+            for label, value, check in paths:
+                problem = check(str(value))
+                if problem:
                     self.findings.append(
-                        Finding(
-                            "project",
-                            train_path[0],
-                            format_path(train_path[1] + label.split(".")),
-                            f"{value!r} is not on the FSx volume ({FSX_MOUNT_PATH}); it would vanish with the pod",
-                        )
+                        Finding("project", train_path[0], format_path(train_path[1] + label.split(".")), problem)
                     )
 
     def _check_local_tier_mount(self, site: PodSite, train: TrainConfig, train_path: tuple[str, list]) -> None:
