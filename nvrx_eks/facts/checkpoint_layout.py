@@ -14,7 +14,11 @@ The pointer is the record of what is committed; a directory's commit.json is the
 the pointer is missing or unreadable while commit records exist (an operator deleted it, a bad
 copy truncated it), the committed list is rebuilt from the commit records that verify, and the
 caller is told so: the alternative, "no pointer = nothing committed", restarts at step 0 and the
-next commit's retention would delete every committed checkpoint.
+next commit's retention would delete every committed checkpoint. A readable pointer that is stale
+(a verified commit newer than everything it names exists: the pointer was put back from an older
+copy, or rank 0 died between a commit record and the pointer) gives way to the newer commits, and
+the caller is told so: trusting it would roll the run back silently, and retention, which deletes
+only what a pointer proves superseded, would never remove the newer directory.
 """
 
 from __future__ import annotations
@@ -131,10 +135,11 @@ def scan_commits(ckpt_dir: str | Path) -> list[str]:
 class CommitState:
     """What is committed, and how that was learnt.
 
-    source: "pointer" (latest.json read), "none" (no pointer, no commit record: a fresh start),
-    "rebuilt" (no usable pointer; `committed` comes from the verified commit records and
-    `warning` says why), "lost" (the pointer is unreadable and no commit record verifies:
-    nothing can be resumed, and starting over silently would hide that).
+    source: "pointer" (latest.json read), "stale" (latest.json read, but newer verified commits
+    exist: `committed` and `pointer` put them first, `warning` names them), "none" (no pointer, no
+    commit record: a fresh start), "rebuilt" (no usable pointer; `committed` comes from the
+    verified commit records and `warning` says why), "lost" (the pointer is unreadable and no
+    commit record verifies: nothing can be resumed, and starting over silently would hide that).
     """
 
     committed: list[str]
@@ -144,7 +149,33 @@ class CommitState:
 
     @property
     def pointer_was_read(self) -> bool:
-        return self.source == "pointer"
+        return self.source in ("pointer", "stale")
+
+
+def commits_newer_than(ckpt_dir: str | Path, pointer: dict[str, Any]) -> list[str]:
+    """Verified commits the pointer does not name, at a later step than it names and committed
+    after every commit it names that verifies; newest first. A commit the pointer does not name
+    and that is older than its newest commit belongs to a timeline a fallback abandoned (its
+    directory is removed by the next commit's retention) and stays out."""
+    root = Path(ckpt_dir)
+    named = {*pointer["committed"], pointer["latest"]}
+    later = [p for p in checkpoint_dirs(root) if p.name not in named and step_of(p.name) > pointer["step"]]
+    if not later:
+        return []
+    named_times = [
+        manifest.get("committed_at") for name in named if (manifest := verified_commit(root / name)) is not None
+    ]
+    since = max((t for t in named_times if isinstance(t, (int, float))), default=None)
+    if since is None:  # nothing the pointer names verifies: the load reports that instead
+        return []
+    newer = [
+        p
+        for p in later
+        if (manifest := verified_commit(p)) is not None
+        and isinstance(manifest.get("committed_at"), (int, float))
+        and manifest["committed_at"] > since
+    ]
+    return [p.name for p in sorted(newer, key=lambda p: (step_of(p.name), p.name), reverse=True)]
 
 
 def commit_state(ckpt_dir: str | Path, keep: int | None = None) -> CommitState:
@@ -154,7 +185,20 @@ def commit_state(ckpt_dir: str | Path, keep: int | None = None) -> CommitState:
     except PointerUnreadable as err:
         pointer, problem = None, f"{err}"
     if pointer is not None:
-        return CommitState(list(pointer["committed"]), "pointer", pointer)
+        newer = commits_newer_than(ckpt_dir, pointer)
+        if not newer:
+            return CommitState(list(pointer["committed"]), "pointer", pointer)
+        committed = newer + [n for n in pointer["committed"] if n not in newer]
+        return CommitState(
+            committed,
+            "stale",
+            {"latest": committed[0], "step": step_of(committed[0]), "committed": committed},
+            warning=(
+                f"{Path(ckpt_dir) / POINTER_FILE} names step {pointer['step']} but {newer[0]} has a "
+                f"newer verified commit; resuming from it, the newest (was the pointer put back from "
+                "an older copy?)"
+            ),
+        )
     found = scan_commits(ckpt_dir)
     if found:
         committed = found[:keep] if keep else found

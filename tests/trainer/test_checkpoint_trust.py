@@ -1,12 +1,13 @@
 """What a checkpoint load trusts, in one process (world size 1, gloo): a shard this process
-committed is loaded without re-hashing only while its metadata shows no change, and damage that the
-metadata cannot show refuses the next commit."""
+committed is loaded without re-hashing only while its metadata shows no change, damage that the
+metadata cannot show refuses the next commit, and a stale pointer does not hide a newer commit."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import workloads.checkpoint.files as ckpt_files
-from nvrx_eks.facts.checkpoint_layout import POINTER_FILE, checkpoint_dirs, step_of
+from nvrx_eks.facts.checkpoint_layout import POINTER_FILE, checkpoint_dirs, commit_state, pointer_text, step_of
 from workloads.checkpoint.checkpointer import Checkpointer
 from workloads.checkpoint.errors import TrustedFileDamaged
 from workloads.config import TrainConfig
@@ -119,3 +120,46 @@ def test_a_load_trusts_only_files_this_process_committed_and_nobody_touched(sing
         15,
         10,
     ]
+
+
+def test_a_stale_pointer_gives_way_to_the_newer_verified_commit_and_nothing_leaks(single_rank, tmp_path, caplog):
+    ckpt = _checkpointer(tmp_path)
+    _committed(tmp_path, ckpt, 10, 20, 30)
+    ckpt_dir = tmp_path / "checkpoints"
+    names = {step_of(p.name): p.name for p in checkpoint_dirs(ckpt_dir)}
+    assert sorted(names) == [20, 30]
+    # A readable pointer that names step 20 only, e.g. put back from an older copy.
+    (ckpt_dir / POINTER_FILE).write_text(pointer_text([names[20]]))
+
+    restarted = _checkpointer(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        loaded = restarted.load_latest(lambda: _state(0.0))
+    assert loaded is not None and loaded.step == 30
+    stale = load_run(tmp_path).of("checkpoint_pointer_stale")
+    assert stale and names[30] in stale[0]["reason"] and stale[0]["committed"][:2] == [names[30], names[20]]
+    assert f"names step 20 but {names[30]}" in caplog.text
+
+    # The next commit keeps the newest two and deletes the rest: no directory is left behind.
+    restarted.save(40, _state(40.0))
+    restarted.close()
+    assert sorted(step_of(p.name) for p in checkpoint_dirs(ckpt_dir)) == [30, 40]
+
+
+def test_an_unnamed_commit_older_than_the_pointers_newest_stays_abandoned(single_rank, tmp_path):
+    ckpt = _checkpointer(tmp_path)
+    _committed(tmp_path, ckpt, 10, 30)
+    ckpt_dir = tmp_path / "checkpoints"
+    names = {step_of(p.name): p.name for p in checkpoint_dirs(ckpt_dir)}
+    kept_aside = tmp_path / "step-30-copy"
+    shutil.copytree(ckpt_dir / names[30], kept_aside)
+    # A fallback from 30 to 10 then committed 20, a later commit at an earlier step, and its
+    # retention removed 30. Were 30 left behind (put back here), its commit is older than the
+    # pointer's newest one: that timeline was abandoned, the pointer is not stale.
+    ckpt.save(20, _state(20.0))
+    ckpt.close()
+    assert not (ckpt_dir / names[30]).exists()
+    shutil.copytree(kept_aside, ckpt_dir / names[30])
+    names.update({step_of(p.name): p.name for p in checkpoint_dirs(ckpt_dir)})
+    assert json.loads((ckpt_dir / POINTER_FILE).read_text())["committed"] == [names[20], names[10]]
+    state = commit_state(ckpt_dir)
+    assert (state.source, state.committed) == ("pointer", [names[20], names[10]])

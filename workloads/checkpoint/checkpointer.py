@@ -389,7 +389,8 @@ class Checkpointer:
 
     def _commit_state(self) -> CommitState:
         """Rank 0: what is committed, warning (log line and event) when the pointer had to be
-        rebuilt from the commit records, and failing when nothing committed can be trusted."""
+        rebuilt from the commit records or gave way to newer commits, and failing when nothing
+        committed can be trusted."""
         state = commit_state(self.dir)
         if state.source == "lost":
             # commit_state always says why a pointer is lost; the fallback only satisfies the type.
@@ -397,6 +398,9 @@ class Checkpointer:
         if state.source == "rebuilt":
             log.warning("checkpoint pointer: %s", state.warning)
             self.events.emit("checkpoint_pointer_rebuilt", reason=state.warning, committed=state.committed)
+        if state.source == "stale":
+            log.warning("checkpoint pointer: %s", state.warning)
+            self.events.emit("checkpoint_pointer_stale", reason=state.warning, committed=state.committed)
         return state
 
     # -- loading ---------------------------------------------------------------------------------
