@@ -61,6 +61,7 @@ first_loss, last_loss.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import statistics
@@ -176,10 +177,66 @@ class RunEvents:
         return out
 
 
+#: What the readers rely on, by field: the type every event has (EventLog writes them all) ...
+_COMMON_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "t": (int, float),
+    "event": str,
+    "rank": int,
+    "pid": int,
+    "cycle": int,
+    "iteration": int,
+}
+#: ... the type of a common field older runs may lack ...
+_OPTIONAL_FIELDS: dict[str, type | tuple[type, ...]] = {"attempt": int, "host": str}
+#: ... and, per event, the fields the readers (summarize, the reports, bench) index.
+_EVENT_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "step_end": {"step": int, "step_s": (int, float), "loss": (int, float)},
+    "setup_end": {"resumed_from_step": int, "setup_s": (int, float)},
+    "restart_end": {"layer": str, "resumed_from_step": int},
+    "checkpoint_stall": {"step": int, "stall_s": (int, float)},
+    "checkpoint_write_end": {"step": int, "write_s": (int, float)},
+    "checkpoint_load": {"step": int},
+    "checkpoint_fallback": {"path": str, "reason": str},
+    "checkpoint_pointer_rebuilt": {"reason": str},
+    "fault_injected": {"kind": str, "step": int, "target_rank": int},
+    "local_save": {"step": int},
+    "local_save_failed": {"reason": str},
+    "local_copy_skipped": {"step": int, "origin_rank": int, "reason": str},
+    "local_restore": {"step": int, "source": str},
+    "unrecoverable": {"reason": str},
+}
+#: Fields some events carry only sometimes: typed where present (a throughput field may be null).
+_SOMETIMES_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "step_end": {"tokens_per_s": (int, float), "tokens_per_s_per_gpu": (int, float), "mfu": (int, float, type(None))},
+    "fault_injected": {"node": int},
+}
+
+
+def _of_type(value: Any, kind: type | tuple[type, ...]) -> bool:
+    # JSON true/false load as bool, which Python counts as an int: never a step or a time.
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def is_well_formed(record: Any) -> bool:
+    """Whether a decoded line is an event the readers can use: every field they read present
+    with its type, and a finite time. A hand-edited or foreign line (`"t": "abc"`, `"event": 5`,
+    a mapping for `step`, NaN for `t`, a field missing) is not."""
+    if not isinstance(record, dict):
+        return False
+    required = {**_COMMON_FIELDS, **_EVENT_FIELDS.get(record.get("event"), {})}  # type: ignore[arg-type]
+    if any(not _of_type(record.get(name), kind) for name, kind in required.items()):
+        return False
+    if not math.isfinite(record["t"]):
+        return False
+    sometimes = {**_OPTIONAL_FIELDS, **_SOMETIMES_FIELDS.get(record["event"], {})}
+    return all(name not in record or _of_type(record[name], kind) for name, kind in sometimes.items())
+
+
 def load_run(run_dir: str | Path) -> RunEvents:
     """All ranks' events of a run, sorted by wall clock. Skips (and counts) lines that hold no
-    event: a line cut short by a kill, or bytes damaged on disk (decoded as U+FFFD, so one bad
-    byte costs its line at most, never the report)."""
+    usable event: a line cut short by a kill, bytes damaged on disk (decoded as U+FFFD, so one
+    bad byte costs its line at most, never the report), or a record without the fields the
+    readers rely on (is_well_formed)."""
     events: list[dict[str, Any]] = []
     unreadable = 0
     directory = events_dir(run_dir)
@@ -187,9 +244,9 @@ def load_run(run_dir: str | Path) -> RunEvents:
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 event = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 event = None
-            if isinstance(event, dict) and isinstance(event.get("t"), int | float) and "event" in event:
+            if is_well_formed(event):
                 events.append(event)
             elif line.strip():
                 unreadable += 1

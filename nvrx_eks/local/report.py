@@ -168,10 +168,36 @@ def print_throughput(t: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
-def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]:
-    """One lane per rank: steps (kept / replayed), checkpoint stalls and background writes,
-    faults, and restart windows shaded by the layer that recovered them. Returns the labels of
-    the faults marked on the plot."""
+#: The most bars one colour of one lane is drawn with. A long run has 10^4-10^5 steps per rank,
+#: far more than the image has pixels across (13 in x 120 dpi): neighbouring bars closer than
+#: the lane's span / this many are drawn as one, so drawing stays linear in steps and the image
+#: the same to the eye.
+MAX_BARS_PER_LANE_COLOUR = 3000
+
+
+def merged_bars(bars: list[tuple[float, float]], limit: int = MAX_BARS_PER_LANE_COLOUR) -> list[tuple[float, float]]:
+    """(start, width) bars, those closer than span / limit to the previous one merged into it.
+    At most 2 x limit + 1 bars remain: every gap left open is wider than span / limit, so there
+    are fewer than `limit` of them."""
+    if len(bars) <= limit:
+        return bars
+    ordered = sorted(bars)
+    span = max(b + w for b, w in ordered) - ordered[0][0]
+    join_below = span / limit
+    out = [ordered[0]]
+    for begin, width in ordered[1:]:
+        last_begin, last_width = out[-1]
+        if begin - (last_begin + last_width) <= join_below:
+            out[-1] = (last_begin, max(last_begin + last_width, begin + width) - last_begin)
+        else:
+            out.append((begin, width))
+    return out
+
+
+def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]:
+    """The timeline figure and the labels of the faults marked on it (plot_timeline saves it).
+    Each lane draws one bar collection per colour, with every segment of that colour in it, so
+    the number of artists does not grow with the steps."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,6 +206,9 @@ def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]
 
     start = run.events[0]["t"]
     ranks = run.ranks
+    by_rank: dict[int, list[dict[str, Any]]] = {rank: [] for rank in ranks}
+    for e in run.events:
+        by_rank[e["rank"]].append(e)
     fig, ax = plt.subplots(figsize=(13, 2.2 + 0.8 * len(ranks)))
     colors = {
         "kept": "#4c9a2a",
@@ -191,37 +220,50 @@ def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]
         "kubernetes": "#17becf",
         "setup": "#c6dbef",
     }
-    for lane, rank in enumerate(ranks):
-        y = lane
-        ends = run.of("step_end", rank=rank)
+
+    def bars(segments: list[tuple[float, float]], lane: tuple[float, float], color: str, **kwargs: Any) -> None:
+        if segments:
+            ax.broken_barh(merged_bars(segments), lane, facecolors=color, **kwargs)
+
+    restart_windows: set[tuple[str, float, float]] = set()
+    for y, rank in enumerate(ranks):
+        mine = by_rank[rank]
+        ends = [e for e in mine if e["event"] == "step_end"]
         last_index = {e["step"]: i for i, e in enumerate(ends)}
+        kept: list[tuple[float, float]] = []
+        replayed: list[tuple[float, float]] = []
         for i, e in enumerate(ends):
-            kept = last_index[e["step"]] == i
-            ax.broken_barh(
-                [(e["t"] - e["step_s"] - start, e["step_s"])],
-                (y - 0.3, 0.6),
-                facecolors=colors["kept" if kept else "replayed"],
-                linewidth=0,
-            )
-        for e in run.of("setup_end", rank=rank):
-            ax.broken_barh([(e["t"] - e["setup_s"] - start, e["setup_s"])], (y - 0.3, 0.6), facecolors=colors["setup"])
+            (kept if last_index[e["step"]] == i else replayed).append((e["t"] - e["step_s"] - start, e["step_s"]))
+        lane = (y - 0.3, 0.6)
+        bars(kept, lane, colors["kept"], linewidth=0)
+        bars(replayed, lane, colors["replayed"], linewidth=0)
+        setups = [(e["t"] - e["setup_s"] - start, e["setup_s"]) for e in mine if e["event"] == "setup_end"]
+        bars(setups, lane, colors["setup"])
         # An in-process restart can save the same step again in the same process: key by iteration too.
-        stalls = {(e["pid"], e["iteration"], e["step"]): e for e in run.of("checkpoint_stall", rank=rank)}
-        for e in stalls.values():
-            ax.broken_barh([(e["t"] - e["stall_s"] - start, e["stall_s"])], (y - 0.3, 0.6), facecolors=colors["stall"])
-        for e in run.of("checkpoint_write_end", rank=rank):
-            stall = stalls.get((e["pid"], e["iteration"], e["step"]))
-            begin = stall["t"] if stall else e["t"] - e["write_s"]
-            ax.broken_barh([(begin - start, e["t"] - begin)], (y + 0.32, 0.12), facecolors=colors["write"])
-        for r in run.restarts(rank):
-            ax.axvspan(r.begin_t - start, r.end_t - start, ymin=0, ymax=1, color=colors[r.layer], alpha=0.12)
+        stalls = {(e["pid"], e["iteration"], e["step"]): e for e in mine if e["event"] == "checkpoint_stall"}
+        bars([(e["t"] - e["stall_s"] - start, e["stall_s"]) for e in stalls.values()], lane, colors["stall"])
+        writes = []
+        for e in mine:
+            if e["event"] == "checkpoint_write_end":
+                stall = stalls.get((e["pid"], e["iteration"], e["step"]))
+                begin = stall["t"] if stall else e["t"] - e["write_s"]
+                writes.append((begin - start, e["t"] - begin))
+        bars(writes, (y + 0.32, 0.12), colors["write"])
+        # Every rank sees the same restart: shade each window once.
+        restart_windows.update((r.layer, r.begin_t, r.end_t) for r in run.restarts(rank))
+    for layer, begin_t, end_t in sorted(restart_windows):
+        ax.axvspan(begin_t - start, end_t - start, ymin=0, ymax=1, color=colors[layer], alpha=0.12)
     marked = []
     for f in run.of("fault_injected"):
         marked.append(fault_label(f))
-        lane = ranks.index(f["target_rank"]) if f["target_rank"] in ranks else 0
-        ax.plot(f["t"] - start, lane, marker="X", markersize=13, color="black", zorder=5)
+        lane_of_fault = ranks.index(f["target_rank"]) if f["target_rank"] in ranks else 0
+        ax.plot(f["t"] - start, lane_of_fault, marker="X", markersize=13, color="black", zorder=5)
         ax.annotate(
-            f"{f['kind']}@{f['step']}", (f["t"] - start, lane + 0.45), ha="center", fontsize=8, fontweight="bold"
+            f"{f['kind']}@{f['step']}",
+            (f["t"] - start, lane_of_fault + 0.45),
+            ha="center",
+            fontsize=8,
+            fontweight="bold",
         )
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     ax.set_ylim(-0.7, len(ranks) - 0.2 + 0.5)
@@ -248,6 +290,16 @@ def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]
         frameon=False,
     )
     fig.tight_layout(rect=(0, 0.17, 1, 1))
+    return fig, marked
+
+
+def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]:
+    """One lane per rank: steps (kept / replayed), checkpoint stalls and background writes,
+    faults, and restart windows shaded by the layer that recovered them, saved to `path`.
+    Returns the labels of the faults marked on the plot."""
+    import matplotlib.pyplot as plt
+
+    fig, marked = draw_timeline(run, breakdown)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -267,6 +319,12 @@ def run(run_dir: Path, png: Path | None, json_path: Path | None, console: Consol
         )
     breakdown = analyze(events)
     print_breakdown(breakdown, run_dir, console)
+    if events.unreadable_lines:
+        console.print(
+            f"skipped {events.unreadable_lines} line(s) of {escape(str(events_dir(run_dir)))} that hold no usable "
+            "event (cut short, damaged, or a field missing or of the wrong type)",
+            soft_wrap=True,
+        )
     png = png or run_dir / "timeline.png"
     plot_timeline(events, breakdown, png)
     console.print(f"timeline: {escape(str(png))}")

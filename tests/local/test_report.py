@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from nvrx_eks.bench.analysis import goodput
-from nvrx_eks.local.report import analyze, plot_timeline
+from nvrx_eks.local.report import MAX_BARS_PER_LANE_COLOUR, analyze, draw_timeline, merged_bars, plot_timeline
 from tests.support.cli_process import WIDE_TERMINAL, cli_process
-from workloads.events import load_run, summarize
+from workloads.events import RunEvents, load_run, summarize
 
 
 def _write_run(run_dir: Path) -> None:
@@ -124,3 +124,84 @@ def test_report_on_a_missing_directory_exits_2(tmp_path):
     result = cli_process("report", str(tmp_path / "nope"))
     assert result.returncode == 2
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '{"v":1,"t":"abc","event":"step_end","rank":0,"pid":100,"cycle":0,"iteration":0,"step":3,"step_s":1.0}',
+        '{"v":1,"t":7.5,"event":5,"rank":0,"pid":100,"cycle":0,"iteration":0}',
+        '{"v":1,"t":7.5,"event":"step_end","rank":0,"pid":100,"cycle":0,"iteration":0,"step":{"a":1},'
+        '"loss":1.0,"step_s":1.0}',
+        '{"v":1,"t":NaN,"event":"step_end","rank":0,"pid":100,"cycle":0,"iteration":0,"step":3,"loss":1.0,"step_s":1}',
+        '{"v":1,"t":7.5,"event":"fault_injected","rank":0,"pid":100,"cycle":0,"iteration":0,"kind":"exception"}',
+        '{"v":1,"t":Infinity,"event":"checkpoint_stall","rank":0,"pid":100,"cycle":0,"iteration":0,"step":4}',
+        '{"v":1,"t":7.5,"event":"restart_end","rank":true,"pid":100,"cycle":0,"iteration":0,"layer":"launcher",'
+        '"resumed_from_step":4}',
+    ],
+    ids=["t-string", "event-number", "step-mapping", "t-nan", "fault-without-step", "t-infinity", "rank-bool"],
+)
+def test_report_skips_records_with_wrong_types_or_missing_fields_and_says_so(run_dir, tmp_path, bad):
+    with (run_dir / "events" / "rank0.jsonl").open("a") as events:
+        events.write(bad + "\n")
+    assert load_run(run_dir).unreadable_lines == 1
+    result = cli_process("report", str(run_dir), "--png", str(tmp_path / "t.png"), env=WIDE_TERMINAL)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "skipped 1 line(s) of" in result.stdout and "a field missing or of the wrong type" in result.stdout
+    assert analyze(load_run(run_dir)).final_step == 12  # the well-formed events still count
+
+
+def _long_run(steps: int, ranks: int = 2) -> RunEvents:
+    """`steps` 0.1 s steps on each rank, a save every 100 steps, one in-process restart halfway
+    that replays the steps since the last save."""
+    events = []
+    for rank in range(ranks):
+        common = {"v": 1, "rank": rank, "pid": 100 + rank, "host": "h", "cycle": 0, "attempt": 0}
+        events.append({**common, "t": 0.0, "event": "run_start", "iteration": 0})
+        events.append({**common, "t": 1.0, "event": "setup_end", "iteration": 0, "resumed_from_step": 0, "setup_s": 1})
+        t, step, iteration = 1.0, 1, 0
+        while step <= steps:
+            t += 0.1
+            end = {"event": "step_end", "step": step, "loss": 1.0, "step_s": 0.1, "iteration": iteration}
+            events.append({**common, "t": t, **end})
+            if step % 100 == 0:
+                stall = {"event": "checkpoint_stall", "step": step, "stall_s": 0.01, "iteration": iteration}
+                events.append({**common, "t": t + 0.01, **stall})
+                t += 0.01
+            if step == steps // 2 and iteration == 0:
+                events.append({**common, "t": t + 0.5, "event": "restart_begin", "iteration": 0, "layer": "inprocess"})
+                t, iteration, step = t + 1.0, 1, step // 100 * 100
+                restart = {"event": "restart_end", "layer": "inprocess", "resumed_from_step": step}
+                events.append({**common, "t": t, "iteration": 1, **restart})
+            step += 1
+    return RunEvents(sorted(events, key=lambda e: e["t"]))
+
+
+def _artists(steps: int) -> tuple[int, int]:
+    """(collections and patches on the timeline, the most bars one of them holds)."""
+    import matplotlib.pyplot as plt
+
+    run = _long_run(steps)
+    fig, _ = draw_timeline(run, analyze(run))
+    ax = fig.axes[0]
+    most = max(len(c.get_paths()) for c in ax.collections)
+    count = len(ax.collections) + len(ax.patches)
+    plt.close(fig)
+    return count, most
+
+
+def test_timeline_draws_as_many_artists_for_a_long_run_as_for_a_short_one():
+    short, _ = _artists(600)
+    long, most = _artists(4 * MAX_BARS_PER_LANE_COLOUR)
+    assert long == short
+    assert most <= 2 * MAX_BARS_PER_LANE_COLOUR + 1
+
+
+def test_merged_bars_keep_what_is_covered_and_respect_the_bound():
+    bars = [(i * 1.0, 0.9) for i in range(10_000)] + [(20_000.0, 1.0)]
+    merged = merged_bars(bars, limit=100)
+    assert len(merged) <= 2 * 100 + 1
+    assert merged[0][0] == 0.0 and merged[-1] == (20_000.0, 1.0)  # the lone bar after a wide gap stays
+    assert sum(w for _, w in merged) >= sum(w for _, w in bars)  # gaps narrower than a pixel fill in
+    assert merged_bars(bars[:50], limit=100) == bars[:50]
