@@ -9,6 +9,9 @@ starts reachable from the whole cluster), and if the job is refused the others a
 The policy and the ConfigMap are then owned by the job, so deleting the job deletes them. Before
 any of that, `submit` refuses a job whose run or checkpoint directory a live job of this tool
 already writes.
+
+`delete` keeps the NetworkPolicy until the job's pods are gone: they run on for up to their
+termination grace period, finishing the save in flight, with stores that have no authentication.
 """
 
 from __future__ import annotations
@@ -226,25 +229,22 @@ class JobClient:
     def _own(self, obj: dict, owner: dict) -> None:
         """Make the job the owner of its ConfigMap / NetworkPolicy so the garbage collector
         deletes them together."""
-        reference = {
-            "apiVersion": owner["apiVersion"],
-            "kind": owner["kind"],
-            "name": owner["metadata"]["name"],
-            "uid": owner["metadata"]["uid"],
-            "blockOwnerDeletion": False,
-        }
-        patch = {"metadata": {"ownerReferences": [reference]}}
+        reference = _owner_reference(owner["apiVersion"], owner["kind"], owner["metadata"])
         try:
-            if obj["kind"] == "ConfigMap":
-                self.core.patch_namespaced_config_map(obj["metadata"]["name"], self.namespace, patch)
-            else:
-                self.networking.patch_namespaced_network_policy(obj["metadata"]["name"], self.namespace, patch)
+            self._add_owners(obj["kind"], obj["metadata"]["name"], [reference])
         except (ApiException, Urllib3Error) as e:
             self.console.print(
                 f"[yellow]warning:[/] could not make {owner['kind']} {escape(owner['metadata']['name'])} own "
                 f"{obj['kind']} {escape(obj['metadata']['name'])} ({escape(str(e))}); `nvrx-eks delete` "
                 "removes it explicitly"
             )
+
+    def _add_owners(self, kind: str, name: str, references: list[dict]) -> None:
+        patch = {"metadata": {"ownerReferences": references}}
+        if kind == "ConfigMap":
+            self.core.patch_namespaced_config_map(name, self.namespace, patch)
+        else:
+            self.networking.patch_namespaced_network_policy(name, self.namespace, patch)
 
     def _delete_quietly(self, obj: dict) -> None:
         try:
@@ -274,13 +274,41 @@ class JobClient:
 
     def delete(self, name: str, *, wait: bool = False, timeout_s: float = 600, poll_s: float = 2.0) -> JobKind:
         kind, _ = self.find(name)
+        policy = job_names.network_policy_name(name)
+        pods = self.pods(kind, name)
+        if pods:
+            self._hand_policy_to_pods(policy, pods)
         self._delete_object(kind.kind, name)
-        # Owned by the job, but delete them explicitly too in case the ownership patch failed.
+        # Owned by the job, but delete it explicitly too in case the ownership patch failed.
         self._delete_object("ConfigMap", job_names.config_map_name(name))
-        self._delete_object("NetworkPolicy", job_names.network_policy_name(name))
         if wait:
             self.wait_gone(kind, name, timeout_s=timeout_s, poll_s=poll_s)
+        if wait or not pods:
+            self._delete_object("NetworkPolicy", policy)
         return kind
+
+    def _hand_policy_to_pods(self, policy: str, pods: list[k8s.V1Pod]) -> None:
+        """Make the job's pods owners of its NetworkPolicy too, so that it outlives them. The
+        garbage collector deletes the job's dependents as soon as the job's deletion starts, while
+        its pods still run for up to their grace period; but it keeps a dependent while any owner
+        remains that is not itself waiting on its dependents, and a terminating pod is such an
+        owner until it is gone."""
+        references = [
+            _owner_reference("v1", "Pod", self.api_client.sanitize_for_serialization(p.metadata)) for p in pods
+        ]
+        try:
+            self._add_owners("NetworkPolicy", policy, references)
+        except ApiException as e:
+            if e.status != 404:  # no policy: nothing to keep
+                self._warn_policy_goes_early(policy, e)
+        except Urllib3Error as e:
+            self._warn_policy_goes_early(policy, e)
+
+    def _warn_policy_goes_early(self, policy: str, error: Exception) -> None:
+        self.console.print(
+            f"[yellow]warning:[/] could not make the pods own NetworkPolicy {escape(policy)} "
+            f"({escape(str(error))}); it goes with the job, while its pods may still run for their grace period"
+        )
 
     def wait_gone(self, kind: JobKind, name: str, *, timeout_s: float, poll_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -303,6 +331,16 @@ class JobClient:
 
 #: Phases of a job that writes nothing any more (JobStatus's, for either kind).
 _FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+def _owner_reference(api_version: str, kind: str, metadata: dict) -> dict:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": metadata["name"],
+        "uid": metadata["uid"],
+        "blockOwnerDeletion": False,
+    }
 
 
 def _written_directories(job: dict) -> list[tuple[str, str]]:
