@@ -31,11 +31,12 @@ log = logging.getLogger(__name__)
 
 
 class FaultToleranceReporter:
-    def __init__(self, cfg: FaultToleranceConfig):
+    def __init__(self, cfg: FaultToleranceConfig, on_monitor_lost: Callable[[BaseException], None] = lambda err: None):
         from nvidia_resiliency_ext.fault_tolerance.data import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
 
         self.mode = cfg.monitor
         self.client = None
+        self.on_monitor_lost = on_monitor_lost
         # Set by the trainer at the start of each in-process iteration.
         self.atomic: Callable[[], Any] = contextlib.nullcontext
         self._open: set[str] = set()
@@ -53,7 +54,7 @@ class FaultToleranceReporter:
 
     def heartbeat(self) -> None:
         if self.client is not None and self.mode == "heartbeat":
-            with self.atomic():
+            with self.atomic(), self._monitor_may_be_gone():
                 self.client.send_heartbeat()
 
     @contextlib.contextmanager
@@ -62,16 +63,33 @@ class FaultToleranceReporter:
             yield
             self.heartbeat()
             return
-        with self.atomic():
+        with self.atomic(), self._monitor_may_be_gone():
             self.client.start_section(name)
             self._open.add(name)
         # No `finally`: on an exception (NVRx's restart exception among them) the section stays
         # open and the restart path's end_all_sections closes it. Closing it here would mean
         # entering `atomic` while the restart holds it, i.e. waiting until NVRx raises again.
         yield
-        with self.atomic():
+        if self.client is None:  # the monitor went away inside the section
+            return
+        with self.atomic(), self._monitor_may_be_gone():
             self.client.end_section(name)
             self._open.discard(name)
+
+    @contextlib.contextmanager
+    def _monitor_may_be_gone(self) -> Iterator[None]:
+        """A message the rank monitor can no longer receive means ft_launcher is going away (the
+        monitor is its fork). Raising would turn that into an in-process restart and lose the
+        stop-save; instead stop talking to it and let on_monitor_lost ask the rank to stop."""
+        from nvidia_resiliency_ext.fault_tolerance.rank_monitor_client import RankMonitorClientError
+
+        try:
+            yield
+        except RankMonitorClientError as err:
+            log.warning("ft_launcher's rank monitor is gone (%s): stopping with a checkpoint", err)
+            self.client = None
+            self._open.clear()
+            self.on_monitor_lost(err)
 
     def request_shutdown(self, reason: str) -> None:
         """Ask ft_launcher not to restart the workload: its next rendezvous closes for every node
@@ -91,8 +109,9 @@ class FaultToleranceReporter:
         RankMonitorClient.end_all_sections sends nothing in NVRx 0.7.0 (its filter for
         unmonitored sections drops the section-less close-all message)."""
         if self.client is not None and self.mode == "sections":
-            for name in sorted(self._open):
-                self.client.end_section(name)
+            with self._monitor_may_be_gone():
+                for name in sorted(self._open):
+                    self.client.end_section(name)
             self._open.clear()
 
     def shutdown(self) -> None:

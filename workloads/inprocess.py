@@ -63,16 +63,17 @@ from workloads.spares import active_world_size, rank_assignment
 
 
 class TerminationRequested(inprocess.exception.RestartAbort):
-    """SIGTERM arrived: leave the wrapper instead of restarting in place."""
+    """The rank was asked to stop (SIGTERM, or ft_launcher's monitor gone): leave the wrapper
+    instead of restarting in place."""
 
 
-class StopOnSigterm(inprocess.initialize.Initialize):
-    def __init__(self, sigterm_received: Callable[[], bool]):
-        self.sigterm_received = sigterm_received
+class StopWhenAsked(inprocess.initialize.Initialize):
+    def __init__(self, stop_requested: Callable[[], bool]):
+        self.stop_requested = stop_requested
 
     def __call__(self, state):
-        if state.iteration > 0 and self.sigterm_received():
-            raise TerminationRequested("SIGTERM received; not restarting in process")
+        if state.iteration > 0 and self.stop_requested():
+            raise TerminationRequested("asked to stop (SIGTERM or launcher gone); not restarting in process")
         return state
 
 
@@ -147,7 +148,7 @@ def build_wrapper(
     events: EventLog,
     ft: FaultToleranceReporter,
     drop_iteration_state: Callable[[], None],
-    sigterm_received: Callable[[], bool],
+    stop_requested: Callable[[], bool],
 ) -> inprocess.Wrapper:
     seconds = lambda s: datetime.timedelta(seconds=s)  # noqa: E731
     pid_dir = (run_dir / "pids").resolve()
@@ -167,7 +168,7 @@ def build_wrapper(
         return inprocess.Wrapper(
             store_kwargs={"port": store_port, "timeout": seconds(cfg.barrier_timeout_s)},
             initialize=inprocess.Compose(
-                StopOnSigterm(sigterm_received),
+                StopWhenAsked(stop_requested),
                 inprocess.initialize.RetryController(
                     max_iterations=None if cfg.max_restarts is None else cfg.max_restarts + 1,
                     min_world_size=active,

@@ -1,5 +1,5 @@
 """What a rank keeps across in-process restarts: identity, event log, ft_launcher connection,
-fault injector, the SIGTERM flag and the store client (torch-free to import: the NVRx checkpoint
+fault injector, the stop flag and the store client (torch-free to import: the NVRx checkpoint
 worker re-imports the entry point that imports this)."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from workloads.ft_integration import FaultToleranceReporter
 
 
 class ProcessState:
-    """What outlives in-process restarts: identity, event log, ft connection, SIGTERM flag."""
+    """What outlives in-process restarts: identity, event log, ft connection, stop flag."""
 
     def __init__(self, cfg: TrainConfig, rank: int, world_size: int, store_port: int | None):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.store_port = store_port
         self.events = EventLog(cfg.run_dir, rank)
-        self.ft = FaultToleranceReporter(cfg.fault_tolerance)
+        self.ft = FaultToleranceReporter(cfg.fault_tolerance, on_monitor_lost=self.monitor_lost)
         self.faults = FaultInjector(
             parse_fault_spec(cfg.faults),
             rank,
@@ -30,10 +30,21 @@ class ProcessState:
             self.events.emit,
             nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
-        self.sigterm_received = False
+        # Set by SIGTERM (workloads.train) or by the loss of ft_launcher's rank monitor: every rank
+        # votes on it each step, and the run stops after a checkpoint of that step.
+        self.stop_requested = False
         self.restart_begin_t: float | None = None
         self.iteration_objects: dict[str, Any] = {}
         self.wrapper_store: Any = None  # a torch.distributed.TCPStore once the first iteration made it
+
+    def monitor_lost(self, err: BaseException) -> None:
+        """ft_launcher's rank monitor is a fork of the launcher: it goes away when the launcher
+        does (a SIGTERM sent to the launcher's process group, a node shutdown), before the
+        launcher's forwarded SIGTERM may reach this rank. Stop as SIGTERM would, with a checkpoint,
+        instead of failing on the lost connection and losing the stop-save."""
+        if not self.stop_requested:
+            self.events.emit("monitor_lost", reason=str(err)[:500])
+        self.stop_requested = True
 
     def drop_iteration_state(self) -> None:
         """The in-process finalize: the failed iteration's objects go, the restart's clock starts."""

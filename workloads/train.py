@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import NoReturn
@@ -97,10 +98,20 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
     exit_bound_s(cfg)
     process = ProcessState(cfg, rank, world, store_port)
 
+    _exit_watchdog.start()  # before the handler that arms it (see _ExitWatchdog)
+    first_sigterm_at: float | None = None
+
     def on_sigterm(signum, frame):
-        if process.sigterm_received:
-            os._exit(EXIT_TERMINATED)  # a second SIGTERM: stop now
-        process.sigterm_received = True
+        nonlocal first_sigterm_at
+        now = time.monotonic()
+        if first_sigterm_at is None:
+            first_sigterm_at = now
+            process.stop_requested = True
+            # The stop-save is bounded from here, below ft_launcher's SIGKILL (--term-timeout), so
+            # that a way out that blocks (a peer gone mid-collective) still ends in 143.
+            arm_exit_watchdog(EXIT_TERMINATED, sigterm_exit_bound_s(cfg))
+        elif now - first_sigterm_at > SIGTERM_DEBOUNCE_S:
+            os._exit(EXIT_TERMINATED)  # asked again, well after the first: stop now
 
     signal.signal(signal.SIGTERM, on_sigterm)
     # Before the Wrapper, for a hot spare above all: it waits outside the process group and, once
@@ -144,7 +155,7 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
             events=process.events,
             ft=process.ft,
             drop_iteration_state=process.drop_iteration_state,
-            sigterm_received=lambda: process.sigterm_received,
+            stop_requested=lambda: process.stop_requested,
         )(train_attempt)
     code = 1
     try:
@@ -179,7 +190,18 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
     return code
 
 
-_exit_watchdog: threading.Timer | None = None
+#: A SIGTERM sent to every process of a node (a node shutdown, a process-group kill) reaches a rank
+#: twice within milliseconds: directly, and forwarded by ft_launcher. Within this window a second
+#: one is the same request, not an order to skip the stop-save.
+SIGTERM_DEBOUNCE_S = 5.0
+#: Room left between the exit watchdog armed at a SIGTERM and ft_launcher's SIGKILL.
+SIGTERM_EXIT_MARGIN_S = 10.0
+
+
+def sigterm_exit_bound_s(cfg: TrainConfig) -> float:
+    """How long a rank may take from a SIGTERM to its exit: the launcher's term timeout (sized for
+    the stop path's saves) less a margin, so the exit code is ours and not the launcher's SIGKILL."""
+    return cfg.launcher_term_timeout_s() - SIGTERM_EXIT_MARGIN_S
 
 
 def exit_bound_s(cfg: TrainConfig) -> float:
@@ -198,26 +220,48 @@ def exit_bound_s(cfg: TrainConfig) -> float:
     return EXIT_BOUND_S
 
 
-def arm_exit_watchdog(code: int, bound_s: float = EXIT_BOUND_S) -> None:
-    """Guarantee that the process exits with `code` within bound_s from now, whatever the way
-    out blocks on (a barrier with a dead peer, a checkpoint worker that ignores SIGTERM). A daemon
-    timer: it runs while the main thread waits in a lock or a socket. The first call wins: the
-    decision to leave was taken then, and with the code it names."""
-    global _exit_watchdog
-    if _exit_watchdog is not None:
-        return
+class _ExitWatchdog:
+    """Guarantees that the process exits with the code it decided on within a bound, whatever the
+    way out blocks on (a barrier with a dead peer, a checkpoint worker that ignores SIGTERM). One
+    daemon thread, started before the SIGTERM handler is installed and waiting on an Event: arming
+    it from the handler only sets the Event, where starting a thread could deadlock on a lock the
+    interrupted main thread holds. The thread runs while the main thread waits in a lock or a
+    socket. The first arming wins: the decision to leave was taken then, with the code it names."""
 
-    def fire() -> None:
+    def __init__(self) -> None:
+        self._armed = threading.Event()
+        self._code, self._bound_s = 1, EXIT_BOUND_S
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._wait_then_exit, name="exit-watchdog", daemon=True)
+            self._thread.start()
+
+    def arm(self, code: int, bound_s: float) -> None:
+        if self._armed.is_set():
+            return
+        self._code, self._bound_s = code, bound_s
+        self._armed.set()
+        self.start()
+
+    def _wait_then_exit(self) -> None:
+        self._armed.wait()
+        time.sleep(self._bound_s)
         print(
-            f"exit watchdog: still here {bound_s:g}s after deciding to exit; exiting {code} now",
+            f"exit watchdog: still here {self._bound_s:g}s after deciding to exit; exiting {self._code} now",
             file=sys.stderr,
             flush=True,
         )
-        _exit(code)
+        _exit(self._code)
 
-    _exit_watchdog = threading.Timer(bound_s, fire)
-    _exit_watchdog.daemon = True
-    _exit_watchdog.start()
+
+_exit_watchdog = _ExitWatchdog()
+
+
+def arm_exit_watchdog(code: int, bound_s: float = EXIT_BOUND_S) -> None:
+    """Exit with `code` within bound_s from now at the latest (see _ExitWatchdog)."""
+    _exit_watchdog.arm(code, bound_s)
 
 
 def _exit(code: int) -> NoReturn:
@@ -365,3 +409,10 @@ def _main_then_exit() -> None:
 
 if __name__ == "__main__":
     _main_then_exit()
+elif __name__ == "__mp_main__":
+    # A helper that NVRx spawned for this rank: its in-process monitor (the checkpoint worker
+    # installs its own SIGTERM handler over this). A SIGTERM sent to every process of the node (a
+    # node shutdown, a process-group kill) must not end the monitor while the rank still makes its
+    # stop-save: its silent heartbeat would make every peer restart in process and lose the save.
+    # It leaves by itself when its rank ends, and a SIGKILL still ends it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

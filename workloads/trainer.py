@@ -69,7 +69,7 @@ class StepOutcome:
     """What one optimizer step reports, after the single host sync of the step."""
 
     loss: float
-    stop: bool  # some rank received SIGTERM
+    stop: bool  # some rank was asked to stop (SIGTERM, or its launcher going away)
     save: bool  # some rank's checkpoint.interval_seconds elapsed
     fingerprint: str
     step_s: float
@@ -164,7 +164,7 @@ class Trainer:
         self.peak_tflops = self.cfg.peak_tflops_per_gpu if self.runtime.is_cuda else None
 
     def train(self) -> bool:
-        """The loop, from the step after the restored one to the last; True if a SIGTERM stopped it."""
+        """The loop, from the step after the restored one to the last; True if a stop request ended it."""
         self.training.model.train()
         for step in range(self.training.progress.step + 1, self.cfg.steps + 1):
             self.ping()
@@ -210,7 +210,7 @@ class Trainer:
             # One all-reduce per step carries the loss and the decisions every rank must take at
             # the same step: stop after a SIGTERM, save because the time interval elapsed. The
             # loss stays on the device until the single host sync below (.tolist()).
-            flags = torch.tensor([float(self.process.sigterm_received), float(self.checkpointer.time_due())])
+            flags = torch.tensor([float(self.process.stop_requested), float(self.checkpointer.time_due())])
             if self.runtime.is_cuda:  # a pageable host-to-device copy would itself wait for the GPU
                 flags = flags.pin_memory().to(device, non_blocking=True)
             control = torch.cat([loss.detach().float().view(1), flags])

@@ -50,3 +50,42 @@ def test_sigterm_stops_the_whole_run_and_a_resume_ends_bit_identical(tmp_path, t
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     final = json.loads((run_dir / "summary.json").read_text())
     assert final["state_sha256"] == json.loads((clean / "summary.json").read_text())["state_sha256"]
+
+
+def test_sigterm_to_every_process_of_the_run_still_ends_with_the_stop_save(tmp_path, tmp_path_factory):
+    """A node shutdown or a process-group kill sends SIGTERM to every process at once: the ranks
+    get it twice (directly and forwarded by ft_launcher) and ft_launcher's rank-monitor servers
+    stop while the ranks still report to them. Before, the second SIGTERM ended each rank at once
+    and the lost monitor connection turned into a restart: no stop-save, and a surviving peer
+    could hang until the launcher's SIGKILL. Now both ranks save the step they stop at."""
+    import psutil
+
+    clean = shared_local_run(tmp_path_factory, "clean", steps=30, interval=5)
+    run_dir = tmp_path / "run"
+    with exclusive_trainer_runs(tmp_path_factory):
+        cli = subprocess.Popen(_local(run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not [e for e in load_run(run_dir).of("step_end") if e["step"] >= 12]:
+            assert cli.poll() is None, "the run ended before the signal"
+            time.sleep(0.2)
+        everyone = [psutil.Process(cli.pid), *psutil.Process(cli.pid).children(recursive=True)]
+        signalled = time.monotonic()
+        for process in everyone:
+            try:
+                process.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        code = cli.wait(timeout=STOP_BOUND_S)
+        stopped_s = time.monotonic() - signalled
+        assert code == 128 + signal.SIGTERM, code
+        assert processes_mentioning(str(run_dir)) == [], f"left running after {stopped_s:.1f} s"
+        run = load_run(run_dir)
+        stops = run.of("run_end")
+        assert {e["rank"] for e in stops} == {0, 1} and {e["status"] for e in stops} == {"terminated"}, stops
+        stopped_at = stops[0]["final_step"]
+        assert all(e["final_step"] == stopped_at for e in stops)
+        assert stopped_at in {e["step"] for e in run.of("checkpoint_commit")}
+        resumed = subprocess.run(_local(run_dir, "--resume"), capture_output=True, text=True, timeout=420)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert final["state_sha256"] == json.loads((clean / "summary.json").read_text())["state_sha256"]

@@ -280,3 +280,32 @@ def test_messages_to_the_launcher_monitor_are_sent_inside_atomic():
     assert sent == [("open", "step", True), ("close", "step", True), ("open", "checkpointing", True)]
     ft.end_all_sections()  # the restart path, after NVRx stopped raising
     assert sent[-1] == ("close", "checkpointing", False) and not ft._open
+
+
+def test_a_rank_monitor_gone_mid_run_asks_the_rank_to_stop_instead_of_raising():
+    """ft_launcher's rank monitor is the launcher's fork: it goes when the launcher goes (a SIGTERM
+    to the launcher's process group, a node shutdown), often before the launcher's forwarded
+    SIGTERM reaches the rank. Raising on the lost connection made an in-process restart of it and
+    lost the stop-save; now the rank stops as a SIGTERM would, with a checkpoint."""
+    from nvidia_resiliency_ext.fault_tolerance.rank_monitor_client import RankMonitorClientError
+
+    from workloads.config import FaultToleranceConfig
+    from workloads.ft_integration import FaultToleranceReporter
+
+    lost, sent = [], []
+
+    class GoneClient:
+        def start_section(self, name):
+            sent.append(name)
+            raise RankMonitorClientError("RankMonitorClient could not send section update. Exception: Broken pipe")
+
+    ft = FaultToleranceReporter(FaultToleranceConfig(), on_monitor_lost=lost.append)
+    ft.client = GoneClient()
+    with ft.section("step"):
+        ran = True
+    assert ran and sent == ["step"] and not ft.active
+    assert [str(err) for err in lost] == ["RankMonitorClient could not send section update. Exception: Broken pipe"]
+    with ft.section("checkpointing"):  # the stop-save: nothing more is sent
+        pass
+    ft.end_all_sections()
+    assert sent == ["step"] and len(lost) == 1

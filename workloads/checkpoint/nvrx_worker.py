@@ -35,8 +35,14 @@ first waits for the previous one to commit.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
+import signal
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (
@@ -60,12 +66,43 @@ DRAIN_S = 1.0
 _CALLER_OPTIONS: dict[str, Any] = {"cpu_shm_mode": True, "sigterm_timeout": WRITER_ABORT_GRACE_S}
 
 
+def _abort_flag(rank_pid: int) -> Path:
+    """Present while the rank with this pid aborts its workers (see _take_sigterm_only_from_rank)."""
+    return Path(tempfile.gettempdir()) / f"nvrx-eks-checkpoint-abort-{rank_pid}"
+
+
+@contextlib.contextmanager
+def _aborting() -> Iterator[None]:
+    flag = _abort_flag(os.getpid())
+    flag.touch()
+    try:
+        yield
+    finally:
+        flag.unlink(missing_ok=True)
+
+
+def _take_sigterm_only_from_rank() -> None:
+    """Runs in the worker: a SIGTERM ends it only while its rank aborts it (NVRx's abort is SIGTERM,
+    then SIGKILL after WRITER_ABORT_GRACE_S). A SIGTERM sent to every process of the node (a node
+    shutdown, a process-group kill) reaches the worker too, and NVRx's own handler would end it in
+    the middle of the save the rank is about to make on its way out: the stop-save would be lost."""
+    flag = _abort_flag(os.getppid())
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if flag.exists():
+            raise SystemExit(128 + signum)  # as NVRx's handler: its cleanup runs on the way out
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def _worker_ready_probe() -> None:
     """Runs in the worker; its completion proves the worker is up."""
+    _take_sigterm_only_from_rank()
 
 
 def _forget_cached_state() -> None:
     """Runs in the worker: drop the write items cached for another rank's shards."""
+    _take_sigterm_only_from_rank()
     PersistentAsyncCaller.cleanup_worker_data_cache()
 
 
@@ -124,7 +161,8 @@ class CheckpointWorker:
         if usable:
             previous.persistent_caller = None
             previous.async_calls.clear()  # abandoned: nothing finalizes or commits them
-        previous.close(abort=True)
+        with _aborting():
+            previous.close(abort=True)
         return caller if usable else None
 
     def schedule(self, request: AsyncRequest) -> None:
@@ -147,10 +185,11 @@ class CheckpointWorker:
         that join never returns (seen: Py_FinalizeEx blocked in a SemLock acquire, exit code never
         delivered)."""
         self.queue = None
-        abort_nvrx_checkpoint()
-        if AsyncCallsQueue._warmup_persistent_caller is not None:
-            AsyncCallsQueue._warmup_persistent_caller.close(abort=True)
-            AsyncCallsQueue._warmup_persistent_caller = None
+        with _aborting():
+            abort_nvrx_checkpoint()
+            if AsyncCallsQueue._warmup_persistent_caller is not None:
+                AsyncCallsQueue._warmup_persistent_caller.close(abort=True)
+                AsyncCallsQueue._warmup_persistent_caller = None
 
 
 def _drained(previous: AsyncCallsQueue, caller: Any) -> bool:
