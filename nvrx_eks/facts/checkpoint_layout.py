@@ -61,7 +61,15 @@ def checkpoint_dirs(ckpt_dir: str | Path) -> list[Path]:
 
 
 #: What a checkpoint records about the run that wrote it, with the setting an operator changes.
-IDENTITY_FIELDS = {"world_size": "world size (nnodes x nproc-per-node)", "preset": "model.preset"}
+IDENTITY_FIELDS = {
+    "world_size": "world size (nnodes x nproc-per-node)",
+    "preset": "model.preset",
+    "shard": "distributed.shard",
+    "nproc_per_node": "ranks per node (nproc-per-node)",
+}
+
+#: The fix for a checkpoint another run wrote when the operator means to start over.
+START_OVER = "point checkpoint.dir at an empty directory to start a new run"
 
 
 def run_identity(world_size: int, preset: str) -> dict[str, Any]:
@@ -69,15 +77,22 @@ def run_identity(world_size: int, preset: str) -> dict[str, Any]:
     return {"world_size": world_size, "preset": preset}
 
 
-def incompatibility(manifest: dict[str, Any], identity: dict[str, Any]) -> str | None:
-    """Why a checkpoint whose commit record is `manifest` cannot be resumed by a run of
-    `identity` (its shards are laid out for the world size and model that wrote them), or None."""
+def local_copy_identity(world_size: int, preset: str, shard: str, nproc_per_node: int) -> dict[str, Any]:
+    """The identity every node-local copy records (workloads.checkpoint.local_tier): the run's,
+    plus what decides a copy's contents and place. A copy is one rank's own FSDP shard as is, laid
+    out by distributed.shard, and its replica is held by the rank nproc-per-node further on. DCP
+    shards in checkpoint.dir are resharded on load, so the commit record leaves these two out."""
+    return {**run_identity(world_size, preset), "shard": shard, "nproc_per_node": nproc_per_node}
+
+
+def incompatibility(manifest: dict[str, Any], identity: dict[str, Any], start_over: str = START_OVER) -> str | None:
+    """Why a checkpoint whose record is `manifest` cannot be resumed by a run of `identity` (its
+    shards are laid out for the world size and model that wrote them), or None."""
     for key, expected in identity.items():
         if manifest.get(key) != expected:
             return (
                 f"was written with {key}={manifest.get(key)!r}, this run has {key}={expected!r}; resume "
-                f"with the same {IDENTITY_FIELDS.get(key, key)} or point checkpoint.dir at an empty "
-                "directory to start a new run"
+                f"with the same {IDENTITY_FIELDS.get(key, key)} or {start_over}"
             )
     return None
 

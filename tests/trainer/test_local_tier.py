@@ -155,7 +155,11 @@ def test_corrupt_local_needs_the_local_tier():
 
 
 def test_read_copy_names_an_incomplete_copy_and_one_of_another_run(tmp_path):
-    assert read_copy(tmp_path, 2, 0, "run-a") == (None, "incomplete (no record)")
-    write_copy(tmp_path, 2, 0, b"x", "run-a")
-    assert read_copy(tmp_path, 2, 0, "run-a") == (bytearray(b"x"), None)
-    assert read_copy(tmp_path, 2, 0, "run-b") == (None, "written by another run (run-a), not this one (run-b)")
+    identity = {"world_size": 2, "preset": "tiny"}
+    assert read_copy(tmp_path, 2, 0, "run-a", identity) == (None, "incomplete (no record)")
+    write_copy(tmp_path, 2, 0, b"x", "run-a", identity)
+    assert read_copy(tmp_path, 2, 0, "run-a", identity) == (bytearray(b"x"), None)
+    assert read_copy(tmp_path, 2, 0, "run-b", identity) == (
+        None,
+        "written by another run (run-a), not this one (run-b)",
+    )

@@ -6,8 +6,8 @@ Save: the rank's local shards (FSDP2 DTensors' `to_local()`, never the DTensors)
 tensor of the state are copied to CPU on the training thread, into the buffers of the previous
 save once its writer is done (the copy floor: the optimizer may change them as soon as the save
 returns); a writer thread then serializes them, writes the copy
-under `<root>/step_<N>/rank<R>.pt` (+ `rank<R>.json`, written last, carrying size and SHA-256:
-a copy without it is incomplete) and exchanges copies with the peers over its own gloo group: rank
+under `<root>/step_<N>/rank<R>.pt` (+ `rank<R>.json`, written last, carrying size, SHA-256 and
+the run's identity: a copy without it is incomplete) and exchanges copies with the peers over its own gloo group: rank
 R sends to R + nproc_per_node and receives from R - nproc_per_node, i.e. always to another node.
 Non-tensor state (step, scheduler, data position, optimizer hyper-parameters) travels as JSON inside
 the copy; copies are read back with `torch.load(weights_only=True)`, so nothing is unpickled.
@@ -18,6 +18,13 @@ reason), the reports are gathered, and every rank picks the same step: the newes
 every rank's copy exists somewhere, and only if it is not older than the newest committed FSx
 checkpoint. A rank whose own copy is missing or damaged gets it from the rank holding the replica.
 Otherwise the caller falls back to FSx, with a warning (event `local_tier_skipped`) saying why.
+A copy of this run whose identity (world size, model.preset, distributed.shard, ranks per node)
+differs from this run's ends the run as FSx's commit records do (CheckpointIncompatible, exit 93):
+the copy cannot fill this run's tensors, and restarting would meet it again.
+
+The tier is a cache: when its root cannot be created (read-only, not permitted, full), it is off
+for the iteration, with one `local_tier_disabled` event and log line naming checkpoint.local.dir,
+and the run goes on with the FSx tier.
 
 Why not NVRx's LocalCheckpointManager: on CPU its BasicTensorAwareStateDict asserts CUDA and its
 replica retrieval sends through CUDA (PLATFORM-FACTS), and it loads copies with
@@ -46,7 +53,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from nvrx_eks.facts.checkpoint_layout import atomic_write
+from nvrx_eks.facts.checkpoint_layout import atomic_write, incompatibility, local_copy_identity
+from workloads.checkpoint.errors import CheckpointIncompatible
 from workloads.config import TrainConfig
 from workloads.events import EventLog
 from workloads.faults import damage_in_place
@@ -60,6 +68,9 @@ RUN_ID_FILE = "local-tier-run-id"
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 _COPY = re.compile(r"^rank(\d+)\.json$")
+
+#: The fix for a node-local copy of another identity when the operator means to start over.
+_START_OVER = "point checkpoint.dir and checkpoint.local.dir at empty directories to start a new run"
 
 #: Nice value of the writer thread (0-19; higher yields more CPU to the training thread).
 WRITER_NICENESS = 10
@@ -169,9 +180,10 @@ def run_id(run_dir: Path) -> str:
     return run
 
 
-def write_copy(root: Path, step: int, rank: int, data: Buffer, run: str) -> Path:
-    """Write one rank's copy of `step` under `root`: the data, then its record (size, SHA-256),
-    each atomically, so a copy interrupted half way has no record and is never read."""
+def write_copy(root: Path, step: int, rank: int, data: Buffer, run: str, identity: dict[str, Any]) -> Path:
+    """Write one rank's copy of `step` under `root`: the data, then its record (size, SHA-256,
+    run and identity), each atomically, so a copy interrupted half way has no record and is
+    never read."""
     directory = step_dir(root, step)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"rank{rank}.pt"
@@ -182,23 +194,41 @@ def write_copy(root: Path, step: int, rank: int, data: Buffer, run: str) -> Path
     atomic_write(
         directory / f"rank{rank}.json",
         json.dumps(
-            {"step": step, "rank": rank, "run": run, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            {
+                "step": step,
+                "rank": rank,
+                "run": run,
+                "identity": identity,
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
         ),
     )
     return target
 
 
-def read_copy(root: Path, step: int, rank: int, run: str) -> tuple[bytearray | None, str | None]:
-    """(data, None) when the copy is complete and verifies, else (None, reason)."""
+def read_copy(
+    root: Path, step: int, rank: int, run: str, identity: dict[str, Any]
+) -> tuple[bytearray | None, str | None]:
+    """(data, None) when the copy is complete and verifies, else (None, reason). A copy of this
+    run with another identity raises CheckpointIncompatible: skipping it would only move the
+    mismatch to FSx, or to a fresh start over the run's checkpoints."""
     directory = step_dir(root, step)
+    record_path = directory / f"rank{rank}.json"
     try:
-        record = json.loads((directory / f"rank{rank}.json").read_text())
+        record = json.loads(record_path.read_text())
     except FileNotFoundError:
         return None, "incomplete (no record)"
     except (OSError, ValueError) as err:
         return None, f"unreadable record: {err}"
     if record.get("run") != run:
         return None, f"written by another run ({record.get('run')}), not this one ({run})"
+    recorded = record.get("identity")
+    if not isinstance(recorded, dict):
+        return None, "records no run identity (written before copies carried one)"
+    problem = incompatibility(recorded, identity, start_over=_START_OVER)
+    if problem is not None:
+        raise CheckpointIncompatible(f"checkpoint.local.dir: the node-local copy {record_path} {problem}")
     try:
         with open(directory / f"rank{rank}.pt", "rb") as f:
             # Read into a writable buffer: sent to a peer as is, without another copy.
@@ -281,9 +311,9 @@ class LocalTier:
     def __init__(self, cfg: TrainConfig, *, events: EventLog, nproc_per_node: int):
         self.cfg, self.events = cfg, events
         self.root = Path(cfg.local_checkpoint_dir)
-        self.root.mkdir(parents=True, exist_ok=True)
         self.keep = cfg.checkpoint.local.keep
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.identity = local_copy_identity(self.world, cfg.model.preset, cfg.distributed.shard, nproc_per_node)
         # Ranks are laid out node by node: R + nproc_per_node is the same local rank on the next
         # node. With one node there is no other node to replicate to.
         self.peer = (self.rank + nproc_per_node) % self.world if self.world > nproc_per_node else None
@@ -291,7 +321,6 @@ class LocalTier:
         # Its own gloo group: replicas move in the writer thread while the training thread runs
         # the step's collectives on the default group.
         self._group = dist.new_group(backend="gloo")
-        self.run = run_id(Path(cfg.run_dir))
         self._writer: threading.Thread | None = None
         self._staging: dict[str, torch.Tensor] = {}
         self._error: BaseException | None = None
@@ -300,12 +329,40 @@ class LocalTier:
         if _previous_writer is not None:
             _previous_writer.join(timeout=cfg.resolved_pg_timeout_s("gloo"))
             _previous_writer = None
+        #: Why the tier is off for this iteration (None: on). Every rank agrees: a step needs
+        #: every rank's copy, so one rank without a root leaves the others' copies useless.
+        self.disabled = self._agree_on(self._root_problem())
+        self.run = run_id(Path(cfg.run_dir)) if self.disabled is None else ""
+
+    def _root_problem(self) -> str | None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            return f"checkpoint.local.dir {self.root} cannot be created: {err.strerror or err} (errno {err.errno})"
+        return None
+
+    def _agree_on(self, problem: str | None) -> str | None:
+        """Collective: the first rank's problem with its root, named, or None when every rank
+        has one. Rank 0 reports it (one event, one log line) for the run."""
+        problems: list[str | None] = [None] * self.world
+        dist.all_gather_object(problems, problem, group=self._group)
+        found = next((f"rank {rank}: {p}" for rank, p in enumerate(problems) if p is not None), None)
+        if found is not None and self.rank == 0:
+            log.warning(
+                "local checkpoint tier disabled: %s; the run goes on with checkpoint.dir only "
+                "(fix the directory or its mount, or point checkpoint.local.dir elsewhere)",
+                found,
+            )
+            self.events.emit("local_tier_disabled", reason=found)
+        return found
 
     # -- saving ----------------------------------------------------------------------------------
 
     def save(self, step: int, state: dict[str, Any]) -> float:
         """Copy the rank's share of `state` and hand it to the writer thread; returns the stall."""
         global _previous_writer
+        if self.disabled is not None:
+            return 0.0
         started = time.monotonic()
         self.wait()  # one save in flight: a writer still busy shows up as stall
         # The previous copy's buffers are free again (its writer finished): copy into them.
@@ -331,13 +388,13 @@ class LocalTier:
         try:
             started = time.monotonic()
             data = encode_copy(tensors, meta)
-            write_copy(self.root, step, self.rank, data, self.run)
+            write_copy(self.root, step, self.rank, data, self.run, self.identity)
             written = time.monotonic()
             replica = None
             if self.peer is not None and self.source is not None:  # both or neither
                 replica = _exchange(self._group, self.peer, data, self.source)
                 assert replica is not None
-                write_copy(self.root, step, self.source, replica, self.run)
+                write_copy(self.root, step, self.source, replica, self.run, self.identity)
             self._retain()
             self.events.emit(
                 "local_saved",
@@ -381,6 +438,8 @@ class LocalTier:
 
     def corrupt_newest(self) -> str | None:
         """The `corrupt-local` fault's target: this rank's newest own copy, finished first."""
+        if self.disabled is not None:
+            return None
         self.wait()
         return corrupt_newest_copy(self.root, self.rank)
 
@@ -388,12 +447,21 @@ class LocalTier:
 
     def restore(self, build_state: Callable[[], dict[str, Any]], fsx_step: int) -> LocalRestore | None:
         """Collective. The newest step every rank's copy is available for, if not older than
-        `fsx_step` (rank 0's view of the newest committed FSx checkpoint); None otherwise."""
+        `fsx_step` (rank 0's view of the newest committed FSx checkpoint); None otherwise.
+        Raises CheckpointIncompatible on every rank when some rank holds a copy of this run
+        with another identity."""
+        if self.disabled is not None:
+            return None
         verified: dict[tuple[int, int], Buffer] = {}
+        incompatible: str | None = None
         for step, origin in copies_in(self.root):
             if origin not in self._mine():
                 continue
-            copy, reason = read_copy(self.root, step, origin, self.run)
+            try:
+                copy, reason = read_copy(self.root, step, origin, self.run, self.identity)
+            except CheckpointIncompatible as err:
+                incompatible = incompatible or str(err)
+                continue
             if copy is None:
                 log.warning(
                     "local checkpoint: skipping rank %d's copy of step %d in %s: %s", origin, step, self.root, reason
@@ -404,7 +472,12 @@ class LocalTier:
                 continue
             verified[(step, origin)] = copy
         reports: list[Any] = [None] * self.world
-        dist.all_gather_object(reports, {"copies": sorted(verified), "fsx_step": fsx_step})
+        dist.all_gather_object(
+            reports, {"copies": sorted(verified), "fsx_step": fsx_step, "incompatible": incompatible}
+        )
+        refusals = [report["incompatible"] for report in reports if report["incompatible"]]
+        if refusals:
+            raise CheckpointIncompatible(refusals[0])
         fsx_step = reports[0]["fsx_step"]
         holders: dict[tuple[int, int], list[int]] = {}
         for holder, report in enumerate(reports):
