@@ -1,7 +1,8 @@
 """`nvrx-eks local`: the trainer under ft_launcher on this machine (CPU ranks, gloo).
 
-The same launcher command the Kubernetes manifests render (workloads.launch), with a CPU profile
-of short timeouts so faults recover in seconds. Afterwards it prints what happened, from the
+The same launcher command the Kubernetes manifests render (workloads.launch), after the same
+preflight the pod runs first (a resume the checkpoints cannot take ends there, before any rank
+starts), with a CPU profile of short timeouts so faults recover in seconds. Afterwards it prints what happened, from the
 run's event log (`nvrx_eks.local.outcome`), and makes sure no process of the run is left: the
 launcher's process group (ranks, checkpoint workers) and the NVRx in-process monitor daemons
 (their own sessions, found through the pidfiles the trainer asks NVRx to write).
@@ -25,6 +26,7 @@ from typing import Any
 
 import psutil
 from rich.console import Console
+from rich.markup import escape
 
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
@@ -33,7 +35,12 @@ from workloads import do_not_requeue
 from workloads.config import TrainConfig
 from workloads.events import load_run
 from workloads.faults import outside_world, parse_fault_spec
-from workloads.launch import MULTI_LAUNCHER_ENV, build_ft_launcher_argv, inprocess_store_port_above
+from workloads.launch import (
+    MULTI_LAUNCHER_ENV,
+    build_ft_launcher_argv,
+    build_preflight_argv,
+    inprocess_store_port_above,
+)
 from workloads.lease import LEASE_FILE, RunLease
 
 # Short timeouts for CPU runs: a hang is noticed in seconds, gloo (which cannot be aborted) gives
@@ -296,6 +303,24 @@ def run_local(
         console.print(f"run dir {run_dir}\nlauncher log {log_path}")
         started = time.monotonic()
         started_at = time.time()  # events and summary.json newer than this belong to this run
+        problems = preflight(run_dir / "config.yaml", world, env, console)
+        if problems:
+            for problem in problems:
+                console.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+            console.print("[red]preflight refused the run: no rank was started[/]")
+            _write_run_record(
+                run_dir,
+                exit_code=EXIT_DO_NOT_REQUEUE,
+                wall_s=time.monotonic() - started,
+                started_at=started_at,
+                processes_seen=0,
+                killed_after_exit=[],
+                launcher_exit_code=None,
+                lost_nodes=0,
+                launcher_ended_at=None,
+                stopped_by=problems[0],
+            )
+            return EXIT_DO_NOT_REQUEUE
         tracker = ProcessTracker(run_dir)
         launchers = []
         for n, argv in enumerate(argvs):
@@ -364,21 +389,17 @@ def run_local(
             tracker.sample(p.pid)
         killed = tracker.reap(grace_s=cfg.inprocess.barrier_timeout_s + 10)
         wall_s = time.monotonic() - started
-        (run_dir / "local_run.json").write_text(
-            json.dumps(
-                {
-                    "exit_code": code,
-                    "wall_s": wall_s,
-                    "started_at": started_at,
-                    "processes_seen": len(tracker.seen),
-                    "killed_after_exit": killed,
-                    "launcher_exit_code": launcher_code,
-                    "lost_nodes": lost_nodes,
-                    "launcher_ended_at": ended_at,
-                    "stopped_by": record["reason"] if record else stop_reason(load_run(run_dir), started_at),
-                },
-                indent=1,
-            )
+        _write_run_record(
+            run_dir,
+            exit_code=code,
+            wall_s=wall_s,
+            started_at=started_at,
+            processes_seen=len(tracker.seen),
+            killed_after_exit=killed,
+            launcher_exit_code=launcher_code,
+            lost_nodes=lost_nodes,
+            launcher_ended_at=ended_at,
+            stopped_by=record["reason"] if record else stop_reason(load_run(run_dir), started_at),
         )
         if print_summary:
             print_report(
@@ -393,6 +414,27 @@ def run_local(
         elif killed:
             console.print(f"[red]processes had to be killed after the launcher exited: {killed}[/]")
         return code
+
+
+def preflight(config_path: Path, world_size: int, env: dict[str, str], console: Console) -> list[str]:
+    """The pod's preflight (`python -m workloads.train --preflight`, run by its entrypoint before
+    ft_launcher) on this run's config: returns the problems it found, one line each, after
+    printing its warnings."""
+    argv = build_preflight_argv(config_path=str(config_path), world_size=world_size, python=sys.executable)
+    result = subprocess.run(argv, capture_output=True, text=True, env=env)
+    lines = result.stderr.strip().splitlines()
+    for line in lines:
+        if line.startswith("warning: "):
+            console.print(f"[yellow]{escape(line)}[/]", highlight=False, soft_wrap=True)
+    if result.returncode == 0:
+        return []
+    problems = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+    return problems or [f"the preflight ({' '.join(argv)}) exited {result.returncode}: {' / '.join(lines[-3:])}"]
+
+
+def _write_run_record(run_dir: Path, **record: Any) -> None:
+    """local_run.json: how the run ended, for the tests, the bench and a later look."""
+    (run_dir / "local_run.json").write_text(json.dumps(record, indent=1))
 
 
 class StopSignals:

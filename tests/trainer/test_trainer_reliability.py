@@ -5,7 +5,9 @@ copy of a run with committed checkpoints at steps 10 and 12):
   full disk                  a tmpfs over checkpoints/ with less room than one more checkpoint
   all checkpoints corrupt    every committed shard truncated
 
-Each ends with exit 93 after ONE launcher cycle (the deciding rank shuts the workload down, the
+The storage turns read-only or full once the launchers started: before, the preflight that
+`nvrx-eks local` runs as the pod does refuses the run already, and these cases are about the
+trainer meeting it. Each ends with exit 93 after ONE launcher cycle (the deciding rank shuts the workload down, the
 runner finds its do-not-requeue record), within the bound after the first rank's decision, naming
 the cause in one line, with no process left and every committed file unchanged. A deleted or corrupt latest.json
 resumes from the newest committed step and deletes nothing committed.
@@ -22,7 +24,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -60,7 +63,7 @@ def committed(tmp_path_factory) -> Path:
 
 
 def _copy(base: Path, dest: Path) -> Path:
-    shutil.copytree(base, dest, ignore=shutil.ignore_patterns("local_run.json", "pids"))
+    shutil.copytree(base, dest, ignore=shutil.ignore_patterns("local_run.json", "pids", "launcher.log"))
     return dest
 
 
@@ -73,13 +76,20 @@ def _committed_files(ckpt: Path) -> dict[str, str]:
     return digests
 
 
-def _resume(run_dir: Path, steps: int, tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
+def _resume(
+    run_dir: Path, steps: int, tmp_path_factory, once_launched: Callable[[], None] = lambda: None
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """`nvrx-eks local --resume`; `once_launched` runs when the preflight passed and the launcher
+    started (its log appears), seconds before a rank touches checkpoint.dir."""
+    argv = [*CLI, "local", "--nproc", "2", "--steps", str(steps), "--checkpoint-interval", "5",
+            "--run-dir", str(run_dir), "--resume", "--port", str(port_pair())]  # fmt: skip
     with exclusive_trainer_runs(tmp_path_factory):
-        result = subprocess.run(
-            [*CLI, "local", "--nproc", "2", "--steps", str(steps), "--checkpoint-interval", "5",
-             "--run-dir", str(run_dir), "--resume", "--port", str(port_pair())],
-            capture_output=True, text=True, cwd=REPO, timeout=RUN_TIMEOUT_S,
-        )  # fmt: skip
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        while not (run_dir / "launcher.log").exists() and proc.poll() is None:
+            time.sleep(0.05)
+        once_launched()
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    result = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     return result, json.loads((run_dir / "local_run.json").read_text())
 
 
@@ -135,8 +145,7 @@ def test_read_only_checkpoint_dir_exits_93_naming_it(committed, tmp_path, tmp_pa
     ckpt = run_dir / "checkpoints"
     before = _committed_files(ckpt)
     with _mounted(ckpt, "--bind", str(ckpt)):
-        _mount("-o", "remount,ro,bind", str(ckpt))
-        result, record = _resume(run_dir, 20, tmp_path_factory)
+        result, record = _resume(run_dir, 20, tmp_path_factory, lambda: _mount("-o", "remount,ro,bind", str(ckpt)))
         after = _committed_files(ckpt)
     _assert_unrecoverable_exit(run_dir, result, record, f"checkpoint.dir {ckpt} is read-only (file system at {ckpt})")
     assert after == before
@@ -151,10 +160,13 @@ def test_full_disk_exits_93_naming_it_and_removes_only_the_failed_save(committed
     ckpt.rename(saved)
     ckpt.mkdir()
     used_kib = sum(p.stat().st_size for p in saved.rglob("*") if p.is_file()) // 1024
-    # Room for what is committed plus half a checkpoint: the next save cannot fit.
-    with _mounted(ckpt, "-t", "tmpfs", "-o", f"size={used_kib + 900}k", "tmpfs"):
+    # Room for what is committed plus half a checkpoint once the run started: the next save
+    # cannot fit.
+    with _mounted(ckpt, "-t", "tmpfs", "-o", f"size={used_kib + 9000}k", "tmpfs"):
         shutil.copytree(saved, ckpt, dirs_exist_ok=True)
-        result, record = _resume(run_dir, 20, tmp_path_factory)
+        result, record = _resume(
+            run_dir, 20, tmp_path_factory, lambda: _mount("-o", f"remount,size={used_kib + 900}k", str(ckpt))
+        )
         after = _committed_files(ckpt)
         left = sorted(p.name for p in layout.checkpoint_dirs(ckpt))
     _assert_unrecoverable_exit(run_dir, result, record, "no space left on ")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -66,9 +68,21 @@ def test_vocab_mismatch_ends_the_ranks_with_93_naming_the_field(tmp_path, tmp_pa
     prepare(stdlib_text(300_000), shards, "byte", shard_tokens=100_000)
     manifest = json.loads((shards / MANIFEST_NAME).read_text())
     manifest["vocab_size"] = 300  # e.g. prepared with a tokenizer whose vocabulary the model lacks
-    (shards / MANIFEST_NAME).write_text(json.dumps(manifest))
+    # Written once the launcher started (its log appears), seconds before a rank reads it: before
+    # that, the preflight `nvrx-eks local` runs as the pod does refuses the run already.
+    run_dir = tmp_path / "run"
+
+    def write_once_launched() -> None:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "launcher.log").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (shards / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+    writer = threading.Thread(target=write_once_launched)
     with exclusive_trainer_runs(tmp_path_factory):
-        record = local_run(tmp_path / "run", steps=5, overrides=("data.source=memmap", f"data.path={shards}"))
+        writer.start()
+        record = local_run(run_dir, steps=5, overrides=("data.source=memmap", f"data.path={shards}"))
+        writer.join()
     reasons = [e["reason"] for e in load_run(tmp_path / "run").of("unrecoverable")]
     assert reasons and all("manifest.json has vocab_size 300" in r and "vocabulary is 256" in r for r in reasons)
     # The ranks exit with the do-not-requeue code and the run ends with it, after one launcher cycle.
