@@ -141,6 +141,22 @@ class RunEvents:
     def ranks(self) -> list[int]:
         return sorted({e["rank"] for e in self.events})
 
+    def started_since(self, t: float) -> RunEvents:
+        """The events of the processes started at or after `t`: a run's own, in a directory
+        that also holds earlier runs' events, or a concurrent run's. A process is its host and
+        pid from its run_start on (every trainer process writes one first; a recycled pid
+        writes a new one), so a process already running at `t` (another run on the same
+        directory) is left out even where its events come later."""
+        started: dict[tuple[Any, int], float] = {}
+        mine = []
+        for e in self.events:
+            process = (e.get("host"), e["pid"])
+            if e["event"] == "run_start" or process not in started:
+                started[process] = e["t"]
+            if e["t"] >= t and started[process] >= t:
+                mine.append(e)
+        return RunEvents(mine, self.unreadable_lines)
+
     def restarts(self, rank: int = 0) -> list[Restart]:
         """Restarts seen by `rank`, oldest first.
 

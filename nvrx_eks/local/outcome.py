@@ -15,9 +15,42 @@ from workloads.events import RunEvents, load_run, summarize
 
 
 def stop_reason(run: RunEvents, since: float) -> str | None:
-    """Why a rank of this run ended it on an error no restart can fix (the newest such event)."""
-    stops = [e for e in run.of("unrecoverable") if e["t"] >= since]
+    """Why a rank of the run started at `since` ended it on an error no restart can fix (the
+    newest such event)."""
+    stops = run.started_since(since).of("unrecoverable")
     return stops[-1]["reason"] if stops else None
+
+
+def replayed_steps(directory: RunEvents, this_run: RunEvents, rank: int = 0) -> int:
+    """Steps `rank` computed again in this run: every step_end of this run for a step the rank
+    had already completed, earlier in this run (a restart) or in an earlier run of the
+    directory (a resume that loaded an older checkpoint than the furthest step reached, after a
+    fallback past a damaged one)."""
+    first_of_this_run = this_run.events[0]["t"] if this_run.events else float("inf")
+    done = {e["step"] for e in directory.of("step_end", rank=rank) if e["t"] < first_of_this_run}
+    replayed = 0
+    for e in this_run.of("step_end", rank=rank):
+        replayed += e["step"] in done
+        done.add(e["step"])
+    return replayed
+
+
+def local_tier_line(run: RunEvents) -> str | None:
+    """The node-local tier's saves, failed writes and restores; None where the run had none."""
+    restores = run.of("local_restore")
+    failed = run.of("local_save_failed")
+    if not (restores or failed or run.of("local_save")):
+        return None
+    via = [e["source"] for e in restores]
+    line = f"{len(run.of('local_save', rank=0))} saves"
+    if failed:
+        # The tier is a cache: a failed write leaves the run on FSx alone, so it is named, not fatal.
+        ranks = sorted({e["rank"] for e in failed})
+        line += f", {len(failed)} failed on rank(s) {', '.join(map(str, ranks))} (last: {failed[-1]['reason']})"
+    return (
+        f"{line}; restores by rank: {via.count('local')} own copy, {via.count('replica')} replica; "
+        f"FSx loads {len(run.of('checkpoint_load'))}"
+    )
 
 
 def restart_counts(run: RunEvents) -> dict[str, int]:
@@ -46,7 +79,8 @@ def print_report(
 ) -> None:
     """The run's outcome from its own events: a resumed run directory also holds the events and
     summary.json of earlier runs, which must not be reported as this one's."""
-    run = RunEvents([e for e in load_run(run_dir).events if e["t"] >= started_at])
+    directory = load_run(run_dir)
+    run = directory.started_since(started_at)
     report = summarize(run)
     # With a do-not-requeue record the run's code (93) is not the launcher's (1, closed rendezvous).
     ended = "JobSet exit" if command == "rehearse" else "launcher exit"
@@ -83,15 +117,9 @@ def print_report(
         table.add_row("checkpoint pointer", escape(rebuilt["reason"]))
     for fb in run.of("checkpoint_fallback", rank=0):
         table.add_row("checkpoint fallback", escape(f"{Path(fb['path']).name}: {fb['reason']}"))
-    restores = run.of("local_restore")
-    if restores or run.of("local_save"):
-        via = [e["source"] for e in restores]
-        table.add_row(
-            "local tier",
-            f"{len(run.of('local_save', rank=0))} saves; restores by rank: "
-            f"{via.count('local')} own copy, {via.count('replica')} replica; "
-            f"FSx loads {len(run.of('checkpoint_load'))}",
-        )
+    local_tier = local_tier_line(run)
+    if local_tier is not None:
+        table.add_row("local tier", escape(local_tier))
     skips = {(e["origin_rank"], e["step"]): e for e in run.of("local_copy_skipped")}
     for skipped in skips.values():
         table.add_row(
@@ -104,7 +132,7 @@ def print_report(
             f"median {median_stall_s * 1000:.1f} ms, max "
             f"{max(report.stalls_s) * 1000:.1f} ms over {len(report.stalls_s)} saves",
         )
-    table.add_row("goodput", f"{report.goodput:.1%} (replayed steps: {report.lost_steps})")
+    table.add_row("goodput", f"{report.goodput:.1%} (replayed steps: {replayed_steps(directory, run)})")
     summary = run_dir / "summary.json"
     if summary.is_file() and summary.stat().st_mtime >= started_at:
         table.add_row("state_sha256", json.loads(summary.read_text())["state_sha256"][:16] + "…")
