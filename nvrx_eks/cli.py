@@ -310,6 +310,9 @@ def local(
     overrides: list[str] = typer.Option([], "--set", help="TrainConfig override key=value (repeatable)."),
     port: int | None = typer.Option(None, help="Rendezvous port (P and P+1 are used). Default: a free one."),
     data: Path | None = typer.Option(None, "--data", help="Train on the token shards of a `data prepare` directory."),
+    force: bool = typer.Option(
+        False, "--force", help="Start more ranks (--nodes x --nproc) than this machine's CPU cores are allowed."
+    ),
 ) -> None:
     """Run the trainer under ft_launcher on this machine, inject faults, print how it recovered."""
     from nvrx_eks.local.runner import run_local
@@ -336,6 +339,7 @@ def local(
         nodes=nodes,
         local_interval=local_interval,
         spare_nodes=spare_nodes,
+        force=force,
     )
     raise typer.Exit(code)
 

@@ -100,6 +100,23 @@ def local_config(
     return TrainConfig.from_dict(data, source="nvrx-eks local", overrides=overrides)
 
 
+#: Ranks per CPU core this command starts without --force. Each rank is several processes (the
+#: rank, its checkpoint worker, NVRx's monitors), so the tests' and the demo's few ranks per core
+#: fit well within it, and a mistyped --nproc 100000 does not fork thousands of processes.
+RANKS_PER_CORE = 8
+
+
+def check_rank_count(nodes: int, nproc: int, *, force: bool) -> None:
+    cores = os.cpu_count() or 1
+    limit = RANKS_PER_CORE * cores
+    if nodes * nproc > limit and not force:
+        raise ConfigError(
+            f"--nodes {nodes} x --nproc {nproc} = {nodes * nproc} ranks, more than {limit} "
+            f"({RANKS_PER_CORE} per CPU core, {cores} here); lower --nproc or --nodes, or pass "
+            "--force to start them anyway"
+        )
+
+
 def node_local_dir(run_dir: Path, node: int) -> Path:
     """A simulated node's own local checkpoint root: no other node can read it, as on EKS."""
     return run_dir / f"local-node{node}"
@@ -206,17 +223,20 @@ def run_local(
     local_interval: int | None = None,
     spare_nodes: int = 0,
     launcher_spare_nodes: int = 0,
+    force: bool = False,
 ) -> int:
     """`nodes` launchers (simulated nodes, one rendezvous, each with its own local checkpoint
     root) of `nproc` ranks each; the last `spare_nodes` of them are hot spares in process
     (workloads.spares). `launcher_spare_nodes` instead makes that many of them ft_launcher's own
     hot spares (`--nnodes MIN:MAX`: they wait in the rendezvous without workers and join at the
-    next worker-group restart), for comparing the two."""
+    next worker-group restart), for comparing the two. `force` starts more ranks than
+    RANKS_PER_CORE per CPU core."""
     console = console or Console()
     if nproc < 1:
         raise ConfigError("--nproc: must be at least 1")
     if nodes < 1:
         raise ConfigError("--nodes: must be at least 1")
+    check_rank_count(nodes, nproc, force=force)
     if launcher_spare_nodes and spare_nodes:
         raise ConfigError("spare nodes: in process or ft_launcher's, not both")
     if not 0 <= launcher_spare_nodes < nodes:
