@@ -1,10 +1,12 @@
 """Token batches with a checkpointable position.
 
-Both sources address the data by a global sequence index, and the loader's whole state is
-(epoch, cursor): the number of sequences all ranks together have consumed in the current epoch.
+Both sources address the data by a global sequence index, and the loader's position is (epoch,
+cursor): the number of sequences all ranks together have consumed in the current epoch.
 Step s of rank r reads sequences [cursor + r*B, cursor + (r+1)*B), then every rank advances the
 cursor by world_size*B. Restoring (epoch, cursor) therefore resumes exactly at the next unread
-batch, and a batch never depends on how many restarts happened before it.
+batch, and a batch never depends on how many restarts happened before it. The state also records
+what the data is (the epoch's length and a digest of the data set's identity), and a resume onto
+other data is refused naming data.path: the position would index into different sequences.
 
 * synthetic: an endless deterministic stream from a fixed sparse Markov chain (each token has 4
   likely successors), so a model can really learn it: loss falls from ln(vocab) toward ~ln(4).
@@ -19,20 +21,27 @@ batch, and a batch never depends on how many restarts happened before it.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from nvrx_eks.facts.errors import ConfigError
 from workloads.config import DataConfig
-from workloads.shards import shard_files
+from workloads.shards import read_manifest, shard_files
 
 _SUCCESSORS = 4
 
 
 class TokenBatches:
     """Base: cursor bookkeeping and the state_dict protocol DCP calls."""
+
+    #: State keys a checkpoint written before they existed lacks: the Checkpointer loads them as
+    #: None and warns (see load_state_dict).
+    optional_state_keys = ("dataset_sha256",)
 
     def __init__(self, cfg: DataConfig, rank: int, world_size: int, vocab_size: int, seed: int):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
@@ -45,6 +54,9 @@ class TokenBatches:
 
     def _epoch_length(self) -> int | None:  # None: endless
         return None
+
+    def dataset_sha256(self) -> str:
+        raise NotImplementedError
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         per_step = self.world_size * self.cfg.batch_size
@@ -62,14 +74,30 @@ class TokenBatches:
         batch = torch.from_numpy(tokens)
         return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "cursor": self.cursor, "epoch_length": self._epoch_length() or 0}
+    def state_dict(self) -> dict[str, int | str]:
+        return {
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "epoch_length": self._epoch_length() or 0,
+            "dataset_sha256": self.dataset_sha256(),
+        }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if int(state["epoch_length"]) != (self._epoch_length() or 0):
             raise ConfigError(
                 f"data.path: the dataset has {self._epoch_length() or 0} windows but the "
                 f"checkpoint was taken with {state['epoch_length']}; resume with the same data"
+            )
+        recorded = state.get("dataset_sha256")
+        # None: a checkpoint written before the digest was recorded. Its data is unknown, not
+        # different: refusing it would strand every run that predates the digest, so it loads
+        # as it did then, and the Checkpointer warns that the data could not be compared.
+        if recorded is not None and recorded != self.dataset_sha256():
+            raise ConfigError(
+                f"data.path: the data set differs from the one the checkpoint was trained on "
+                f"(digest {str(recorded)[:16]}..., this one {self.dataset_sha256()[:16]}...), though "
+                "it has as many windows; resume with the same data, or point checkpoint.dir at an "
+                "empty directory to train on this data from the start"
             )
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
 
@@ -80,6 +108,11 @@ class SyntheticTokens(TokenBatches):
         chain = np.random.default_rng([seed, 0xC4A1])
         self.successors = chain.integers(0, vocab_size, size=(vocab_size, _SUCCESSORS))
         self.weights = chain.dirichlet(np.ones(_SUCCESSORS), size=vocab_size).cumsum(axis=1)
+
+    def dataset_sha256(self) -> str:
+        # The stream is fixed by the seed and the vocabulary; the preset (the vocabulary) is
+        # checked by the checkpoint's identity.
+        return hashlib.sha256(b"synthetic").hexdigest()
 
     def _sequences(self, indices: np.ndarray) -> np.ndarray:
         out = np.empty((len(indices), self.cfg.seq_len + 1), dtype=np.int64)
@@ -99,6 +132,7 @@ class MemmapTokens(TokenBatches):
     def __init__(self, cfg: DataConfig, rank: int, world_size: int, vocab_size: int, seed: int):
         super().__init__(cfg, rank, world_size, vocab_size, seed)
         files, dtype = shard_files(cfg, vocab_size)
+        self._dataset_sha256 = memmap_dataset_sha256(Path(cfg.path or ""), files, dtype)
         self.shards = [np.memmap(f, dtype=np.dtype(dtype), mode="r") for f in files]
         window = cfg.seq_len
         counts = [max(0, (len(s) - 1) // window) for s in self.shards]
@@ -111,6 +145,9 @@ class MemmapTokens(TokenBatches):
 
     def _epoch_length(self) -> int:
         return int(self.offsets[-1])
+
+    def dataset_sha256(self) -> str:
+        return self._dataset_sha256
 
     def _permuted(self, index: int) -> int:
         n = self._epoch_length()
@@ -129,6 +166,23 @@ class MemmapTokens(TokenBatches):
             start = (window - int(self.offsets[shard])) * self.cfg.seq_len
             out[row] = self.shards[shard][start : start + self.cfg.seq_len + 1]
         return out
+
+
+def memmap_dataset_sha256(root: Path, files: list[Path], dtype: str) -> str:
+    """What a shard set is, as one digest: from the manifest of `nvrx-eks data prepare`, the
+    tokenizer and every shard's SHA-256 (the contents, wherever the set was copied to); for
+    hand-made shards without one, their names and sizes (hashing their contents at every start
+    would read the whole data set, so same-named shards of the same size pass)."""
+    manifest = read_manifest(root) if root.is_dir() else None
+    if manifest is not None:
+        identity: dict[str, Any] = {
+            "tokenizer": manifest.get("tokenizer_sha256") or manifest.get("tokenizer"),
+            "dtype": dtype,
+            "shards": [shard["sha256"] for shard in manifest["shards"]],
+        }
+    else:
+        identity = {"dtype": dtype, "shards": [[f.name, f.stat().st_size] for f in files]}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
 def build_batches(cfg: DataConfig, rank: int, world_size: int, vocab_size: int, seed: int) -> TokenBatches:

@@ -445,6 +445,15 @@ class Checkpointer:
         if problem is not None:
             raise CheckpointIncompatible(f"checkpoint {path} {problem}")
 
+    def _optional_keys(self) -> frozenset[str]:
+        """The flattened state keys a checkpoint may lack (a stateful object's
+        `optional_state_keys`: what checkpoints written before it was saved do not hold)."""
+        return frozenset(
+            f"{key}.{name}"
+            for key, stateful in self.states.items()
+            for name in getattr(stateful, "optional_state_keys", ())
+        )
+
     def load_latest(self, build_state: Callable[[], dict[str, Any]]) -> LoadResult | None:
         """Load the newest usable committed checkpoint into the tensors of `build_state()`.
 
@@ -478,6 +487,7 @@ class Checkpointer:
             failed = torch.tensor([0 if reason is None else 1], device=self.device)
             dist.all_reduce(failed, op=dist.ReduceOp.MAX)
             state: dict[str, Any] | None = None
+            planner = TensorsOnlyLoadPlanner(self._optional_keys())
             if not int(failed.item()):
                 state = build_state()
                 try:
@@ -485,7 +495,7 @@ class Checkpointer:
                         state,
                         checkpoint_id=str(path),
                         storage_reader=SafeFileSystemReader(str(path)),
-                        planner=TensorsOnlyLoadPlanner(),
+                        planner=planner,
                     )
                 # DCP reports a failed read as CheckpointException, a BaseException.
                 except (Exception, CheckpointException) as err:  # noqa: BLE001 - any load failure: try the previous
@@ -500,6 +510,10 @@ class Checkpointer:
                 self.events.emit("checkpoint_fallback", path=str(path), reason=reason)
                 continue
             assert manifest is not None and state is not None  # every rank verified and loaded
+            if planner.absent:
+                absent = ", ".join(planner.absent)
+                log.warning("checkpoint %s records no %s (written before it was saved): not checked", path, absent)
+                self.events.emit("checkpoint_state_unknown", path=str(path), keys=planner.absent)
             self._loaded_from = path
             self._recheck = ckpt_files.TrustedFilesRecheck(trusted) if trusted else None
             self.events.emit(

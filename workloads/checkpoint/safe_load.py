@@ -21,7 +21,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING, Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 #: Every global a DCP `.metadata` pickle names (seen in checkpoints of torch 2.13: the metadata
 #: dataclasses, the file system's storage records, torch.Size, dtypes, layouts, and the path
@@ -103,7 +103,24 @@ class SafeFileSystemReader(FileSystemReader):
 
 class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
     """Non-tensor items (step, data position, optimizer hyper-parameters) through
-    torch.load(weights_only=True)."""
+    torch.load(weights_only=True). `optional_keys` (flattened, e.g. "data.dataset_sha256") may be
+    absent from a checkpoint written before they were saved: they load as None, and `absent`
+    lists them; any other key missing fails the load as DCP's strict loading does."""
+
+    def __init__(self, optional_keys: frozenset[str] = frozenset()) -> None:
+        super().__init__()
+        self.optional_keys = optional_keys
+        self.absent: list[str] = []
+
+    def create_local_plan(self) -> LoadPlan:
+        assert self.metadata is not None  # DCP sets the planner up with the checkpoint's metadata
+        saved = self.metadata.state_dict_metadata
+        self.absent = sorted(key for key in self.optional_keys if key in self.state_dict and key not in saved)
+        for key in self.absent:
+            # The keys are flattened ones: the constructor keeps DCP's default flatten_state_dict.
+            set_element(self.original_state_dict, self.mappings[key], None)
+            del self.state_dict[key]
+        return super().create_local_plan()
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         try:
