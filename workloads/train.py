@@ -36,6 +36,7 @@ from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_BOUND_S, EXIT_DO_NOT_REQUEUE, EXIT_TERMINATED
 from workloads.config import TrainConfig
 from workloads.faults import outside_world, outside_world_problem, parse_fault_spec
+from workloads.ft_integration import FaultToleranceReporter
 from workloads.launch import inprocess_store_port_above
 from workloads.numa import bind_rank_to_numa_node
 from workloads.process_state import ProcessState
@@ -60,11 +61,11 @@ def train_attempt(process: ProcessState, call_wrapper: CallWrapper | None = None
         # still do on the way out (barriers with peers, stopping the checkpoint worker).
         arm_exit_watchdog(EXIT_DO_NOT_REQUEUE)
         process.events.emit("unrecoverable", reason=str(err)[:2000])
-        _stop_the_job(process, str(err))
+        _stop_the_job(process.cfg, process.rank, process.ft, str(err))
         raise Unrecoverable(str(err)) from None
 
 
-def _stop_the_job(process: ProcessState, reason: str) -> None:
+def _stop_the_job(cfg: TrainConfig, rank: int, ft: FaultToleranceReporter, reason: str) -> None:
     """Make the 93 stick beyond this rank: record the decision for this job attempt on the shared
     run dir, then ask ft_launcher to shut the workload down instead of restarting ranks
     (workloads.do_not_requeue says how the launcher's wrapper turns both into exit 93). Each
@@ -76,11 +77,11 @@ def _stop_the_job(process: ProcessState, reason: str) -> None:
         log.info("no %s set: the decision is not recorded for the launcher's wrapper", do_not_requeue.ATTEMPT_ID_ENV)
     else:
         try:
-            do_not_requeue.write_record(process.cfg.run_dir, attempt, reason=reason, rank=process.rank)
+            do_not_requeue.write_record(cfg.run_dir, attempt, reason=reason, rank=rank)
         except OSError as err:
-            log.warning("could not record the do-not-requeue decision in %s: %s", process.cfg.run_dir, err)
+            log.warning("could not record the do-not-requeue decision in %s: %s", cfg.run_dir, err)
     try:
-        process.ft.request_shutdown(reason)
+        ft.request_shutdown(reason)
     except Exception:  # noqa: BLE001 - a launcher connection already gone must not block the exit
         log.exception("could not ask ft_launcher to shut the workload down")
 
@@ -96,6 +97,10 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
     if store_port is None and cfg.inprocess.enabled:
         store_port = inprocess_store_port_above(int(os.environ["MASTER_PORT"]))
     exit_bound_s(cfg)
+    if rank == 0:
+        refusal = _take_run_lease(cfg)
+        if refusal is not None:
+            return refusal
     process = ProcessState(cfg, rank, world, store_port)
 
     _exit_watchdog.start()  # before the handler that arms it (see _ExitWatchdog)
@@ -257,6 +262,23 @@ class _ExitWatchdog:
 
 
 _exit_watchdog = _ExitWatchdog()
+
+
+def _take_run_lease(cfg: TrainConfig) -> int | None:
+    """Rank 0 takes the run directory's lease (workloads.lease) before anything of the run is
+    written there; None once held, else the exit code after stopping the job: another live run
+    writes this directory, and two writers delete each other's checkpoints."""
+    from workloads import do_not_requeue
+    from workloads.lease import HeartbeatLease, RunDirectoryInUse
+
+    try:
+        HeartbeatLease(Path(cfg.run_dir), do_not_requeue.attempt_id(), command="workloads.train rank 0").take()
+    except RunDirectoryInUse as err:
+        arm_exit_watchdog(EXIT_DO_NOT_REQUEUE)
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        _stop_the_job(cfg, 0, FaultToleranceReporter(cfg.fault_tolerance), str(err))
+        return EXIT_DO_NOT_REQUEUE
+    return None
 
 
 def arm_exit_watchdog(code: int, bound_s: float = EXIT_BOUND_S) -> None:
