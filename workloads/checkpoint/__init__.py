@@ -7,7 +7,8 @@ A checkpoint counts only once it is listed in latest.json, which rank 0 replaces
 (write, fsync, rename) after writing the directory's commit.json, which itself is written only
 after the global finalize saw every rank's data on disk. A rank killed mid-save therefore leaves a
 directory that nothing ever loads. (Without a usable latest.json the list is rebuilt from the
-commit records that verify, with a warning.) Each save goes to a fresh directory (the attempt token differs
+commit records that verify, with a warning; a readable pointer that a newer verified commit
+proves stale gives way to it, with a warning.) Each save goes to a fresh directory (the attempt token differs
 per restart), so an abandoned save is never overwritten in place, and nothing is deleted before a
 newer checkpoint committed: at each commit rank 0 keeps the newest `keep` committed checkpoints and
 removes what the pointer it read proves superseded (older commits, abandoned saves, and commits
