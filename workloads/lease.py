@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import TextIO
+from typing import Any, TextIO
 
 from nvrx_eks.facts.errors import ConfigError
 
@@ -107,7 +107,7 @@ class HeartbeatLease:
 
     def __init__(self, run_dir: Path, attempt: str | None, command: str):
         self.path = Path(run_dir) / LEASE_FILE
-        self.holder = {
+        self.holder: dict[str, Any] = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "command": command,

@@ -51,6 +51,18 @@ CUSTOM_KINDS: frozenset[tuple[str, str]] = frozenset((k.api_version, k.kind) for
 #: pod belongs to (0 for the first run).
 JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 JOBSET_RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+#: The Job controller's failure messages for a podFailurePolicy FailJob rule (Kubernetes
+#: pkg/controller/job/pod_failure_policy.go), which a JobSet failure-policy rule can match by
+#: pattern (onJobFailureMessagePatterns, RE2 syntax).
+FAIL_JOB_EXIT_CODE_MESSAGE = (
+    "Container {container} for pod {namespace}/{pod} failed with exit code {code} "
+    "matching FailJob rule at index {index}"
+)
+FAIL_JOB_POD_CONDITION_MESSAGE = (
+    "Pod {namespace}/{pod} has condition {condition} matching FailJob rule at index {index}"
+)
+#: Matches the message of a pod failed by a DisruptionTarget rule, and no exit-code message.
+DISRUPTED_MESSAGE_PATTERN = "has condition DisruptionTarget matching FailJob rule"
 #: Labels the training operator puts on PyTorchJob pods: Master or Worker, and the index within it.
 PYTORCHJOB_REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 PYTORCHJOB_REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"

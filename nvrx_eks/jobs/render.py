@@ -183,6 +183,7 @@ def _common_context(spec: JobSpec) -> dict:
             "checkpoint_dir": job_names.CHECKPOINT_DIR_ANNOTATION,
         },
         "replicated_job": job_names.JOBSET_REPLICATED_JOB,
+        "disrupted_pattern": job_kinds.DISRUPTED_MESSAGE_PATTERN,
         "exit_do_not_requeue": EXIT_DO_NOT_REQUEUE,
         "claim_mounts": claim_mounts(spec, NCCL_EXCHANGE_ROOT),
         "node": {

@@ -1,26 +1,34 @@
 """What the Job and JobSet controllers do when a pod of a rehearsed JobSet ends, read from the
 rendered JobSet itself (never restated here):
 
-- a pod's exit code matching the Job's podFailurePolicy `FailJob` rule (93) fails its Job at once
-  (reason PodFailurePolicy);
+- a pod whose exit code (93) or condition (DisruptionTarget: a pod the cluster stopped) matches
+  one of the Job's podFailurePolicy `FailJob` rules fails its Job at once (reason
+  PodFailurePolicy, with the Job controller's message for that rule);
 - with `backoffLimitPerIndex`, a failed pod fails only its index (no replacement pod) and the
   Job fails once more than `maxFailedIndexes` indexes failed; else a failure beyond
   `backoffLimit` fails the Job (BackoffLimitExceeded);
 - the Job succeeds when `successPolicy.succeededCount` indexes succeeded (the other pods are then
   deleted), else when every index succeeded;
 - a failed Job makes the JobSet apply the first `failurePolicy.rules` entry whose
-  `onJobFailureReasons` lists the reason: FailJobSet ends it; otherwise the JobSet restarts
-  (recreates every pod) while fewer than `failurePolicy.maxRestarts` restarts were made.
+  `onJobFailureReasons` lists the reason and whose `onJobFailureMessagePatterns`, if any, match
+  the message: FailJobSet ends it; RestartJobSetAndIgnoreMaxRestarts recreates every pod without
+  counting; otherwise the JobSet restarts (recreates every pod) while fewer than
+  `failurePolicy.maxRestarts` counted restarts were made.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from nvrx_eks.facts import job_kinds
+from nvrx_eks.facts.names import TRAINING_NAMESPACE as NAMESPACE
 
 REASON_POD_FAILURE_POLICY = "PodFailurePolicy"
 REASON_BACKOFF_LIMIT = "BackoffLimitExceeded"
 REASON_FAILED_INDEXES = "FailedIndexes"
+DISRUPTION_TARGET = "DisruptionTarget"
 
 
 @dataclass
@@ -31,29 +39,40 @@ class JobState:
     succeeded: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
     failure_reason: str | None = None
+    failure_message: str = ""
 
     @property
     def completions(self) -> int:
         return int(self.spec.get("completions", self.spec.get("parallelism", 1)))
 
-    def _fails_job(self, exit_code: int) -> bool:
-        for rule in (self.spec.get("podFailurePolicy") or {}).get("rules") or []:
+    def _fail_job_message(self, exit_code: int, disrupted: bool, pod: str) -> str | None:
+        """The Job controller's message when a FailJob rule matches the ended pod, else None."""
+        container = self.spec["template"]["spec"]["containers"][0]["name"]
+        for index, rule in enumerate((self.spec.get("podFailurePolicy") or {}).get("rules") or []):
+            if rule.get("action") != "FailJob":
+                continue
             codes = rule.get("onExitCodes") or {}
-            if (
-                rule.get("action") == "FailJob"
-                and codes.get("operator") == "In"
-                and exit_code in codes.get("values", [])
-            ):
-                return True
-        return False
+            if codes.get("operator") == "In" and exit_code in codes.get("values", []):
+                return job_kinds.FAIL_JOB_EXIT_CODE_MESSAGE.format(
+                    container=container, namespace=NAMESPACE, pod=pod, code=exit_code, index=index
+                )
+            conditions = {c.get("type") for c in rule.get("onPodConditions") or []}
+            if disrupted and DISRUPTION_TARGET in conditions:
+                return job_kinds.FAIL_JOB_POD_CONDITION_MESSAGE.format(
+                    namespace=NAMESPACE, pod=pod, condition=DISRUPTION_TARGET, index=index
+                )
+        return None
 
-    def pod_ended(self, index: int, exit_code: int) -> None:
+    def pod_ended(self, index: int, exit_code: int, *, disrupted: bool = False, pod: str = "") -> None:
+        """Pod `index` ended with `exit_code`; `disrupted`: the cluster stopped it (an eviction,
+        a preemption, a drain), which gives the pod the DisruptionTarget condition."""
         if exit_code == 0:
             self.succeeded.add(index)
             return
         self.failed.add(index)
-        if self._fails_job(exit_code):
-            self.failure_reason = REASON_POD_FAILURE_POLICY
+        message = self._fail_job_message(exit_code, disrupted, pod or f"pod-{index}")
+        if message is not None:
+            self.failure_reason, self.failure_message = REASON_POD_FAILURE_POLICY, message
         elif self.spec.get("backoffLimitPerIndex") is not None:
             if len(self.failed) > int(self.spec.get("maxFailedIndexes", 0)):
                 self.failure_reason = REASON_FAILED_INDEXES
@@ -67,15 +86,19 @@ class JobState:
         return len(self.succeeded) >= (count or self.completions)
 
 
-def jobset_action(jobset_spec: dict[str, Any], reason: str, restarts_done: int) -> str:
-    """ "fail" or "restart": the JobSet's answer to its Job failing for `reason`."""
+def jobset_action(jobset_spec: dict[str, Any], reason: str, counted_restarts: int, message: str = "") -> str:
+    """ "fail", "restart" (counted against maxRestarts) or "restart-uncounted": the JobSet's
+    answer to its Job failing for `reason` with `message`."""
     policy = jobset_spec.get("failurePolicy") or {}
     for rule in policy.get("rules") or []:
-        if reason in (rule.get("onJobFailureReasons") or [reason]):
+        patterns = rule.get("onJobFailureMessagePatterns") or []
+        if reason in (rule.get("onJobFailureReasons") or [reason]) and (
+            not patterns or any(re.search(p, message) for p in patterns)
+        ):
             action = rule.get("action")
             if action == "FailJobSet":
                 return "fail"
-            if action in ("RestartJobSetAndIgnoreMaxRestarts",):
-                return "restart"
+            if action == "RestartJobSetAndIgnoreMaxRestarts":
+                return "restart-uncounted"
             break
-    return "restart" if restarts_done < int(policy.get("maxRestarts", 0)) else "fail"
+    return "restart" if counted_restarts < int(policy.get("maxRestarts", 0)) else "fail"

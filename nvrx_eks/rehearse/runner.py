@@ -264,7 +264,7 @@ def execute(prepared: Prepared) -> int:
     report. No container of the rehearsal is left, whatever way it ends."""
     run, trainer_dir, podman, console = prepared.run, prepared.trainer_dir, prepared.run.podman, prepared.run.console
     started, started_at = time.monotonic(), time.time()
-    code, attempt = 1, 0
+    code, attempt, counted_restarts = 1, 0, 0
     pending = list(prepared.pod_faults)
     job = JobState(run.job_spec)
     names: list[str] = []
@@ -275,6 +275,7 @@ def execute(prepared: Prepared) -> int:
                 names = run.start_attempt(attempt, prepared.port)
                 job = JobState(run.job_spec)
                 running = dict(enumerate(names))
+                disrupted: set[int] = set()  # stopped as the cluster stops a pod it evicts
                 action = None
                 while running and action is None:
                     time.sleep(0.5)
@@ -285,6 +286,8 @@ def execute(prepared: Prepared) -> int:
                         _emit_fault(trainer_dir, fault, prepared.nproc, attempt)
                         console.print(f"rehearse: {fault.label} ({running[fault.node]})")
                         verb = ["kill", "-s", "KILL"] if fault.kind == "pod-kill" else ["stop"]
+                        if fault.kind != "pod-kill":
+                            disrupted.add(fault.node)
                         podman.popen([*verb, running[fault.node]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     for index, name in list(running.items()):
                         exit_code = podman.exit_code(name)
@@ -292,17 +295,21 @@ def execute(prepared: Prepared) -> int:
                             continue
                         del running[index]
                         console.print(f"rehearse: pod {name} exited {exit_code}")
-                        job.pod_ended(index, exit_code)
+                        job.pod_ended(index, exit_code, disrupted=index in disrupted, pod=name)
                         if job.failure_reason:
                             code = exit_code
-                            action = jobset_action(run.jobset["spec"], job.failure_reason, attempt)
+                            action = jobset_action(
+                                run.jobset["spec"], job.failure_reason, counted_restarts, job.failure_message
+                            )
                         elif job.succeeded_job:
                             code, action = 0, "done"
                 run.delete(names)
-                if action != "restart":
+                if action not in ("restart", "restart-uncounted"):
                     break
                 attempt += 1
-                console.print(f"rehearse: the Job failed ({job.failure_reason}); JobSet restart {attempt}")
+                counted_restarts += action == "restart"
+                uncounted = " (not counted: the pod was disrupted)" if action == "restart-uncounted" else ""
+                console.print(f"rehearse: the Job failed ({job.failure_reason}); JobSet restart {attempt}{uncounted}")
         except KeyboardInterrupt:
             # Ctrl-C, SIGTERM or SIGHUP: the pods are deleted as the cluster would delete them (SIGTERM,
             # their grace period, SIGKILL), so the ranks finish their in-flight checkpoint.

@@ -15,6 +15,7 @@ from nvrx_eks.facts.instances import facts_for
 from nvrx_eks.facts.job_kinds import JOBSET
 from nvrx_eks.jobs.render import _ENV, render_job
 from nvrx_eks.jobs.spec import OFFLINE_PLACEHOLDER_IMAGE, TRAIN_CONFIG_PATH, build_jobspec
+from nvrx_eks.rehearse.jobset import JobState, jobset_action
 from tests.support.manifest_cases import GOLDEN_CASES, UPDATE_GOLDEN, Case
 from workloads.config import TrainConfig
 from workloads.launch import build_ft_launcher_argv
@@ -70,8 +71,12 @@ def test_four_node_jobset_acceptance():
     )
     assert job_spec["backoffLimit"] == 0
     assert job_spec["template"]["spec"]["restartPolicy"] == "Never"
-    rules = job["spec"]["failurePolicy"]["rules"]
-    assert rules[0]["action"] == "FailJobSet" and rules[0]["onJobFailureReasons"] == ["PodFailurePolicy"]
+    # The JobSet's answer, as its controller reads the rules (nvrx_eks/rehearse/jobset.py): exit 93
+    # fails it; a pod the cluster disrupted restarts it without counting against maxRestarts.
+    for disrupted, exit_code, answer in ((False, 93, "fail"), (True, 143, "restart-uncounted")):
+        state = JobState(job_spec)
+        state.pod_ended(1, exit_code, disrupted=disrupted)
+        assert jobset_action(job["spec"], state.failure_reason, 0, state.failure_message) == answer
     # Other failures restart the whole set, up to the configured count.
     assert job["spec"]["failurePolicy"]["maxRestarts"] == 3
     assert job["spec"]["failurePolicy"]["restartStrategy"] == "Recreate"

@@ -237,6 +237,12 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
         "spec.failurePolicy.rules",
     ),
     (
+        "the disruption rule's message pattern widened to every pod failure policy failure (exit 93 restarts)",
+        lambda d: d[1]["spec"]["failurePolicy"]["rules"][0].__setitem__("onJobFailureMessagePatterns", [".*"]),
+        "project",
+        "spec.failurePolicy.rules[0]",
+    ),
+    (
         "PVC name differs from the stack's claim",
         lambda d: _pod(d)["volumes"][0]["persistentVolumeClaim"].__setitem__("claimName", "fsx-claim"),
         "project",

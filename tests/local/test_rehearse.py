@@ -47,7 +47,7 @@ def test_exit_93_fails_the_jobset_and_other_failures_restart_it_up_to_max_restar
     jobset = _jobset()
     job = JobState(_job_spec())
     job.pod_ended(1, EXIT_DO_NOT_REQUEUE)
-    assert jobset_action(jobset["spec"], job.failure_reason, 0) == "fail"
+    assert jobset_action(jobset["spec"], job.failure_reason, 0, job.failure_message) == "fail"
     job = JobState(_job_spec())
     job.pod_ended(0, 137)
     max_restarts = jobset["spec"]["failurePolicy"]["maxRestarts"]
@@ -59,6 +59,23 @@ def test_exit_93_fails_the_jobset_and_other_failures_restart_it_up_to_max_restar
     assert not job.succeeded_job and job.failure_reason is None
     job.pod_ended(1, 0)
     assert job.succeeded_job
+
+
+def test_a_pod_the_cluster_disrupted_restarts_the_jobset_without_counting():
+    """A preemption or eviction (condition DisruptionTarget) fails the Job through its pod failure
+    policy, and the JobSet recreates every pod past maxRestarts: interruptions are not failures.
+    The same pod killed without the condition (OOM, a crash) counts."""
+    jobset = _jobset()
+    max_restarts = jobset["spec"]["failurePolicy"]["maxRestarts"]
+    job = JobState(_job_spec())
+    job.pod_ended(1, 143, disrupted=True, pod="train-worker-0-1")
+    assert job.failure_message == (
+        "Pod training/train-worker-0-1 has condition DisruptionTarget matching FailJob rule at index 1"
+    )
+    assert jobset_action(jobset["spec"], job.failure_reason, max_restarts, job.failure_message) == "restart-uncounted"
+    job = JobState(_job_spec())
+    job.pod_ended(1, 137)
+    assert jobset_action(jobset["spec"], job.failure_reason, max_restarts, job.failure_message) == "fail"
 
 
 def test_with_a_spare_a_failed_pod_fails_only_its_index():

@@ -3,6 +3,9 @@ restart policies around it, hot spares, and the deadline backstop."""
 
 from __future__ import annotations
 
+import re
+
+from nvrx_eks.facts import job_kinds
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from nvrx_eks.jobs.backstop import minimum_deadline_s
 from nvrx_eks.jobs.validate.rules.base import MISSING, PodSite, RuleBase, get
@@ -81,6 +84,7 @@ class PolicyRules(RuleBase):
                         isinstance(r, dict)
                         and r.get("action") != "FailJobSet"
                         and (not reasons or "PodFailurePolicy" in reasons)
+                        and _matches_exit_code_failure(r.get("onJobFailureMessagePatterns"), code)
                     ):
                         self.error(
                             ["spec", "failurePolicy", "rules", i],
@@ -196,3 +200,21 @@ class PolicyRules(RuleBase):
                     "no FailJobSet rule on reason DeadlineExceeded: a Job past its deadline would be recreated "
                     "and hold the nodes again",
                 )
+
+
+def _matches_exit_code_failure(patterns: object, code: int) -> bool:
+    """Whether a JobSet rule with these onJobFailureMessagePatterns (none: every message) matches
+    the Job controller's message for a pod that exited `code` (RE2 patterns, read with Python's
+    re: the same for the literal patterns a rule needs; one re cannot read counts as a match)."""
+    if not patterns or not isinstance(patterns, list):
+        return True
+    message = job_kinds.FAIL_JOB_EXIT_CODE_MESSAGE.format(
+        container="trainer", namespace="training", pod="train-worker-0-0", code=code, index=0
+    )
+    for pattern in patterns:
+        try:
+            if re.search(str(pattern), message):
+                return True
+        except re.error:
+            return True
+    return False
