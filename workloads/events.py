@@ -34,18 +34,29 @@ Events and their own fields:
     checkpoint_commit     step, path, commit_s (rank 0 only: commit marker + pointer written)
     checkpoint_load       step, path, load_s
     checkpoint_fallback   path, reason (a committed checkpoint failed verification or loading)
+    checkpoint_pointer_rebuilt  reason, committed (latest.json unreadable: rebuilt from the commits)
+    checkpoint_pointer_stale    reason, committed (a verified commit newer than latest.json names
+                          was preferred)
+    checkpoint_state_unknown    path, keys (a checkpoint older than a field of the loader's state,
+                          e.g. the dataset digest: loaded without that check)
+    checkpoint_trust_failed     step, path, reason (a file trusted at reload by its metadata failed
+                          the background re-hash: the next commit is refused)
     local_save            step, stall_s (the copy into host buffers), bytes (node-local tier)
     local_saved           step, write_s, replicate_s, bytes, replica_of (the writer thread, done)
     local_save_failed     reason (the local tier only; FSx still holds the run)
     local_copy_skipped    step, origin_rank, own, reason (a local copy failed its check on restore)
     local_tier_skipped    reason, fsx_step (no local step complete for every rank, or FSx newer)
+    local_tier_disabled   reason (checkpoint.local.dir cannot be created: the iteration runs on
+                          the FSx tier alone)
     local_restore         step, source ("local"|"replica"), from_rank, fsx_step, load_s
     fault_injected        kind, step, target_rank[, damaged][, node (node-loss: the simulated node)]
     restart_begin         layer="inprocess", reason (emitted when NVRx finalizes the failed
                           iteration; the fault itself is usually a fault_injected line earlier)
     restart_end           layer="inprocess"|"launcher"|"kubernetes" (the JobSet recreated the
                           pods), resumed_from_step, since_begin_s (inprocess)
-    sigterm               signal
+    sigterm               signal (the ranks voted to stop: a SIGTERM, or a lost rank monitor)
+    monitor_lost          reason (ft_launcher's rank monitor went away: stopping with a checkpoint)
+    unrecoverable         reason (an error no restart can fix: the job ends in 93)
     rank_discarded        reason (spare nodes: a rank of this node was lost, so this rank left with
                           its node; workloads.spares)
     run_end               status ("completed"|"terminated"), final_step, final_loss
