@@ -180,8 +180,9 @@ class FsxConfig(StrictModel):
     #: overlap the prefix that receives the run directories' export (`runs`).
     data_bucket_prefix: str = "data"
     #: Days S3 keeps the exported copy of a run file (checkpoint shard, commit record, events)
-    #: after its last export: the second copy of checkpoints. FSx backups cannot serve: FSx
-    #: takes none of a file system linked to S3.
+    #: once the file was deleted or replaced on Lustre; the copy of a file still there never
+    #: expires. The export is the second copy of checkpoints: FSx takes no backups of a file
+    #: system linked to S3.
     runs_copy_days: Annotated[int, Field(ge=1, le=3650)] = 30
     #: What `cdk destroy` does with the file system and the data bucket. Training data and
     #: checkpoints live there, so they are kept unless the profile says otherwise.

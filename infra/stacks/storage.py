@@ -7,9 +7,11 @@ associations:
 - runs: the run directories (/runs on the file system, where checkpoints are written) ->
   s3://bucket/runs/, export only. This is the second copy of checkpoints: FSx takes no backups
   of a file system linked to S3 (FSx for Lustre user guide, "Working with backups"). Deletions
-  are not exported, so checkpoint retention on Lustre never deletes the S3 copy; S3 expires it
-  fsx.runs_copy_days after its last export. Nothing is imported into /runs, so a writer to the
-  bucket cannot plant a checkpoint.
+  are exported too, into a versioned bucket: the copy of what is on Lustre now never expires (a
+  paused run's only checkpoints stay for as long as the run does), and a file deleted on Lustre
+  (checkpoint retention, a removed run) stays as a noncurrent version for fsx.runs_copy_days
+  before S3 expires it. Nothing is imported into /runs, so a writer to the bucket cannot plant a
+  checkpoint.
 Both are kept on `cdk destroy` unless the profile sets fsx.removal_policy: destroy.
 """
 
@@ -42,6 +44,7 @@ class StorageStack(Stack):
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         fsx_cfg = config.fsx
+        data_prefix = fsx_cfg.data_bucket_prefix.strip("/")  # never empty: the config refuses it
         keep_data = fsx_cfg.removal_policy == "retain"
         removal = RemovalPolicy.RETAIN if keep_data else RemovalPolicy.DESTROY
 
@@ -63,9 +66,14 @@ class StorageStack(Stack):
             server_access_logs_bucket=self.access_log_bucket,
             server_access_logs_prefix="data-bucket/",
             lifecycle_rules=[
-                # Old versions of overwritten files add up quickly; keep a week of them.
-                s3.LifecycleRule(noncurrent_version_expiration=Duration.days(7)),
-                s3.LifecycleRule(prefix=f"{RUNS_COPY_PREFIX}/", expiration=Duration.days(fsx_cfg.runs_copy_days)),
+                # Old versions of overwritten data files add up quickly; keep a week of them.
+                s3.LifecycleRule(prefix=f"{data_prefix}/", noncurrent_version_expiration=Duration.days(7)),
+                # Run files deleted or replaced on Lustre; the current copy never expires.
+                s3.LifecycleRule(
+                    prefix=f"{RUNS_COPY_PREFIX}/",
+                    noncurrent_version_expiration=Duration.days(fsx_cfg.runs_copy_days),
+                    expired_object_delete_marker=True,
+                ),
             ],
         )
 
@@ -98,22 +106,19 @@ class StorageStack(Stack):
         self.file_system.cfn_options.deletion_policy = policy
         self.file_system.cfn_options.update_replace_policy = policy
 
-        prefix = fsx_cfg.data_bucket_prefix.strip("/")
         self.data_repository_association = fsx.CfnDataRepositoryAssociation(
             self,
             "DataRepositoryAssociation",
             file_system_id=self.file_system.ref,
             file_system_path=fsx_cfg.data_repository_path,
-            data_repository_path=f"s3://{self.data_bucket.bucket_name}/{prefix}"
-            if prefix
-            else f"s3://{self.data_bucket.bucket_name}",
+            data_repository_path=f"s3://{self.data_bucket.bucket_name}/{data_prefix}",
             batch_import_meta_data_on_create=True,
             s3=fsx.CfnDataRepositoryAssociation.S3Property(
                 auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
                     events=["NEW", "CHANGED", "DELETED"]
                 ),
-                # Export NEW and CHANGED only: deleting old checkpoints on Lustre (retention) must
-                # not delete their copies in S3, which are the recovery path if the FS is lost.
+                # Export NEW and CHANGED only: a dataset deleted on Lustre (to free space) stays
+                # in S3, where it came from.
                 auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=["NEW", "CHANGED"]),
             ),
         )
@@ -127,7 +132,9 @@ class StorageStack(Stack):
             data_repository_path=f"s3://{self.data_bucket.bucket_name}/{RUNS_COPY_PREFIX}/",
             batch_import_meta_data_on_create=False,
             s3=fsx.CfnDataRepositoryAssociation.S3Property(
-                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=["NEW", "CHANGED"]),
+                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
+                    events=["NEW", "CHANGED", "DELETED"]
+                ),
             ),
         )
         self.runs_export.cfn_options.deletion_policy = CfnDeletionPolicy.DELETE

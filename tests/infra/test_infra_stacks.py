@@ -229,7 +229,7 @@ def test_data_repository_association_links_the_bucket(synth):
     assert dra["FileSystemPath"] == "/s3"
     assert dra["BatchImportMetaDataOnCreate"] is True
     assert dra["S3"]["AutoImportPolicy"]["Events"] == ["NEW", "CHANGED", "DELETED"]
-    # Deleting an old checkpoint on Lustre must not delete its S3 copy.
+    # A dataset deleted on Lustre (to free space) stays in S3.
     assert dra["S3"]["AutoExportPolicy"]["Events"] == ["NEW", "CHANGED"]
     (bucket_id,) = [k for k in synthesized.resources("storage", "AWS::S3::Bucket") if k.startswith("DataBucket")]
     assert json.dumps({"Ref": bucket_id}) in json.dumps(dra["DataRepositoryPath"])
@@ -503,20 +503,31 @@ def test_run_directories_are_exported_to_s3_as_the_second_copy_of_checkpoints(sy
     }
     assert set(associations) == {"/s3", FSX_RUNS_PATH}
     runs = associations[FSX_RUNS_PATH]["Properties"]
-    # Export only: deletions (checkpoint retention) are not propagated, and nothing is imported.
-    assert runs["S3"] == {"AutoExportPolicy": {"Events": ["NEW", "CHANGED"]}}
+    # Export only, deletions included (they become noncurrent versions, below); nothing is imported.
+    assert runs["S3"] == {"AutoExportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}}
     assert runs["BatchImportMetaDataOnCreate"] is False
     assert json.dumps(runs["DataRepositoryPath"]).endswith(f'/{RUNS_COPY_PREFIX}/"]]}}')
     data_path = json.dumps(associations["/s3"]["Properties"]["DataRepositoryPath"])
     assert data_path.endswith('"/data"]]}')  # S3 paths of the two associations do not overlap
-    # Kept fsx.runs_copy_days after the last export, then expired by S3.
+    # The copy of a file still on Lustre never expires (a paused run's only checkpoints); one
+    # deleted or replaced there is kept fsx.runs_copy_days as a noncurrent version.
     (bucket,) = [
         b["Properties"]
         for k, b in synthesized.resources("storage", "AWS::S3::Bucket").items()
         if k.startswith("DataBucket")
     ]
+    assert bucket["VersioningConfiguration"] == {"Status": "Enabled"}
     rules = bucket["LifecycleConfiguration"]["Rules"]
-    assert {"Prefix": f"{RUNS_COPY_PREFIX}/", "ExpirationInDays": 30, "Status": "Enabled"} in rules
+    runs_rules = [r for r in rules if r.get("Prefix", "").startswith(f"{RUNS_COPY_PREFIX}/") or "Prefix" not in r]
+    assert runs_rules == [
+        {
+            "Prefix": f"{RUNS_COPY_PREFIX}/",
+            "NoncurrentVersionExpiration": {"NoncurrentDays": 30},
+            "ExpiredObjectDeleteMarker": True,
+            "Status": "Enabled",
+        }
+    ]
+    assert not any("ExpirationInDays" in r for r in runs_rules)
     # FSx takes no backups of a file system linked to S3 (they would be refused).
     lustre = synthesized.one("storage", "AWS::FSx::FileSystem")["Properties"]["LustreConfiguration"]
     assert lustre["AutomaticBackupRetentionDays"] == 0
