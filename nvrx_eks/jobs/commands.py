@@ -64,7 +64,7 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
     spec = build_jobspec(
         deployment.config,
         nodes=nodes,
-        name=options.name or DEFAULT_JOB_NAME[options.workload],
+        name=DEFAULT_JOB_NAME[options.workload] if options.name is None else options.name,
         api=api,
         workload=options.workload,
         image=options.image,

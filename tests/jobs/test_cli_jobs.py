@@ -106,6 +106,7 @@ def test_fabric_test_renders_and_validates():
     [
         (["render", "--api", "mpijob"], "--api 'mpijob': use jobset (default) or pytorchjob"),
         (["render", "--name", "Train"], "--name: 'Train' must be lower-case"),
+        (["render", "--name", ""], "--name: '' must be lower-case"),  # not silently the default
         (["render", "--nodes", "two"], "Invalid value for '--nodes'"),
         (["render", "--train-config", "no-such.yaml"], "--train-config no-such.yaml does not exist"),
         (["render", "--set", "checkpoint.intervall_steps=3"], "checkpoint.intervall_steps: unknown field"),
