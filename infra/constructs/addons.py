@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import cast
 
-from aws_cdk import CfnResource
+from aws_cdk import CfnResource, Stack
 from aws_cdk import aws_eks as eks_l1
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
@@ -23,7 +23,7 @@ def install_addons(scope: Construct, cluster: eks.Cluster, config: DeploymentCon
     for addon in managed_addons(config):
         associations = None
         if addon.pod_identity is not None:
-            role = _pod_identity_role(scope, addon)
+            role = _pod_identity_role(scope, addon, cluster)
             associations = [
                 eks_l1.CfnAddon.PodIdentityAssociationProperty(
                     service_account=addon.pod_identity.service_account, role_arn=role.role_arn
@@ -68,14 +68,25 @@ def install_addons(scope: Construct, cluster: eks.Cluster, config: DeploymentCon
     return created
 
 
-def _pod_identity_role(scope: Construct, addon: ManagedAddon) -> iam.Role:
+def _pod_identity_role(scope: Construct, addon: ManagedAddon, cluster: eks.Cluster) -> iam.Role:
     identity = addon.pod_identity
     assert identity is not None
-    # EKS Pod Identity: the pods service assumes the role and tags the session.
+    # EKS Pod Identity: the pods service assumes the role and tags the session with the cluster,
+    # namespace and service account it assumes it for. Without conditions on those tags any Pod
+    # Identity association in the account (another cluster, another service account) could be
+    # pointed at this role (Amazon EKS user guide, "Create IAM role with trust policy required by
+    # EKS Pod Identity").
+    conditions = {
+        "StringEquals": {
+            "aws:SourceAccount": Stack.of(scope).account,
+            "aws:RequestTag/eks-cluster-name": cluster.cluster_name,
+            "aws:RequestTag/kubernetes-service-account": identity.service_account,
+        }
+    }
     role = iam.Role(
         scope,
         f"PodIdentityRole-{addon.name}",
-        assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+        assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com", conditions=conditions).with_session_tags(),
         description=f"EKS Pod Identity role for {addon.name}/{identity.service_account}",
         managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(p) for p in identity.managed_policies],
     )

@@ -360,6 +360,11 @@ def test_eks_managed_add_ons_pinned_with_pod_identity(synth):
     (statement,) = trust["Statement"]
     assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
     assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
+    # Only for this account's cluster and the add-on's own service account.
+    equals = statement["Condition"]["StringEquals"]
+    assert equals["aws:SourceAccount"] == resolve_config("p5").account
+    assert equals["aws:RequestTag/kubernetes-service-account"] == "fsx-csi-controller-sa"
+    assert "aws:RequestTag/eks-cluster-name" in equals
 
 
 def test_helm_add_ons_device_plugins_and_jobset(synth):
