@@ -12,8 +12,8 @@ resolves to loopback, and the store must be pod 0's, as on the cluster.
 Faults at pod level (besides the trainer's own, which go into its config):
     pod-kill@STEP:NODE  the pod's container is killed (SIGKILL): a lost node
     pod-stop@STEP:NODE  the pod is deleted: SIGTERM, SIGKILL after its grace period (preemption)
-Each fires once, when rank 0 has ended STEP, and is written to the run's events like the
-trainer's faults, so the report says which layer recovered it.
+Each fires once, when rank 0 has ended STEP and the pod the previous one struck has ended, and is
+written to the run's events like the trainer's faults, so the report says which layer recovered it.
 """
 
 from __future__ import annotations
@@ -276,13 +276,19 @@ def execute(prepared: Prepared) -> int:
                 job = JobState(run.job_spec)
                 running = dict(enumerate(names))
                 disrupted: set[int] = set()  # stopped as the cluster stops a pod it evicts
+                struck: set[int] = set()  # pods a fault was sent to
                 action = None
                 while running and action is None:
                     time.sleep(0.5)
                     ends = load_run(trainer_dir).of("step_end", rank=0)
                     reached = max((e["step"] for e in ends if e.get("attempt", 0) == attempt), default=0)
-                    for fault in [f for f in pending if reached >= f.step and f.node in running]:
+                    # One fault at a time: the next waits until the pod the last one struck has
+                    # ended and the controllers answered, even when the run (polled every 0.5 s)
+                    # already passed both steps; otherwise two faults would land as one.
+                    due = [f for f in pending if reached >= f.step and f.node in running]
+                    for fault in due[:1] if not struck & set(running) else []:
                         pending.remove(fault)
+                        struck.add(fault.node)
                         _emit_fault(trainer_dir, fault, prepared.nproc, attempt)
                         console.print(f"rehearse: {fault.label} ({running[fault.node]})")
                         verb = ["kill", "-s", "KILL"] if fault.kind == "pod-kill" else ["stop"]

@@ -142,13 +142,15 @@ def test_sigterm_as_tini_delivers_it_reaches_the_launcher_once(sandbox, api):
 
 
 @pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
-def test_a_launcher_that_exits_1_after_the_forwarded_sigterm_makes_the_pod_exit_143(sandbox, api):
-    """ft_launcher exits 1 after forwarding a SIGTERM even when its ranks honoured it with 143;
-    the pod was asked to stop, and says so."""
+@pytest.mark.parametrize("launcher_exit", ["1", "0"])
+def test_a_launcher_exit_after_the_forwarded_sigterm_makes_the_pod_exit_143(sandbox, api, launcher_exit):
+    """ft_launcher exits 1 after forwarding a SIGTERM even when its ranks honoured it with 143, and
+    0 when it counts their exits as graceful; the pod was asked to stop, and says so: neither a
+    failure nor a finished run."""
     work, env = sandbox
     process = subprocess.Popen(
         ["/bin/sh", "-c", _entrypoint(api)],
-        env={**env, "LAUNCHER_SLEEP": "1", "LAUNCHER_TERM_EXIT": "1"},
+        env={**env, "LAUNCHER_SLEEP": "1", "LAUNCHER_TERM_EXIT": launcher_exit},
         start_new_session=True,
     )
     deadline = time.monotonic() + 20

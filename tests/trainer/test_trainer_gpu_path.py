@@ -274,6 +274,7 @@ def test_gpus_missing_ends_the_rank_with_do_not_requeue(monkeypatch):
 
     class Process:
         events = Events()
+        cfg, rank, ft = None, 0, None  # no attempt id here: nothing is recorded, and no launcher
 
     armed = []
     # train_attempt turns a ConfigError into Unrecoverable, which run() ends with exit 93; the
