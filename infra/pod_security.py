@@ -378,10 +378,11 @@ def _no_host_in_handlers() -> str:
 
 def _apparmor_annotations() -> str:
     value = "object.metadata.annotations[k]"
+    # Parenthesized: it is joined to other checks with &&, which binds tighter than its ||.
     return (
-        "!has(object.metadata.annotations) || object.metadata.annotations.all(k, "
+        "(!has(object.metadata.annotations) || object.metadata.annotations.all(k, "
         f"!k.startsWith('{APPARMOR_ANNOTATION_PREFIX}') || {value} in {_cel_list(_PSS_APPARMOR_ANNOTATION_VALUES)} || "
-        f"{value}.startsWith('{_PSS_APPARMOR_ANNOTATION_LOCALHOST}'))"
+        f"{value}.startsWith('{_PSS_APPARMOR_ANNOTATION_LOCALHOST}')))"
     )
 
 

@@ -193,6 +193,16 @@ def test_each_baseline_violation_is_rejected(policy, violation):
     assert len(violations(policy, _with(trainer_pod(), REJECTED[violation]))) == 1
 
 
+@pytest.mark.parametrize("violation", sorted(REJECTED))
+def test_each_baseline_violation_is_rejected_in_a_pod_with_annotations(policy, violation):
+    """A Job's pods always carry annotations (the completion index). The AppArmor check's
+    annotation clause, joined without parentheses, once admitted an Unconfined profile in any
+    pod that had an annotation."""
+    pod = _with(trainer_pod(), REJECTED[violation])
+    pod["metadata"]["annotations"] = {"batch.kubernetes.io/job-completion-index": "0"}
+    assert len(violations(policy, pod)) == 1
+
+
 @pytest.mark.parametrize("allowed", sorted(ADMITTED))
 def test_what_baseline_allows_is_admitted(policy, allowed):
     assert violations(policy, _with(trainer_pod(), ADMITTED[allowed])) == []
