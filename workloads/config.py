@@ -88,8 +88,42 @@ class DataConfig(_Strict):
         default=1,
         ge=1,
         description="micro-batches per optimizer step; global batch = world size x batch_size x "
-        "grad_accum_steps sequences",
+        "grad_accum_steps sequences (derived instead when global_batch_tokens is set)",
     )
+    global_batch_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="tokens per optimizer step over all ranks, kept whatever the world size: "
+        "grad_accum_steps becomes global_batch_tokens / (world size x batch_size x seq_len), and a "
+        "world size that does not divide it is refused naming the ones that do",
+    )
+
+    def accumulation(self, world_size: int) -> int:
+        """Micro-batches per optimizer step for `world_size` ranks (see global_batch_tokens)."""
+        if self.global_batch_tokens is None:
+            return self.grad_accum_steps
+        micro_step = world_size * self.batch_size * self.seq_len
+        accumulation, rest = divmod(self.global_batch_tokens, micro_step)
+        if accumulation < 1 or rest:
+            fitting = ", ".join(str(w) for w in self.world_sizes_near(world_size)) or "none"
+            raise ConfigError(
+                f"data.global_batch_tokens: {self.global_batch_tokens:,} tokens is not a whole number of "
+                f"micro-batches of {world_size} ranks x {self.batch_size} x {self.seq_len} tokens; world sizes "
+                f"that divide it near {world_size}: {fitting} (or change data.batch_size, data.seq_len or "
+                "data.global_batch_tokens)"
+            )
+        return accumulation
+
+    def world_sizes_near(self, world_size: int) -> list[int]:
+        """The world sizes that divide global_batch_tokens nearest below and above `world_size`."""
+        assert self.global_batch_tokens is not None
+        sequences, rest = divmod(self.global_batch_tokens, self.batch_size * self.seq_len)
+        if rest:
+            return []
+        fitting = [w for w in range(1, sequences + 1) if sequences % w == 0]
+        below = [w for w in fitting if w < world_size][-1:]
+        above = [w for w in fitting if w > world_size][:1]
+        return below + above
 
     @model_validator(mode="after")
     def _path_matches_source(self) -> DataConfig:
@@ -99,6 +133,11 @@ class DataConfig(_Strict):
             )
         if self.source == "synthetic" and self.path:
             raise ValueError("data.path: only used with data.source=memmap; remove it or set data.source=memmap")
+        # The default 1 is no choice (a dumped config carries it): only another value conflicts.
+        if self.global_batch_tokens is not None and self.grad_accum_steps != 1:
+            raise ValueError(
+                "data.grad_accum_steps: derived from data.global_batch_tokens when that is set; set one of them"
+            )
         return self
 
 

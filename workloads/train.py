@@ -304,6 +304,10 @@ def preflight(cfg: TrainConfig, world_size: int) -> int:
     """Checks that need no rank: fault ranks, data path, checkpoint compatibility."""
     problems = []
     problems += [outside_world_problem(f, world_size) for f in outside_world(parse_fault_spec(cfg.faults), world_size)]
+    try:
+        cfg.data.accumulation(world_size)
+    except ConfigError as err:
+        problems.append(str(err))
     if cfg.data.source == "memmap":
         from workloads.shards import PREFLIGHT_HASH_BYTES, shard_files
 

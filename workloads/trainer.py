@@ -158,7 +158,8 @@ class Trainer:
                 self.runtime.device,
             )
         data = self.cfg.data
-        self.tokens_per_step = self.world * data.batch_size * data.seq_len * data.grad_accum_steps
+        self.accumulation = data.accumulation(self.world)
+        self.tokens_per_step = self.world * data.batch_size * data.seq_len * self.accumulation
         self.flops_token = flops_per_token(self.cfg.model.shape, data.seq_len)
         # MFU against a GPU's peak only: a CPU run's figure would compare with nothing.
         self.peak_tflops = self.cfg.peak_tflops_per_gpu if self.runtime.is_cuda else None
@@ -180,9 +181,9 @@ class Trainer:
         return False
 
     def train_step(self, step: int) -> StepOutcome:
-        """One optimizer step over data.grad_accum_steps micro-batches."""
+        """One optimizer step over the data config's accumulation of micro-batches."""
         training, device = self.training, self.runtime.device
-        accum = self.cfg.data.grad_accum_steps
+        accum = self.accumulation
         started = time.monotonic()
         with self.ft.section("step"):
             # Gradient accumulation: each micro-batch's backward reduce-scatters into the sharded

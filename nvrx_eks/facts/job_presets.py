@@ -15,13 +15,13 @@ from typing import Any
 class JobPreset:
     """A whole default job: what `render`/`submit` train without --train-config on a profile that
     names it (DeploymentConfig.default_job). `train` is TrainConfig data; --set overrides apply on
-    top. With `global_batch_tokens`, data.grad_accum_steps is derived at render time for the
-    job's world size (nvrx_eks/jobs/spec.py), and checkpoint.interval_steps comes from the
-    checkpoint-interval plan (nvrx_eks/ops/plan.py), never typed here."""
+    top. A preset sized for the cluster fixes data.global_batch_tokens (the trainer derives its
+    accumulation for the world size) and, with `plan_interval`, takes checkpoint.interval_steps
+    from the checkpoint-interval plan (nvrx_eks/ops/plan.py), never typed here."""
 
     description: str
     train: dict[str, Any]
-    global_batch_tokens: int | None = None
+    plan_interval: bool = False
 
 
 JOB_PRESETS: dict[str, JobPreset] = {
@@ -33,17 +33,18 @@ JOB_PRESETS: dict[str, JobPreset] = {
     # blocks of 176 KB, + the final norm) = 9.6 GiB; one 2048-token loss chunk = 4.9 GiB; + 5%
     # fragmentation (1.3) and 3 GiB CUDA/NCCL: 31.2 GiB, less at more nodes. Without
     # recomputation: 114.6 GiB, which does not fit. 2 x 8192-token sequences per GPU per
-    # micro-batch; 1 Mi tokens per optimizer step (4 micro-batches at 16 GPUs).
+    # micro-batch; 2 Mi tokens per optimizer step whatever the node count: 8 micro-batches at 16
+    # GPUs (2 nodes), 1 at 128 (16 nodes); every power-of-two node count from 1 to 16 divides it.
     "llama3-8b": JobPreset(
-        description="8b preset, seq 8192, micro-batch 2, activation checkpointing, 1 Mi-token global batch",
+        description="8b preset, seq 8192, micro-batch 2, activation checkpointing, 2 Mi-token global batch",
         train={
             "steps": 5000,
             "model": {"preset": "8b", "activation_checkpointing": True},
-            "data": {"seq_len": 8192, "batch_size": 2},
+            "data": {"seq_len": 8192, "batch_size": 2, "global_batch_tokens": 1 << 21},
             # Llama 3's peak learning rate for the 8B model; a warm-up of 2% of the steps.
             "optimizer": {"lr": 3e-4, "warmup_steps": 100},
         },
-        global_batch_tokens=1 << 20,
+        plan_interval=True,
     ),
     # The trainer's own defaults (the tiny preset): proves the plumbing on small GPUs.
     "smoke": JobPreset(description="tiny preset, the trainer's defaults", train={}),

@@ -27,7 +27,7 @@ from nvrx_eks.facts.job_kinds import JOB_KINDS, Api
 from nvrx_eks.jobs.capacity import deployed_nodes, live_limits, profile_limit, refuse_beyond
 from nvrx_eks.jobs.options import JobOptions
 from nvrx_eks.jobs.render import RenderedJob, render_job, write_documents
-from nvrx_eks.jobs.spec import JobSpec, build_jobspec, load_train_config
+from nvrx_eks.jobs.spec import JobSpec, build_jobspec, check_global_batch, load_train_config
 from nvrx_eks.jobs.validate import Expectations, ValidationReport, load_documents, validate_documents
 
 DEFAULT_JOB_NAME = {"train": "train", "nccl-test": "nccl-test"}
@@ -78,6 +78,7 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
     # Here, not in build_jobspec: render, validate and submit all build their job through this
     # function, and a job the profile's node group cannot hold is refused before anything else.
     refuse_beyond(spec, [profile_limit(deployment)])
+    check_global_batch(spec)
     return spec
 
 

@@ -304,9 +304,8 @@ def load_train_config(
 
 def default_job(config: DeploymentConfig, nodes: int, overrides: list[str]) -> TrainConfig:
     """The profile's default job (nvrx_eks.facts.job_presets.JOB_PRESETS[config.default_job]) on `nodes`,
-    with `--set` overrides on top. Unless an override sets them: data.grad_accum_steps reaches
-    the preset's global batch (the largest accumulation not above it, at least 1) and
-    checkpoint.interval_steps is the checkpoint-interval plan's optimum for this job
+    with `--set` overrides on top. Unless an override sets it, checkpoint.interval_steps of a
+    preset sized for the cluster is the checkpoint-interval plan's optimum for this job
     (nvrx_eks.ops.plan.optimal_interval_steps, the figure `nvrx-eks plan` prints)."""
     from nvrx_eks.ops.plan import optimal_interval_steps
 
@@ -314,13 +313,12 @@ def default_job(config: DeploymentConfig, nodes: int, overrides: list[str]) -> T
     source = f"the {config.default_job} default job with --set/--faults"
     train = TrainConfig.from_dict(preset.train, source=source, overrides=overrides)
     given = {item.partition("=")[0].strip() for item in overrides}
-    derived = []
-    if preset.global_batch_tokens and "data.grad_accum_steps" not in given:
-        per_micro_step = nodes * config.gpu_nodes.facts.gpus * train.data.batch_size * train.data.seq_len
-        derived.append(f"data.grad_accum_steps={max(1, preset.global_batch_tokens // per_micro_step)}")
-        train = TrainConfig.from_dict(preset.train, source=source, overrides=[*overrides, *derived])
-    if preset.global_batch_tokens and "checkpoint.interval_steps" not in given:
-        derived.append(f"checkpoint.interval_steps={optimal_interval_steps(config, train, nodes)}")
+    if preset.plan_interval and "checkpoint.interval_steps" not in given:
+        try:
+            interval = optimal_interval_steps(config, train, nodes)
+        except ConfigError:
+            return train  # the node count does not fit the job: build_jobspec says why, naming --nodes
+        derived = [f"checkpoint.interval_steps={interval}"]
         train = TrainConfig.from_dict(preset.train, source=source, overrides=[*overrides, *derived])
     return train
 
@@ -391,6 +389,26 @@ def build_jobspec(
         if problem:
             raise ConfigError(f"--train-config/--set: {problem}")
     return spec
+
+
+def check_global_batch(spec: JobSpec) -> None:
+    """The node count must divide the fixed global batch (data.global_batch_tokens) into whole
+    micro-batches; otherwise name the node counts nearby that do."""
+    if spec.workload != "train":
+        return
+    data = spec.train.data
+    try:
+        data.accumulation(spec.world_size)
+    except ConfigError:
+        per_node = spec.nproc_per_node
+        nodes = [w // per_node for w in data.world_sizes_near(spec.world_size) if w % per_node == 0]
+        fitting = " or ".join(str(n) for n in nodes) or "none nearby"
+        raise ConfigError(
+            f"--nodes {spec.nodes}: {spec.world_size} ranks do not divide data.global_batch_tokens "
+            f"({data.global_batch_tokens:,} tokens) into micro-batches of {data.batch_size} x {data.seq_len} "
+            f"tokens per rank; nodes that do: {fitting} (or change data.global_batch_tokens, "
+            "data.batch_size or data.seq_len)"
+        ) from None
 
 
 def for_gpu_nodes(train: TrainConfig) -> TrainConfig:

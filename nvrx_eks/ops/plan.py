@@ -198,11 +198,18 @@ def plan_for_job(config: DeploymentConfig, train, nodes: int, **assumptions) -> 
 
     gpus = nodes * config.gpu_nodes.facts.gpus
     data = train.data
+    micro_step = gpus * data.batch_size * data.seq_len
+    try:
+        tokens_per_step = micro_step * data.accumulation(gpus)
+    except ConfigError:
+        # A projection past what the job's fixed global batch divides (the scaling table's larger
+        # rows): one micro-batch per GPU per step, the least such a job could take.
+        tokens_per_step = micro_step
     return make_plan(
         config,
         nodes=nodes,
         preset=train.model.preset,
-        tokens_per_step=gpus * data.batch_size * data.seq_len * data.grad_accum_steps,
+        tokens_per_step=tokens_per_step,
         interval_steps=train.checkpoint.interval_steps,
         memory=estimate_for(train, gpus, ranks_per_node=config.gpu_nodes.facts.gpus),
         **assumptions,
@@ -279,10 +286,11 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
 def print_memory(memory: MemoryEstimate, config: DeploymentConfig, train, world_size: int, console: Console) -> None:
     facts = config.gpu_nodes.facts
     verdict = "fits" if memory.total <= facts.gpu_memory_gib * GIB else "does NOT fit"
+    accumulation = train.data.accumulation(world_size)
     console.print(
         f"Memory per GPU ({train.model.preset}, {train.data.batch_size} x {train.data.seq_len} tokens per "
-        f"micro-batch, {train.data.grad_accum_steps} per step: global batch "
-        f"{world_size * train.data.batch_size * train.data.seq_len * train.data.grad_accum_steps:,} tokens, "
+        f"micro-batch, {accumulation} per step: global batch "
+        f"{world_size * train.data.batch_size * train.data.seq_len * accumulation:,} tokens, "
         f"activation checkpointing {'on' if train.model.checkpoint_activations else 'off'}, "
         f"world {world_size}): {memory.total / GIB:.1f} GiB of {facts.gpu_memory_gib} GiB "
         f"({facts.gpu_model}): {verdict}"
@@ -305,7 +313,9 @@ def print_scaling(config: DeploymentConfig, plan_for_nodes, node_counts: list[in
     console.print(table)
     console.print(
         "[dim]  The in-process column credits every fault with an in-process restart: an upper bound, since a "
-        "hardware fault takes its node; the next table splits faults by kind, each recovered by its layer.[/]"
+        "hardware fault takes its node; the next table splits faults by kind, each recovered by its layer. "
+        "Where a fixed global batch (data.global_batch_tokens) has fewer micro-batches than GPUs, a row takes "
+        "one micro-batch per GPU per step.[/]"
     )
 
 

@@ -35,8 +35,9 @@ def test_p5_renders_the_8b_job_with_recomputation_accumulation_and_the_plans_int
     assert train["model"]["preset"] == "8b" and train["model"]["activation_checkpointing"] is True
     assert train["distributed"]["backend"] == "nccl"  # GPUs: the trainer computes in bf16
     gpus = config.gpu_nodes.desired_size * config.gpu_nodes.facts.gpus
-    data = train["data"]
-    assert gpus * data["batch_size"] * data["seq_len"] * data["grad_accum_steps"] == 1 << 20
+    data = TrainConfig.from_dict(train, source="the render").data
+    assert data.global_batch_tokens == 1 << 21
+    assert gpus * data.batch_size * data.seq_len * data.accumulation(gpus) == 1 << 21
     expected = optimal_interval_steps(config, default_job(config, config.gpu_nodes.desired_size, []), 2)
     assert train["checkpoint"]["interval_steps"] == expected > 50  # computed, not the trainer's 50
     assert train["peak_tflops_per_gpu"] == INSTANCE_FACTS[config.gpu_nodes.instance_type].peak_bf16_tflops
@@ -53,9 +54,15 @@ def test_plan_prints_the_same_interval_the_render_uses_and_memory_below_80_gb():
 
 
 def test_set_overrides_win_over_the_derived_fields():
-    train = rendered_train("--set", "data.grad_accum_steps=2", "--set", "checkpoint.interval_steps=100")
-    assert train["data"]["grad_accum_steps"] == 2 and train["checkpoint"]["interval_steps"] == 100
+    train = rendered_train("--set", "data.global_batch_tokens=524288", "--set", "checkpoint.interval_steps=100")
+    assert train["data"]["global_batch_tokens"] == 1 << 19 and train["checkpoint"]["interval_steps"] == 100
     assert train["model"]["preset"] == "8b"
+
+
+def test_an_accumulation_set_beside_the_global_batch_is_refused_naming_both():
+    result = run_cli("render", "--set", "data.grad_accum_steps=2")
+    assert result.code == 2
+    assert "data.grad_accum_steps: derived from data.global_batch_tokens when that is set" in result.stderr
 
 
 def _p5_for(tmp_path, nodes: int) -> str:
@@ -63,10 +70,17 @@ def _p5_for(tmp_path, nodes: int) -> str:
     return str(profile_file(tmp_path, gpu_nodes__max_size=nodes, gpu_nodes__desired_size=nodes))
 
 
-def test_accumulation_follows_the_node_count(tmp_path):
+def test_the_global_batch_stays_as_the_node_count_changes(tmp_path):
+    """2 to 16 nodes train on the same tokens per step (the accumulation is derived); a node count
+    that cannot divide them into whole micro-batches is refused, naming the counts that can."""
     config = _p5_for(tmp_path, 16)
-    assert rendered_train("--config", config, "--nodes", "4")["data"]["grad_accum_steps"] == 2
-    assert rendered_train("--config", config, "--nodes", "16")["data"]["grad_accum_steps"] == 1  # never below 1
+    for nodes in (2, 4, 8, 16):
+        data = TrainConfig.from_dict(rendered_train("--config", config, "--nodes", str(nodes)), source="x").data
+        assert data.accumulation(nodes * 8) * nodes * 8 * data.batch_size * data.seq_len == 1 << 21
+    result = run_cli("render", "--config", config, "--nodes", "5")
+    assert result.code == 2
+    assert "--nodes 5: 40 ranks do not divide data.global_batch_tokens" in result.stderr
+    assert "nodes that do: 4 or 8" in result.stderr
 
 
 def test_g5_smoke_keeps_a_small_preset():

@@ -174,7 +174,7 @@ def test_submit_within_the_node_group_notes_pods_beyond_its_desired_size(aws, k8
     config = profile_file(tmp_path, gpu_nodes__max_size=4, gpu_nodes__desired_size=2)
     deploy_fake_environment(k8s_server.url, config)
     add_fsx_volume(k8s_server)
-    result = run_cli("submit", "--config", str(config), "--nodes", "3", "--spare-nodes", "1")
+    result = run_cli("submit", "--config", str(config), "--nodes", "2", "--spare-nodes", "2")
     assert result.code == 0, result.output
     note = " ".join(result.stderr.split())
     assert "the job launches 4 nodes and the GPU node group nvrx-eks-gpu runs 2" in note
