@@ -34,6 +34,9 @@ Events and their own fields:
     checkpoint_commit     step, path, commit_s (rank 0 only: commit marker + pointer written)
     checkpoint_load       step, path, load_s
     checkpoint_fallback   path, reason (a committed checkpoint failed verification or loading)
+    checkpoint_resharded  path, from_world, to_world (loaded onto another world size by DCP)
+    global_batch_changed  from_tokens, to_tokens (the config's global batch differs from the
+                          checkpoint's; rank 0)
     checkpoint_pointer_rebuilt  reason, committed (latest.json unreadable: rebuilt from the commits)
     checkpoint_pointer_stale    reason, committed (a verified commit newer than latest.json names
                           was preferred)

@@ -338,7 +338,8 @@ def _checkpoint_dir_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     problems = []
     newest = root / state.committed[0] if state.committed else None
     manifest = layout.verified_commit(newest) if newest is not None else None
-    problem = layout.incompatibility(manifest, layout.run_identity(world_size, cfg.model.preset)) if manifest else None
+    identity = layout.run_identity(world_size, cfg.model.preset)
+    problem = layout.incompatibility(manifest, identity, layout_may_differ=True) if manifest else None
     if problem is not None:
         problems.append(f"checkpoint.dir: the newest checkpoint {problem}")
     # The next save needs about as much as the newest one took (nothing to go by on a fresh run).

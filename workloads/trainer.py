@@ -158,11 +158,28 @@ class Trainer:
                 self.runtime.device,
             )
         data = self.cfg.data
-        self.accumulation = data.accumulation(self.world)
+        self.accumulation = self._accumulation()
         self.tokens_per_step = self.world * data.batch_size * data.seq_len * self.accumulation
+        self.checkpointer.run_facts["global_batch_tokens"] = self.tokens_per_step
         self.flops_token = flops_per_token(self.cfg.model.shape, data.seq_len)
         # MFU against a GPU's peak only: a CPU run's figure would compare with nothing.
         self.peak_tflops = self.cfg.peak_tflops_per_gpu if self.runtime.is_cuda else None
+
+    def _accumulation(self) -> int:
+        """Micro-batches per step. A run resumed on another world size keeps the global batch its
+        checkpoint was trained with (when the config fixes none): the data position is global, so
+        the same sequences make each step, split over fewer or more ranks."""
+        data = self.cfg.data
+        written = self.checkpointer.loaded_manifest or {}
+        tokens = written.get("global_batch_tokens")
+        if data.global_batch_tokens is None and tokens and written.get("world_size") != self.world:
+            return data.model_copy(update={"global_batch_tokens": tokens}).accumulation(self.world)
+        accumulation = data.accumulation(self.world)
+        now = self.world * data.batch_size * data.seq_len * accumulation
+        if tokens and tokens != now and self.rank == 0:
+            log.warning("the global batch changes from %d tokens (the checkpoint's) to %d", tokens, now)
+            self.events.emit("global_batch_changed", from_tokens=tokens, to_tokens=now)
+        return accumulation
 
     def train(self) -> bool:
         """The loop, from the step after the restored one to the last; True if a stop request ended it."""

@@ -67,6 +67,11 @@ IDENTITY_FIELDS = {
     "shard": "distributed.shard",
     "nproc_per_node": "ranks per node (nproc-per-node)",
 }
+#: Identity fields of how the state is laid out across ranks, not of what it is: DCP reshards the
+#: shards in checkpoint.dir onto another layout on load (the data position and the RNG keys do not
+#: depend on it), so a resume may change them. A node-local copy is one rank's shard as is: a
+#: copy of another layout is skipped for the FSx checkpoint, never loaded.
+LAYOUT_FIELDS = ("world_size", "shard", "nproc_per_node")
 
 #: The fix for a checkpoint another run wrote when the operator means to start over.
 START_OVER = "point checkpoint.dir at an empty directory to start a new run"
@@ -85,10 +90,14 @@ def local_copy_identity(world_size: int, preset: str, shard: str, nproc_per_node
     return {**run_identity(world_size, preset), "shard": shard, "nproc_per_node": nproc_per_node}
 
 
-def incompatibility(manifest: dict[str, Any], identity: dict[str, Any], start_over: str = START_OVER) -> str | None:
-    """Why a checkpoint whose record is `manifest` cannot be resumed by a run of `identity` (its
-    shards are laid out for the world size and model that wrote them), or None."""
+def incompatibility(
+    manifest: dict[str, Any], identity: dict[str, Any], start_over: str = START_OVER, *, layout_may_differ: bool = False
+) -> str | None:
+    """Why a checkpoint whose record is `manifest` cannot be resumed by a run of `identity`, or
+    None. `layout_may_differ`: the LAYOUT_FIELDS are not compared (a checkpoint DCP reshards)."""
     for key, expected in identity.items():
+        if layout_may_differ and key in LAYOUT_FIELDS:
+            continue
         if manifest.get(key) != expected:
             return (
                 f"was written with {key}={manifest.get(key)!r}, this run has {key}={expected!r}; resume "

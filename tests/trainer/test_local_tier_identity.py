@@ -45,10 +45,19 @@ def _saved(run_dir: Path, local_dir: Path, step: int) -> None:
     tier.wait()
 
 
-@pytest.mark.parametrize(
-    ("setting", "named"),
-    [("model.preset=small", "model.preset"), ("distributed.shard=hybrid", "distributed.shard")],
-)
+def test_a_copy_of_another_layout_is_skipped_for_the_fsx_checkpoint(single_rank, tmp_path):
+    """A resume on another world size or shard mode: the copy is one rank's shard of the old
+    layout, so the tier steps aside and the FSx checkpoint is resharded instead."""
+    _saved(tmp_path, tmp_path / "local", 4)
+    assert (
+        _tier(tmp_path, tmp_path / "local", "distributed.shard=hybrid").restore(lambda: _state(0.0), fsx_step=-1)
+        is None
+    )
+    (skipped,) = load_run(tmp_path).of("local_copy_skipped")
+    assert skipped["reason"] == "laid out for {'shard': 'full'}, this run for {'shard': 'hybrid'}"
+
+
+@pytest.mark.parametrize(("setting", "named"), [("model.preset=small", "model.preset")])
 def test_a_copy_of_another_identity_ends_the_run_with_the_setting_named(single_rank, tmp_path, setting, named):
     _saved(tmp_path, tmp_path / "local", 4)
     resumed = _tier(tmp_path, tmp_path / "local", setting)

@@ -172,16 +172,17 @@ def test_runs_leave_no_process_behind(clean, faulted):
         assert_nothing_left(run_dir, json.loads((run_dir / "local_run.json").read_text()))
 
 
-def test_preflight_refuses_other_world_size_with_exit_93(clean, tmp_path):
+def test_preflight_lets_another_world_size_reshard_and_refuses_another_model_with_exit_93(clean, tmp_path):
     # A copy of the run's config (same checkpoint.dir): this check's command line must not name
     # the run directory, which the no-process-left test looks for.
     config = tmp_path / "config.yaml"
     config.write_text((clean / "config.yaml").read_text())
-    result = subprocess.run(
-        [sys.executable, "-m", "workloads.train", "--config", str(config), "--preflight", "--world-size", "4"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    assert result.returncode == EXIT_DO_NOT_REQUEUE
-    assert "world_size=2" in result.stderr and "Traceback" not in result.stderr
+
+    def preflight(*overrides: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "workloads.train", "--config", str(config), "--preflight", "--world-size", "4"]
+        return subprocess.run([*argv, *overrides], capture_output=True, text=True, cwd=REPO)
+
+    assert preflight().returncode == 0  # DCP reshards the world-2 checkpoint onto 4 ranks
+    refused = preflight("model.preset=small")
+    assert refused.returncode == EXIT_DO_NOT_REQUEUE
+    assert "preset='tiny'" in refused.stderr and "Traceback" not in refused.stderr

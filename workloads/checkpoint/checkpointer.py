@@ -115,6 +115,11 @@ class Checkpointer:
         self.dir = Path(cfg.checkpoint_dir)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.events, self.faults, self.identity = events, faults, identity
+        #: Written into every commit record beside the identity, never compared on load (the
+        #: trainer sets global_batch_tokens once it knows its accumulation).
+        self.run_facts: dict[str, Any] = {}
+        #: The commit record of the checkpoint load_latest loaded, if any.
+        self.loaded_manifest: dict[str, Any] | None = None
         self.states: Mapping[str, Stateful] = states or {}
         self.local_tier = local_tier
         self.ft = ft if ft is not None else _NoSections()
@@ -372,6 +377,7 @@ class Checkpointer:
             "files": files,
             "committed_at": time.time(),
             **self.identity,
+            **self.run_facts,
         }
         # What was committed before this commit, read before its record exists: read after, a
         # first commit (no pointer yet) would find its own record and report a rebuilt pointer.
@@ -441,7 +447,7 @@ class Checkpointer:
         return None, trusted
 
     def _check_compatible(self, path: Path, manifest: dict[str, Any]) -> None:
-        problem = incompatibility(manifest, self.identity)
+        problem = incompatibility(manifest, self.identity, layout_may_differ=True)
         if problem is not None:
             raise CheckpointIncompatible(f"checkpoint {path} {problem}")
 
@@ -514,7 +520,20 @@ class Checkpointer:
                 absent = ", ".join(planner.absent)
                 log.warning("checkpoint %s records no %s (written before it was saved): not checked", path, absent)
                 self.events.emit("checkpoint_state_unknown", path=str(path), keys=planner.absent)
-            self._loaded_from = path
+            self._loaded_from, self.loaded_manifest = path, manifest
+            if manifest.get("world_size") != self.world_size:
+                log.info(
+                    "checkpoint %s was written by %s ranks: resharded onto %d",
+                    path,
+                    manifest.get("world_size"),
+                    self.world_size,
+                )
+                self.events.emit(
+                    "checkpoint_resharded",
+                    path=str(path),
+                    from_world=manifest.get("world_size"),
+                    to_world=self.world_size,
+                )
             self._recheck = ckpt_files.TrustedFilesRecheck(trusted) if trusted else None
             self.events.emit(
                 "checkpoint_load",

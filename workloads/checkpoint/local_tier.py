@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from nvrx_eks.facts.checkpoint_layout import atomic_write, incompatibility, local_copy_identity
+from nvrx_eks.facts.checkpoint_layout import LAYOUT_FIELDS, atomic_write, incompatibility, local_copy_identity
 from workloads.checkpoint.errors import CheckpointIncompatible
 from workloads.config import TrainConfig
 from workloads.events import EventLog
@@ -211,8 +211,9 @@ def read_copy(
     root: Path, step: int, rank: int, run: str, identity: dict[str, Any]
 ) -> tuple[bytearray | None, str | None]:
     """(data, None) when the copy is complete and verifies, else (None, reason). A copy of this
-    run with another identity raises CheckpointIncompatible: skipping it would only move the
-    mismatch to FSx, or to a fresh start over the run's checkpoints."""
+    run of another model raises CheckpointIncompatible: skipping it would only move the mismatch
+    to FSx, or to a fresh start over the run's checkpoints. A copy of another layout (LAYOUT_FIELDS)
+    is skipped: the FSx checkpoint is resharded onto this run's."""
     directory = step_dir(root, step)
     record_path = directory / f"rank{rank}.json"
     try:
@@ -226,9 +227,13 @@ def read_copy(
     recorded = record.get("identity")
     if not isinstance(recorded, dict):
         return None, "records no run identity (written before copies carried one)"
-    problem = incompatibility(recorded, identity, start_over=_START_OVER)
+    problem = incompatibility(recorded, identity, start_over=_START_OVER, layout_may_differ=True)
     if problem is not None:
         raise CheckpointIncompatible(f"checkpoint.local.dir: the node-local copy {record_path} {problem}")
+    layout = {key: recorded.get(key) for key in LAYOUT_FIELDS if recorded.get(key) != identity.get(key)}
+    if layout:
+        # Another layout (a resume on another world size): the FSx checkpoint is resharded instead.
+        return None, f"laid out for {layout}, this run for { {key: identity.get(key) for key in layout} }"
     try:
         with open(directory / f"rank{rank}.pt", "rb") as f:
             # Read into a writable buffer: sent to a peer as is, without another copy.

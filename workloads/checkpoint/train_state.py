@@ -71,7 +71,21 @@ class OptimizerState:
 
 class RngState:
     """Every RNG the step uses, as tensors only: the checkpoint directory is writable by every pod
-    that mounts the volume, so nothing read back from it may be unpickled (code execution)."""
+    that mounts the volume, so nothing read back from it may be unpickled (code execution).
+
+    A rank the checkpoint has no RNG for (a resume on more ranks than wrote it) keeps the streams
+    it was seeded with: every key is optional, and a missing one loads as None."""
+
+    optional_state_keys = (
+        "torch",
+        "cuda",
+        "python_mt",
+        "python_meta",
+        "python_gauss",
+        "numpy_keys",
+        "numpy_meta",
+        "numpy_gauss",
+    )
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
@@ -95,6 +109,8 @@ class RngState:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = state_dict
+        if state["torch"] is None:
+            return  # this rank is new to the run (see the class)
         torch.set_rng_state(state["torch"])
         if self.cuda:
             torch.cuda.set_rng_state(state["cuda"])
