@@ -126,16 +126,20 @@ def _deliver_sigterm_like_tini(process: subprocess.Popen) -> None:
         os.kill(process.pid, signal.SIGTERM)
 
 
-@pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
-def test_sigterm_as_tini_delivers_it_reaches_the_launcher_once(sandbox, api):
-    work, env = sandbox
-    process = subprocess.Popen(
-        ["/bin/sh", "-c", _entrypoint(api)], env={**env, "LAUNCHER_SLEEP": "1"}, start_new_session=True
-    )
+def _with_launcher_started(work: Path, argv: list[str], env: dict) -> subprocess.Popen:
+    """The entrypoint, once the stand-in launcher has started."""
+    process = subprocess.Popen(argv, env=env, start_new_session=True)
     deadline = time.monotonic() + 20
     while not (work / "launcher-started").exists():
         assert time.monotonic() < deadline, "the launcher did not start"
         time.sleep(0.02)
+    return process
+
+
+@pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
+def test_sigterm_as_tini_delivers_it_reaches_the_launcher_once(sandbox, api):
+    work, env = sandbox
+    process = _with_launcher_started(work, ["/bin/sh", "-c", _entrypoint(api)], {**env, "LAUNCHER_SLEEP": "1"})
     _deliver_sigterm_like_tini(process)
     assert process.wait(timeout=20) == 143
     assert (work / "launcher-signals").read_text().splitlines() == ["term"]
@@ -148,15 +152,8 @@ def test_a_launcher_exit_after_the_forwarded_sigterm_makes_the_pod_exit_143(sand
     0 when it counts their exits as graceful; the pod was asked to stop, and says so: neither a
     failure nor a finished run."""
     work, env = sandbox
-    process = subprocess.Popen(
-        ["/bin/sh", "-c", _entrypoint(api)],
-        env={**env, "LAUNCHER_SLEEP": "1", "LAUNCHER_TERM_EXIT": launcher_exit},
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 20
-    while not (work / "launcher-started").exists():
-        assert time.monotonic() < deadline, "the launcher did not start"
-        time.sleep(0.02)
+    env = {**env, "LAUNCHER_SLEEP": "1", "LAUNCHER_TERM_EXIT": launcher_exit}
+    process = _with_launcher_started(work, ["/bin/sh", "-c", _entrypoint(api)], env)
     _deliver_sigterm_like_tini(process)
     assert process.wait(timeout=20) == 143
 

@@ -30,15 +30,21 @@ def _local(run_dir: Path, *extra: str) -> list[str]:
             "--run-dir", str(run_dir), "--port", str(port_pair()), *extra]  # fmt: skip
 
 
+def _started_past_step_12(run_dir: Path) -> subprocess.Popen:
+    """`nvrx-eks local` on run_dir, once its rank 0 ended step 12 (two commits in)."""
+    cli = subprocess.Popen(_local(run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not [e for e in load_run(run_dir).of("step_end") if e["step"] >= 12]:
+        assert cli.poll() is None, "the run ended before the signal"
+        time.sleep(0.2)
+    return cli
+
+
 def test_sigterm_stops_the_whole_run_and_a_resume_ends_bit_identical(tmp_path, tmp_path_factory):
     clean = shared_local_run(tmp_path_factory, "clean", steps=30, interval=5)
     run_dir = tmp_path / "run"
     with exclusive_trainer_runs(tmp_path_factory):
-        cli = subprocess.Popen(_local(run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not [e for e in load_run(run_dir).of("step_end") if e["step"] >= 12]:
-            assert cli.poll() is None, "the run ended before the signal"
-            time.sleep(0.2)
+        cli = _started_past_step_12(run_dir)
         signalled = time.monotonic()
         cli.send_signal(signal.SIGTERM)
         code = cli.wait(timeout=STOP_BOUND_S)
@@ -63,11 +69,7 @@ def test_sigterm_to_every_process_of_the_run_still_ends_with_the_stop_save(tmp_p
     clean = shared_local_run(tmp_path_factory, "clean", steps=30, interval=5)
     run_dir = tmp_path / "run"
     with exclusive_trainer_runs(tmp_path_factory):
-        cli = subprocess.Popen(_local(run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not [e for e in load_run(run_dir).of("step_end") if e["step"] >= 12]:
-            assert cli.poll() is None, "the run ended before the signal"
-            time.sleep(0.2)
+        cli = _started_past_step_12(run_dir)
         everyone = [psutil.Process(cli.pid), *psutil.Process(cli.pid).children(recursive=True)]
         signalled = time.monotonic()
         for process in everyone:
