@@ -28,6 +28,7 @@ from nvrx_eks.jobs.capacity import deployed_nodes, live_limits, profile_limit, r
 from nvrx_eks.jobs.options import JobOptions
 from nvrx_eks.jobs.render import RenderedJob, render_job, write_documents
 from nvrx_eks.jobs.spec import JobSpec, build_jobspec, check_global_batch, load_train_config
+from nvrx_eks.jobs.summary import job_summary
 from nvrx_eks.jobs.validate import Expectations, ValidationReport, load_documents, validate_documents
 
 DEFAULT_JOB_NAME = {"train": "train", "nccl-test": "nccl-test"}
@@ -82,6 +83,11 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
     return spec
 
 
+def print_summary(spec: JobSpec, deployment: Deployment, err: Console) -> None:
+    for line in job_summary(spec, deployment.config):
+        err.print(line)
+
+
 def expectations(deployment: Deployment, outputs: StackOutputs | None) -> Expectations:
     config = deployment.config
     if outputs is not None:
@@ -121,6 +127,7 @@ def render(deployment: Deployment, options: JobOptions, *, live: bool, output: P
         raise ConfigError(f"--output {output} is a file; give a directory (created if missing) for the manifests")
     outputs = read_stack_outputs(deployment) if live else None
     rendered = render_job(build_spec(deployment, options, outputs))
+    print_summary(rendered.spec, deployment, err)
     if output is None:
         sys.stdout.write(rendered.text)
     else:
@@ -168,6 +175,7 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
         report = validate_documents(rendered.documents, expectations(deployment, None))
         print_report(report, err)
         report.raise_for_errors("the rendered job")
+        print_summary(rendered.spec, deployment, err)
         sys.stdout.write(rendered.text)
         err.print("dry run: nothing was sent to a cluster")
         return rendered
@@ -184,6 +192,7 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
     report = validate_documents(rendered.documents, expectations(deployment, outputs))
     print_report(report, err)
     report.raise_for_errors("the rendered job")
+    print_summary(spec, deployment, err)
     if deployed.desired_size is not None and spec.launched_nodes > deployed.desired_size:
         # Within the maximum, but nothing in the cluster scales a managed node group up by itself.
         err.print(

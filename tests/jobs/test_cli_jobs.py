@@ -295,7 +295,9 @@ def test_status_shows_active_spare_and_lost_nodes_with_hot_spares(aws, k8s_serve
     deploy_fake_environment(k8s_server.url, path)
     add_fsx_volume(k8s_server)
     cluster = k8s_server
-    assert run_cli("submit", "--config", config, "--nodes", "3", "--spare-nodes", "1").code == 0
+    # 3 active nodes do not divide the default job's 2 Mi-token global batch: give one they do.
+    three_nodes = ("--set", f"data.global_batch_tokens={3 * 8 * 2 * 8192 * 8}")
+    assert run_cli("submit", "--config", config, "--nodes", "3", "--spare-nodes", "1", *three_nodes).code == 0
     jobset = cluster.objects[(JOBSET.api_version, JOBSET.plural, "training", "train")]
     jobset["status"] = {"restarts": 1, "conditions": []}
     add_job_pods(cluster, "train", 1, restart_attempt=0, phase="Failed", exit_code=1)  # old attempt

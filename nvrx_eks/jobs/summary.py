@@ -1,0 +1,75 @@
+"""The few lines `render` and `submit` print about the training job they built (on stderr, beside
+the manifests): its world, the tokens each step trains on and whether a node count changes them,
+how often it checkpoints, its data, and roughly how long and how much the run takes. A change of
+node count or config shows its consequences here, before anything runs.
+"""
+
+from __future__ import annotations
+
+from infra.config import DeploymentConfig
+from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.jobs.spec import JobSpec
+
+#: Below this estimated step time the plan's compute model (FLOPs at an assumed MFU) says little:
+#: launch, communication and Python overheads it leaves out dominate such steps (the tiny preset).
+MODELLED_STEP_S = 0.05
+
+
+def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
+    """Rich-markup lines; none for the fabric test."""
+    if spec.workload != "train":
+        return []
+    from nvrx_eks.ops.plan import plan_for_job
+
+    train, world = spec.train, spec.world_size
+    data = train.data
+    accumulation = data.accumulation(world)
+    tokens = world * data.batch_size * data.seq_len * accumulation
+    spares = f" + {spec.spare_nodes} spare" if spec.spare_nodes else ""
+    fixed = (
+        "data.global_batch_tokens: the same on any node count"
+        if data.global_batch_tokens
+        else "grows with the node count; set data.global_batch_tokens to fix it"
+    )
+    lines = [
+        f"job {spec.name}: {spec.nodes}{spares} x {spec.instance_type}, world {world}, model {train.model.preset}",
+        f"batch: {world} ranks x {data.batch_size} x {data.seq_len} tokens x {accumulation} micro-batches "
+        f"= {tokens:,} tokens per step ({fixed})",
+    ]
+    try:
+        plan = plan_for_job(config, train, spec.nodes)
+    except ConfigError:
+        plan = None
+    if plan is not None and plan.step_time_s < MODELLED_STEP_S:
+        plan = None
+    every = f"every {train.checkpoint.interval_steps} steps"
+    if plan is not None:
+        every += f" (~{_duration(train.checkpoint.interval_steps * plan.step_time_s)})"
+    local = train.checkpoint.local
+    node_local = f", node-local every {local.interval_steps} steps" if local.enabled else ""
+    lines.append(f"checkpoints: {every} to FSx{node_local}")
+    if data.source == "synthetic":
+        lines.append(
+            "[bold yellow]data: synthetic tokens[/] (no data.path): this job proves the cluster, it trains no "
+            "model worth keeping; give --data with the FSx path of your shards (nvrx-eks data prepare)"
+        )
+    else:
+        lines.append(f"data: {data.path}")
+    if plan is None:
+        lines.append(f"estimate: n/a for model {train.model.preset} (its steps are too short for the plan's model)")
+    else:
+        run_s = train.steps * plan.step_time_s
+        cost = "" if plan.usd_per_hour is None else f", ~${plan.usd_per_hour * run_s / 3600:,.0f} on demand"
+        lines.append(
+            f"estimate: {train.steps:,} steps x ~{plan.step_time_s:.2f} s = {_duration(run_s)}{cost} "
+            "(assumed MFU; `nvrx-eks plan` says which)"
+        )
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
