@@ -19,10 +19,10 @@ from nvrx_eks.jobs.spec import FSX_MOUNT_PATH
 from workloads.shards import MANIFEST_NAME, read_manifest
 
 
-def parse_s3_url(url: str) -> tuple[str, str]:
+def parse_s3_url(url: str, flag: str = "--upload") -> tuple[str, str]:
     if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
         raise ConfigError(
-            f"--upload: '{url}' is not an s3://BUCKET/PREFIX URL; give the data "
+            f"{flag}: '{url}' is not an s3://BUCKET/PREFIX URL; give the data "
             "bucket and a prefix under its data prefix, e.g. s3://my-bucket/data/corpus"
         )
     bucket, _, prefix = url[5:].partition("/")
@@ -40,6 +40,28 @@ def pod_path(config: DeploymentConfig, prefix: str) -> str:
         )
     rest = PurePosixPath(*parts[len(PurePosixPath(data_prefix).parts) :]) if data_prefix else PurePosixPath(prefix)
     return str(PurePosixPath(FSX_MOUNT_PATH) / config.fsx.data_repository_path.lstrip("/") / rest)
+
+
+def data_in_pods(data: str, config: DeploymentConfig, data_bucket: str | None) -> str:
+    """`--data` as the pods see it: an s3:// URL of the data bucket becomes the FSx path its data
+    repository association imports it at; a path stays a path (relative ones go under /fsx). Any
+    other URL, or an absolute path outside /fsx, is refused with the fix. `data_bucket`: the
+    deployed bucket's name, checked when known (offline it is not)."""
+    if data.startswith("s3://"):
+        bucket, prefix = parse_s3_url(data, "--data")
+        if data_bucket is not None and bucket != data_bucket:
+            raise ConfigError(
+                f"--data: {data} is in bucket {bucket}, but the file system imports s3://{data_bucket}; "
+                f"upload there (nvrx-eks data upload DIR s3://{data_bucket}/...)"
+            )
+        return pod_path(config, prefix)
+    path = PurePosixPath(data)
+    if "://" in data or (path.is_absolute() and not path.is_relative_to(FSX_MOUNT_PATH)):
+        raise ConfigError(
+            f"--data: {data} is not where the pods can read it; give a path on the FSx volume ({FSX_MOUNT_PATH}/..., "
+            "or relative to it) or the s3://<data bucket>/<data prefix>/... URL its data repository imports"
+        )
+    return data
 
 
 def upload(config: DeploymentConfig, shard_dir: Path, url: str, console: Console, *, s3_client=None) -> str:

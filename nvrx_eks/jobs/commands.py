@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import boto3
@@ -20,14 +21,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from nvrx_eks.data.upload import data_in_pods
 from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_session, read_stack_outputs
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.job_kinds import JOB_KINDS, Api
 from nvrx_eks.jobs.capacity import deployed_nodes, live_limits, profile_limit, refuse_beyond
-from nvrx_eks.jobs.options import JobOptions
+from nvrx_eks.jobs.options import JobOptions, data_overrides
 from nvrx_eks.jobs.render import RenderedJob, render_job, write_documents
-from nvrx_eks.jobs.spec import JobSpec, build_jobspec, check_global_batch, load_train_config
+from nvrx_eks.jobs.spec import JobSpec, build_jobspec, check_faults, check_global_batch, load_train_config
 from nvrx_eks.jobs.summary import job_summary
 from nvrx_eks.jobs.validate import Expectations, ValidationReport, load_documents, validate_documents
 
@@ -43,6 +45,9 @@ def _check_api(api: str) -> Api:
 
 def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutputs | None) -> JobSpec:
     api = _check_api(options.api)
+    if options.data is not None:
+        data = data_in_pods(options.data, deployment.config, outputs.data_bucket_name if outputs else None)
+        options = replace(options, overrides=[*options.overrides, *data_overrides(data)], data=None)
     if options.fabric_test and (options.train_config or options.overrides or options.faults):
         raise ConfigError("--fabric-test runs nccl-tests, not the trainer: drop --train-config, --set and --faults")
     if options.spare_nodes and (options.fabric_test or api != "jobset"):
@@ -80,6 +85,7 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
     # function, and a job the profile's node group cannot hold is refused before anything else.
     refuse_beyond(spec, [profile_limit(deployment)])
     check_global_batch(spec)
+    check_faults(spec)
     return spec
 
 

@@ -75,7 +75,10 @@ JOB_FLAGS: dict[str, tuple[object, Any]] = {
     "data": (
         str | None,
         typer.Option(
-            None, "--data", help="Token shards for the job (a `data prepare` directory, relative paths under /fsx)."
+            None,
+            "--data",
+            help="Token shards for the job: a `data prepare` directory on FSx (relative paths under /fsx) "
+            "or its s3://<data bucket>/<data prefix>/... URL.",
         ),
     ),
     "spare_nodes": (
@@ -109,6 +112,8 @@ class JobOptions:
     max_restarts: int = _default("max_restarts")
     max_step_time_s: float | None = _default("max_step_time_s")
     spare_nodes: int = _default("spare_nodes")
+    #: --data as typed; where it is in the pods needs the deployment (JobOptions.data_in_pods).
+    data: str | None = None
     #: Not a flag: ranks per pod where they are not one per GPU (`nvrx-eks rehearse` on CPUs).
     ranks_per_node: int | None = None
 
@@ -124,7 +129,7 @@ class JobOptions:
         if data is not None:
             _check_yaml_text("--data", data)
         check_step_time("--max-step-time-s", flags.get("max_step_time_s"))
-        return cls(overrides=list(overrides or []) + data_overrides(data), **flags)
+        return cls(overrides=list(overrides or []), data=data, **flags)
 
 
 def _check_yaml_text(flag: str, text: str) -> None:

@@ -391,6 +391,22 @@ def build_jobspec(
     return spec
 
 
+def check_faults(spec: JobSpec) -> None:
+    """--faults against the job's active world, as `nvrx-eks local` checks them against its own:
+    a fault naming a rank (or, for node-loss, a node) the job does not have would never fire."""
+    if spec.workload != "train":
+        return
+    from workloads.faults import parse_fault_spec
+
+    for fault in parse_fault_spec(spec.train.faults):
+        limit, unit = (spec.nodes, "node") if fault.kind == "node-loss" else (spec.world_size, "rank")
+        if fault.rank >= limit:
+            raise ConfigError(
+                f"--faults: {fault.label} targets {unit} {fault.rank}, but --nodes {spec.nodes} gives "
+                f"{limit} active {unit}s; use a {unit} below {limit}"
+            )
+
+
 def check_global_batch(spec: JobSpec) -> None:
     """The node count must divide the fixed global batch (data.global_batch_tokens) into whole
     micro-batches; otherwise name the node counts nearby that do."""

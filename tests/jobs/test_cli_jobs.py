@@ -422,3 +422,45 @@ def test_token_and_kubeconfig(cluster):
     assert kubeconfig["clusters"][0]["cluster"]["server"] == cluster.url
     assert kubeconfig["users"][0]["user"]["exec"]["command"] == "nvrx-eks"
     assert kubeconfig["contexts"][0]["context"]["namespace"] == "training"
+
+
+@pytest.mark.parametrize(
+    "data, rendered_path",
+    [("s3://any-bucket/data/corpus-v1", "/fsx/s3/corpus-v1"), ("s3/corpus-v1", "/fsx/s3/corpus-v1")],
+)
+def test_data_in_the_data_bucket_maps_to_where_the_pods_read_it(data, rendered_path):
+    """Offline the bucket's name is unknown, so any bucket maps; a live submit compares it with
+    the stack's data bucket."""
+    result = run_cli("render", "--data", data)
+    assert result.code == 0, result.stderr
+    train = next(
+        yaml.safe_load(d["data"]["train.yaml"])
+        for d in yaml.safe_load_all(result.stdout)
+        if d and d.get("kind") == "ConfigMap"
+    )
+    assert train["data"]["path"] == rendered_path
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ("gs://bucket/data/x", "--data: gs://bucket/data/x is not where the pods can read it"),
+        ("/etc/x", "--data: /etc/x is not where the pods can read it"),
+        ("s3://bucket/other/x", "prefix 'other/x' is outside 'data/'"),
+    ],
+)
+def test_data_the_pods_cannot_read_is_refused_with_the_fix(data, message):
+    result = run_cli("render", "--data", data)
+    assert result.code == 2 and message in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "faults, message",
+    [
+        ("exception@5:999", "--faults: exception@5:999 targets rank 999, but --nodes 2 gives 16 active ranks"),
+        ("node-loss@5:2", "--faults: node-loss@5:2 targets node 2, but --nodes 2 gives 2 active nodes"),
+    ],
+)
+def test_faults_outside_the_rendered_world_are_refused(faults, message):
+    result = run_cli("render", "--faults", faults)
+    assert result.code == 2 and message in result.stderr
