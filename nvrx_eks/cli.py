@@ -7,6 +7,8 @@ raise ConfigError and end here as one message with exit code 2, never a tracebac
 
 from __future__ import annotations
 
+import io
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,16 +82,20 @@ def plan(
     node_loss_share: float | None = typer.Option(
         None, help="Share of faults that lose a node and its local checkpoints (default: Llama 3's hardware, 0.75)."
     ),
+    output: str = typer.Option("table", "-o", "--output", help="table (default), or json: the job's plan as data."),
 ) -> None:
     """Optimal checkpoint interval (Young/Daly), expected goodput and the cost of lost time."""
-    from nvrx_eks.ops.plan import DEFAULT_NODE_LOSS_SHARE, run
+    from nvrx_eks.ops.plan import DEFAULT_NODE_LOSS_SHARE, plan_as_data, run
+
+    if output not in ("table", "json"):
+        raise ConfigError(f"-o/--output {output!r}: use table or json")
 
     if step_time_s == 0:
         raise ConfigError("--step-time-s must be above 0; give the measured seconds of one training step")
     if node_loss_share is not None and not 0 < node_loss_share < 1:
         raise ConfigError(f"--node-loss-share {node_loss_share:g}: give a fraction above 0 and below 1, e.g. 0.5")
 
-    run(
+    result = run(
         profile,
         config,
         train_config,
@@ -98,9 +104,11 @@ def plan(
         sync_stall_s,
         async_stall_s,
         step_time_s,
-        Console(),
+        Console() if output == "table" else Console(file=io.StringIO()),
         node_loss_share=DEFAULT_NODE_LOSS_SHARE if node_loss_share is None else node_loss_share,
     )
+    if output == "json":
+        sys.stdout.write(json.dumps(plan_as_data(result), indent=1) + "\n")
 
 
 @app.command()

@@ -16,10 +16,12 @@ given (`nvrx-eks bench` measures them); every assumption is printed next to the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from infra.config import DeploymentConfig
@@ -223,6 +225,27 @@ def optimal_interval_steps(config: DeploymentConfig, train, nodes: int) -> int:
     return interval_steps(plan, plan.strategies[-1])
 
 
+def print_table(console: Console, table: Table) -> None:
+    """The table as is where the terminal is wide enough for it; otherwise one block per row, the
+    first cell then `header: value` lines, so that no header is cut at 80 columns."""
+    # Measured unbounded: a table measured within the terminal never reports needing more.
+    if Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width:
+        console.print(table)
+        return
+    if table.title:
+        console.print(f"[bold]{table.title}[/]")
+    headers = [str(column.header) for column in table.columns]
+    for row in zip(*(list(column.cells) for column in table.columns), strict=True):
+        console.print(f"  [bold]{headers[0]}: {row[0]}[/]")
+        for header, cell in zip(headers[1:], row[1:], strict=True):
+            console.print(f"    {header}: {cell}")
+
+
+def plan_as_data(plan: Plan) -> dict:
+    """The plan for `plan -o json`: every figure of the tables, in seconds, bytes and dollars."""
+    return dataclasses.asdict(plan)
+
+
 def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.1f} s"
@@ -260,7 +283,7 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
         if plan.usd_per_hour is not None:
             row.append(f"{plan.lost_cost_per_day(p):,.0f}")
         table.add_row(*row)
-    console.print(table)
+    print_table(console, table)
     if plan.usd_per_hour is not None:
         for p in plan.strategies:
             console.print(
@@ -310,7 +333,7 @@ def print_scaling(config: DeploymentConfig, plan_for_nodes, node_counts: list[in
         table.add_column(p.strategy.name, justify="right")
     for n, plan in zip(node_counts, plans, strict=True):
         table.add_row(str(n), _duration(plan.job_mtbf_s), *[f"{p.goodput_at_optimal:.2%}" for p in plan.strategies])
-    console.print(table)
+    print_table(console, table)
     console.print(
         "[dim]  The in-process column credits every fault with an in-process restart: an upper bound, since a "
         "hardware fault takes its node; the next table splits faults by kind, each recovered by its layer. "

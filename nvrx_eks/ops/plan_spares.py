@@ -31,6 +31,7 @@ from nvrx_eks.ops.plan import (
     daly_interval,
     expected_goodput,
     local_recovery_s,
+    print_table,
 )
 
 SPARE_CHOICES = range(0, 9)
@@ -117,4 +118,4 @@ def print_spares(rows: list[SparesRow], console) -> None:
             f"{r.with_spares:.2%}",
             f"{r.per_dollar_gain:+.2%}",
         )
-    console.print(table)
+    print_table(console, table)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -88,3 +89,21 @@ def test_inprocess_recovery_includes_reading_the_checkpoint():
     state = parameter_count(MODEL_PRESETS["8b"]) * CHECKPOINT_BYTES_PER_PARAM
     assert layered.recovery_s == pytest.approx(INPROCESS_FIXED_S + state / (config.fsx.throughput_mbps * 1e6))
     assert layered.recovery_s > 25  # 96 GB from a 4.7 GB/s file system: not the old 10 s constant
+
+
+def test_plan_as_json_is_the_plan_as_data():
+    result = cli_process("plan", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["nodes"] == 2 and plan["gpus"] == 16
+    assert [s["strategy"]["name"] for s in plan["strategies"]] == ["sync + pod restart", "NVRx async + in-process"]
+    assert 0 < plan["strategies"][1]["goodput_at_optimal"] <= 1
+
+
+def test_plan_at_80_columns_cuts_no_header():
+    """Narrower than a table, each row becomes a block of `header: value` lines."""
+    result = cli_process("plan", env={**WIDE_TERMINAL, "COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    assert "…" not in result.stdout
+    assert "    optimal interval: " in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
