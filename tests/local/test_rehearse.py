@@ -245,10 +245,13 @@ def test_rehearsals_of_the_p5_pods_end_as_the_bare_process_run_does(tmp_path, tm
     layer; the p5 pod's ranks start under containerd's profile (they bind to their NUMA node
     themselves); no container is left."""
     with exclusive_trainer_runs(tmp_path_factory):
-        expected = _local_state(tmp_path, steps=30)
-        clean = _prepare(tmp_path / "clean", podman)
+        # 40 steps: past the pod-kill's step 25 the run still has 15 steps (about 1.5 s), time
+        # for the runner's poll to see it before the run ends.
+        expected = _local_state(tmp_path, steps=40)
+        clean = _prepare(tmp_path / "clean", podman, steps=40)
         assert execute(clean) == 0
-        faulted = _prepare(tmp_path / "faults", podman, faults="exception@9:1,pod-stop@15:1,pod-kill@23:0")
+        faults = "exception@9:1,pod-stop@15:1,pod-kill@25:0"
+        faulted = _prepare(tmp_path / "faults", podman, steps=40, faults=faults)
         assert execute(faulted) == 0
     for prepared in (clean, faulted):
         summary = json.loads((prepared.trainer_dir / "summary.json").read_text())
@@ -258,8 +261,9 @@ def test_rehearsals_of_the_p5_pods_end_as_the_bare_process_run_does(tmp_path, tm
     assert "numa: local rank 0 bound to NUMA node 0" in log
     summary = json.loads((faulted.trainer_dir / "summary.json").read_text())
     layers = {f["fault"]: f.get("layer") for f in summary["faults"]}
-    assert layers == {"exception@9:1": "inprocess", "pod-stop@15:1": "kubernetes", "pod-kill@23:0": "kubernetes"}
-    assert json.loads((faulted.run.root / "rehearsal.json").read_text())["attempts"] == 3
+    assert layers == {"exception@9:1": "inprocess", "pod-stop@15:1": "kubernetes", "pod-kill@25:0": "kubernetes"}
+    record = json.loads((faulted.run.root / "rehearsal.json").read_text())
+    assert record["attempts"] == 3 and record["pod_faults_not_fired"] == []
 
 
 @pytest.mark.slow
