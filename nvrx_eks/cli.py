@@ -27,8 +27,10 @@ if TYPE_CHECKING:
 app = typer.Typer(
     name="nvrx-eks",
     no_args_is_help=True,
-    add_completion=False,
+    # `nvrx-eks --install-completion` installs shell completion (bash, zsh, fish).
+    add_completion=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Fault-tolerant multi-node GPU training on AWS: EKS + p5/EFA + FSx, trained with NVIDIA Resiliency Extension.",
 )
 err_console = Console(stderr=True)
@@ -55,7 +57,11 @@ def _options(
 #: The highest TCP port is 65535; `local` uses --port and --port + 1.
 MAX_TCP_PORT = 65535
 
-ProfileOption = typer.Option(None, "--profile", "-p", help="Profile name in infra/profiles (default: p5).")
+#: The profile every command uses when neither --profile nor --config is given.
+PROFILE_ENV = "NVRX_EKS_PROFILE"
+ProfileOption = typer.Option(
+    None, "--profile", "-p", envvar=PROFILE_ENV, help="Profile name in infra/profiles (default: p5)."
+)
 ConfigOption = typer.Option(None, "--config", "-c", help="Path to a deployment config YAML instead of a profile.")
 
 

@@ -20,7 +20,10 @@ def profile_path(profile: str) -> Path:
     path = PROFILES_DIR / f"{profile}.yaml"
     if not path.is_file():
         names = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yaml")))
-        raise ConfigError(f"unknown profile '{profile}': choose one of {names}, or pass -c config=PATH")
+        raise ConfigError(
+            f"unknown profile '{profile}': choose one of {names}, or give a deployment config file "
+            "(nvrx-eks: --config PATH; cdk: -c config=PATH)"
+        )
     return path
 
 
