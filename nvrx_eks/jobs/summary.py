@@ -19,7 +19,7 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
     """Rich-markup lines; none for the fabric test."""
     if spec.workload != "train":
         return []
-    from nvrx_eks.ops.plan import plan_for_job
+    from nvrx_eks.ops.plan import duration_text, plan_for_job
 
     train, world = spec.train, spec.world_size
     data = train.data
@@ -44,7 +44,7 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
         plan = None
     every = f"every {train.checkpoint.interval_steps} steps"
     if plan is not None:
-        every += f" (~{_duration(train.checkpoint.interval_steps * plan.step_time_s)})"
+        every += f" (~{duration_text(train.checkpoint.interval_steps * plan.step_time_s)})"
     local = train.checkpoint.local
     node_local = f", node-local every {local.interval_steps} steps" if local.enabled else ""
     lines.append(f"checkpoints: {every} to FSx{node_local}")
@@ -61,15 +61,7 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
         run_s = train.steps * plan.step_time_s
         cost = "" if plan.usd_per_hour is None else f", ~${plan.usd_per_hour * run_s / 3600:,.0f} on demand"
         lines.append(
-            f"estimate: {train.steps:,} steps x ~{plan.step_time_s:.2f} s = {_duration(run_s)}{cost} "
+            f"estimate: {train.steps:,} steps x ~{plan.step_time_s:.2f} s = {duration_text(run_s)}{cost} "
             "(assumed MFU; `nvrx-eks plan` says which)"
         )
     return lines
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

@@ -246,7 +246,8 @@ def plan_as_data(plan: Plan) -> dict:
     return dataclasses.asdict(plan)
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
+    """A duration as the plan and the job summary print it: seconds, minutes or hours."""
     if seconds < 120:
         return f"{seconds:.1f} s"
     if seconds < 7200:
@@ -261,7 +262,7 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
         f"{plan.state_bytes / 1e9:.0f} GB of checkpointed state, ~{plan.step_time_s:.2f} s per step"
     )
     console.print(
-        f"Failures: node MTBF {plan.node_mtbf_h:,.0f} h -> job MTBF {_duration(plan.job_mtbf_s)} "
+        f"Failures: node MTBF {plan.node_mtbf_h:,.0f} h -> job MTBF {duration_text(plan.job_mtbf_s)} "
         f"over {plan.nodes} nodes"
     )
     table = Table(title="Checkpoint interval plan (Young/Daly)")
@@ -273,11 +274,11 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
         steps = interval_steps(plan, p)
         row = [
             p.strategy.name,
-            _duration(p.strategy.stall_s),
-            _duration(p.strategy.recovery_s),
-            f"{_duration(p.optimal_interval_s)} (~{steps} steps)",
+            duration_text(p.strategy.stall_s),
+            duration_text(p.strategy.recovery_s),
+            f"{duration_text(p.optimal_interval_s)} (~{steps} steps)",
             f"{p.goodput_at_optimal:.2%}",
-            _duration(p.configured_interval_s),
+            duration_text(p.configured_interval_s),
             f"{p.goodput_at_configured:.2%}",
         ]
         if plan.usd_per_hour is not None:
@@ -332,7 +333,7 @@ def print_scaling(config: DeploymentConfig, plan_for_nodes, node_counts: list[in
     for p in plans[0].strategies:
         table.add_column(p.strategy.name, justify="right")
     for n, plan in zip(node_counts, plans, strict=True):
-        table.add_row(str(n), _duration(plan.job_mtbf_s), *[f"{p.goodput_at_optimal:.2%}" for p in plan.strategies])
+        table.add_row(str(n), duration_text(plan.job_mtbf_s), *[f"{p.goodput_at_optimal:.2%}" for p in plan.strategies])
     print_table(console, table)
     console.print(
         "[dim]  The in-process column credits every fault with an in-process restart: an upper bound, since a "
@@ -432,8 +433,8 @@ def print_two_tier(plan: Plan, tiers: TwoTierPlan, console: Console) -> None:
 
     console.print(
         f"Two tiers (NVRx async + in-process, local tier replicated to a peer node), optimal pair: local every "
-        f"{_duration(tiers.local_interval_s)} (~{steps(tiers.local_interval_s)} steps, "
-        f"checkpoint.local.interval_steps), FSx every {_duration(tiers.fsx_interval_s)} "
+        f"{duration_text(tiers.local_interval_s)} (~{steps(tiers.local_interval_s)} steps, "
+        f"checkpoint.local.interval_steps), FSx every {duration_text(tiers.fsx_interval_s)} "
         f"(~{steps(tiers.fsx_interval_s)} steps, checkpoint.interval_steps): goodput {tiers.goodput:.2%} "
         f"vs {tiers.single_tier_goodput:.2%} with FSx alone"
     )
@@ -445,9 +446,9 @@ def print_two_tier(plan: Plan, tiers: TwoTierPlan, console: Console) -> None:
         )
     console.print(
         f"[dim]  {tiers.node_loss_share:.0%} of faults assumed to destroy the local tier (node loss share, "
-        f"--node-loss-share); local recovery ~{_duration(tiers.local_recovery_s)} "
+        f"--node-loss-share); local recovery ~{duration_text(tiers.local_recovery_s)} "
         f"({DEFAULT_LOCAL_READ_GBPS_PER_NODE:g} GB/s per node local read, assumed), FSx recovery "
-        f"~{_duration(tiers.fsx_recovery_s)}.[/]"
+        f"~{duration_text(tiers.fsx_recovery_s)}.[/]"
     )
 
 
