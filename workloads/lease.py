@@ -47,14 +47,10 @@ class RunLease:
             lease.seek(0)
             held_by = lease.read().strip()
             lease.close()
-            raise RunDirectoryInUse(
-                f"--run-dir: {self.path.parent} is in use by another run ({describe(held_by)}); wait for it "
-                "to end, stop it, or choose another directory"
-            ) from None
+            raise in_use("--run-dir", self.path.parent, held_by) from None
         lease.seek(0)
         lease.truncate()
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command, "since": time.time()}
-        lease.write(json.dumps(holder) + "\n")
+        lease.write(json.dumps(holder(self.command)) + "\n")
         lease.flush()
         self._file = lease
         return self
@@ -65,6 +61,18 @@ class RunLease:
         if self._file is not None:
             self._file.close()  # releases the flock
             self._file = None
+
+
+def holder(command: str) -> dict[str, Any]:
+    """What a lease says of its holder, so that a refusal can name it."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "command": command, "since": time.time()}
+
+
+def in_use(field: str, run_dir: Path, holder_text: str) -> RunDirectoryInUse:
+    return RunDirectoryInUse(
+        f"{field}: {run_dir} is in use by another run ({describe(holder_text)}); wait for it "
+        "to end, stop it, or choose another directory"
+    )
 
 
 def describe(holder_text: str) -> str:
@@ -107,34 +115,22 @@ class HeartbeatLease:
 
     def __init__(self, run_dir: Path, attempt: str | None, command: str):
         self.path = Path(run_dir) / LEASE_FILE
-        self.holder: dict[str, Any] = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "command": command,
-            "attempt": attempt,
-            "since": time.time(),
-            "beat": 0,
-        }
+        self.holder = {**holder(command), "attempt": attempt, "beat": 0}
         self._stop = False
 
-    def take(self, *, field: str = "run_dir") -> None:
+    def take(self) -> None:
         """Raises RunDirectoryInUse when a live run holds the lease."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         seen = self._read()
-        if seen and self._gone(seen):
-            pass
-        elif seen and not held_by_an_ancestor(seen):
+        if seen and held_by_an_ancestor(seen):
+            return  # nvrx-eks local holds it for this run
+        if seen and not self._gone(seen):
             deadline = time.monotonic() + STALE_S
             while time.monotonic() < deadline:
                 time.sleep(BEAT_S / 2)
                 now = self._read()
                 if now != seen:
-                    raise RunDirectoryInUse(
-                        f"{field}: {self.path.parent} is in use by another run ({describe(now)}); wait for it "
-                        "to end, stop it, or choose another directory"
-                    )
-        elif seen:
-            return  # nvrx-eks local holds it for this run
+                    raise in_use("run_dir", self.path.parent, now)
         self._write()
         threading.Thread(target=self._beat, name="run-lease", daemon=True).start()
 
