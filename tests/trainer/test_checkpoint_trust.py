@@ -143,6 +143,7 @@ def test_a_stale_pointer_gives_way_to_the_newer_verified_commit_and_nothing_leak
     restarted.save(40, _state(40.0))
     restarted.close()
     assert sorted(step_of(p.name) for p in checkpoint_dirs(ckpt_dir)) == [30, 40]
+    assert len(load_run(tmp_path).of("checkpoint_pointer_stale")) == 1  # the commit does not repeat it
 
 
 def test_an_unnamed_commit_older_than_the_pointers_newest_stays_abandoned(single_rank, tmp_path):

@@ -132,6 +132,7 @@ class Checkpointer:
         # The files the last load trusted without hashing, re-hashed before the next commit.
         self._recheck: ckpt_files.TrustedFilesRecheck | None = None
         self._loaded_from: Path | None = None
+        self._pointer_warned: str | None = None  # the pointer warning last reported (_commit_state)
         self._state_bytes = 0
         self._handing_off: Path | None = None
         self.attempt = ""
@@ -401,12 +402,12 @@ class Checkpointer:
         if state.source == "lost":
             # commit_state always says why a pointer is lost; the fallback only satisfies the type.
             raise NoUsableCheckpoint(state.warning or f"no committed checkpoint in {self.dir} can be trusted")
-        if state.source == "rebuilt":
+        # Once per condition: the load reads the state, and so does the first commit after it,
+        # before that commit's pointer repairs it.
+        if state.source in ("rebuilt", "stale") and state.warning != self._pointer_warned:
+            self._pointer_warned = state.warning
             log.warning("checkpoint pointer: %s", state.warning)
-            self.events.emit("checkpoint_pointer_rebuilt", reason=state.warning, committed=state.committed)
-        if state.source == "stale":
-            log.warning("checkpoint pointer: %s", state.warning)
-            self.events.emit("checkpoint_pointer_stale", reason=state.warning, committed=state.committed)
+            self.events.emit(f"checkpoint_pointer_{state.source}", reason=state.warning, committed=state.committed)
         return state
 
     # -- loading ---------------------------------------------------------------------------------
