@@ -49,10 +49,8 @@ def claim_mounts(spec: JobSpec, exchange_root: str) -> list[ClaimMount]:
             )
         own.append(path)
     mounts = [ClaimMount(FSX_MOUNT_PATH, None, read_only=True)]
-    for path in sorted(own):
-        if any(path != other and path.is_relative_to(other) for other in own) or any(
-            m.mount_path == str(path) for m in mounts
-        ):
+    for path in sorted(set(own)):
+        if any(path != other and path.is_relative_to(other) for other in own):
             continue  # inside a directory already mounted writable
         mounts.append(ClaimMount(str(path), str(path.relative_to(root)), read_only=False))
     return mounts
