@@ -120,6 +120,12 @@ def outside_world(faults: tuple[FaultSpec, ...], world_size: int) -> list[FaultS
     return [fault for fault in faults if fault.rank >= world_size]
 
 
+def target_limit(fault: FaultSpec, *, nodes: int, world_size: int) -> tuple[str, int]:
+    """What a fault's target counts, and how many of them the job has active: node-loss names a
+    node, every other kind a rank. A target at or above the limit would never fire."""
+    return ("node", nodes) if fault.kind == "node-loss" else ("rank", world_size)
+
+
 def outside_world_problem(fault: FaultSpec, world_size: int) -> str:
     return (
         f"faults: {fault.label} targets rank {fault.rank} but the world has {world_size} ranks; "

@@ -396,10 +396,10 @@ def check_faults(spec: JobSpec) -> None:
     a fault naming a rank (or, for node-loss, a node) the job does not have would never fire."""
     if spec.workload != "train":
         return
-    from workloads.faults import parse_fault_spec
+    from workloads.faults import parse_fault_spec, target_limit
 
     for fault in parse_fault_spec(spec.train.faults):
-        limit, unit = (spec.nodes, "node") if fault.kind == "node-loss" else (spec.world_size, "rank")
+        unit, limit = target_limit(fault, nodes=spec.nodes, world_size=spec.world_size)
         if fault.rank >= limit:
             raise ConfigError(
                 f"--faults: {fault.label} targets {unit} {fault.rank}, but --nodes {spec.nodes} gives "

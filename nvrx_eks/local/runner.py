@@ -34,7 +34,7 @@ from nvrx_eks.local.outcome import print_report, stop_reason
 from workloads import do_not_requeue
 from workloads.config import TrainConfig
 from workloads.events import load_run
-from workloads.faults import outside_world, parse_fault_spec
+from workloads.faults import parse_fault_spec, target_limit
 from workloads.launch import (
     MULTI_LAUNCHER_ENV,
     build_ft_launcher_argv,
@@ -269,23 +269,13 @@ def run_local(
     cfg = configs[0]
     spares = spare_nodes + launcher_spare_nodes
     world = (nodes - spares) * nproc  # the active ranks: faults name one of these
-    specs = parse_fault_spec(cfg.faults)
-    for fault in specs:
-        # node-loss names a simulated node, not a rank.
-        if fault.kind == "node-loss" and fault.rank >= nodes - spares:
+    for fault in parse_fault_spec(cfg.faults):
+        unit, limit = target_limit(fault, nodes=nodes - spares, world_size=world)
+        if fault.rank >= limit:
             raise ConfigError(
-                f"--faults: {fault.label} targets node {fault.rank}; with --nodes "
-                f"{nodes} --spare-nodes {spares} use a node below "
-                f"{nodes - spares}"
+                f"--faults: {fault.label} targets {unit} {fault.rank}; with --nodes {nodes} --nproc {nproc} "
+                f"--spare-nodes {spares} use an active {unit} below {limit}"
             )
-    beyond = outside_world(tuple(f for f in specs if f.kind != "node-loss"), world)
-    if beyond:
-        fault = beyond[0]
-        raise ConfigError(
-            f"--faults: {fault.label} targets rank {fault.rank}; with "
-            f"--nodes {nodes} --nproc {nproc} --spare-nodes {spare_nodes} use an "
-            f"active rank below {world}"
-        )
     run_dir.mkdir(parents=True, exist_ok=True)
     # Before anything of the run is written: a second run on this directory is refused.
     with RunLease(run_dir):
