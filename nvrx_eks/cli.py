@@ -7,8 +7,6 @@ raise ConfigError and end here as one message with exit code 2, never a tracebac
 
 from __future__ import annotations
 
-import io
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +18,7 @@ from rich.markup import escape
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
 from nvrx_eks.jobs.options import FROM_JOB_FLAGS, JobOptions, data_overrides, job_flags
+from nvrx_eks.output_format import OutputFormatOption, check_format, table_console, write_data
 
 if TYPE_CHECKING:
     from nvrx_eks.deploy.deployment import Deployment
@@ -88,13 +87,12 @@ def plan(
     node_loss_share: float | None = typer.Option(
         None, help="Share of faults that lose a node and its local checkpoints (default: Llama 3's hardware, 0.75)."
     ),
-    output: str = typer.Option("table", "-o", "--output", help="table (default), or json: the job's plan as data."),
+    output: str = OutputFormatOption,
 ) -> None:
     """Optimal checkpoint interval (Young/Daly), expected goodput and the cost of lost time."""
     from nvrx_eks.ops.plan import DEFAULT_NODE_LOSS_SHARE, plan_as_data, run
 
-    if output not in ("table", "json"):
-        raise ConfigError(f"-o/--output {output!r}: use table or json")
+    check_format(output)
 
     if step_time_s == 0:
         raise ConfigError("--step-time-s must be above 0; give the measured seconds of one training step")
@@ -110,11 +108,10 @@ def plan(
         sync_stall_s,
         async_stall_s,
         step_time_s,
-        Console() if output == "table" else Console(file=io.StringIO()),
+        table_console(output),
         node_loss_share=DEFAULT_NODE_LOSS_SHARE if node_loss_share is None else node_loss_share,
     )
-    if output == "json":
-        sys.stdout.write(json.dumps(plan_as_data(result), indent=1) + "\n")
+    write_data(plan_as_data(result), output)
 
 
 @app.command()
@@ -177,11 +174,13 @@ def validate(
     config: str | None = ConfigOption,
     options: JobOptions = FROM_JOB_FLAGS,
     live: bool = LiveOption,
+    output: str = OutputFormatOption,
 ) -> None:
     """Validate manifests offline: strict Kubernetes schemas, the JobSet/PyTorchJob CRDs, project rules."""
     from nvrx_eks.jobs import commands as job_commands
 
-    job_commands.validate(_deployment(profile, config), options, path=path, live=live, console=Console())
+    console = table_console(check_format(output))
+    job_commands.validate(_deployment(profile, config), options, path=path, live=live, console=console, output=output)
 
 
 @app.command()
@@ -203,11 +202,12 @@ def status(
     name: str | None = typer.Argument(None, help="Job name (default: list this project's jobs)."),
     profile: str | None = ProfileOption,
     config: str | None = ConfigOption,
+    output: str = OutputFormatOption,
 ) -> None:
     """Job phase, pods, restarts per resilience layer."""
     from nvrx_eks.jobs import commands as job_commands
 
-    job_commands.status(_deployment(profile, config), name, Console())
+    job_commands.status(_deployment(profile, config), name, table_console(check_format(output)), output)
 
 
 @app.command()
@@ -262,12 +262,14 @@ def preflight(
     profile: str | None = ProfileOption,
     config: str | None = ConfigOption,
     nodes: int | None = typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes to plan for (default: max_size)."),
+    output: str = OutputFormatOption,
 ) -> None:
     """Before deploying: credentials, vCPU quota, instance offering, reservation, FSx quota, EKS version,
-    no documentation placeholders in the profile, and API endpoint access from this machine."""
+    no documentation placeholders in the profile, and API endpoint access from this machine. With a
+    cluster: section, the existing cluster instead: its context, namespace, claim, job API and GPU nodes."""
     from nvrx_eks.ops import preflight as checks
 
-    checks.run(_deployment(profile, config), nodes, Console())
+    checks.run(_deployment(profile, config), nodes, table_console(check_format(output)), output=output)
 
 
 @app.command()
@@ -461,6 +463,35 @@ def gpu_smoke(
     raise typer.Exit(0 if result["ok"] else 1)
 
 
+@app.command()
+def export(
+    run: Path = typer.Argument(..., help="A run directory (or its checkpoint directory)."),
+    out: Path = typer.Option(..., "--out", help="New or empty directory for the exported model."),
+    step: int | None = typer.Option(None, "--step", help="The committed step to export (default: the newest)."),
+    output_format: str = typer.Option("hf", "--format", help="hf: a Hugging Face Llama checkpoint (safetensors)."),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="tokenizer.json or byte (default: the one the run's data was prepared with)."
+    ),
+    dtype: str = typer.Option("float32", "--dtype", help="Weights as float32 (as trained), bfloat16 or float16."),
+) -> None:
+    """Export a committed checkpoint as a Hugging Face model, on CPU, streaming tensor by tensor."""
+    if output_format != "hf":
+        raise ConfigError(f"--format {output_format!r}: use hf (the only export format)")
+    from nvrx_eks.ops.hf_export import export_hf
+
+    result = export_hf(run, out, step=step, tokenizer=tokenizer, dtype=dtype)
+    console = Console()
+    for note in result.notes:
+        console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
+    console.print(
+        f"exported step {result.step} ({escape(str(result.checkpoint))}) to {escape(str(result.out))}: "
+        f"{len(result.files)} safetensors file(s), {result.nbytes / 2**20:,.1f} MiB of {dtype} weights, "
+        f"tokenizer {escape(result.tokenizer)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 data_app = typer.Typer(no_args_is_help=True, help="Turn text into the trainer's token shards and upload them.")
 app.add_typer(data_app, name="data")
 
@@ -472,6 +503,9 @@ def data_prepare(
     tokenizer: str = typer.Option(..., "--tokenizer", help="A Hugging Face tokenizer.json, or byte (vocabulary 256)."),
     text_field: str = typer.Option("text", "--text-field", help="The JSONL field holding the text."),
     shard_tokens: int | None = typer.Option(None, "--shard-tokens", min=2, help="Tokens per shard (default 64 Mi)."),
+    eval_fraction: float = typer.Option(
+        0.0, "--eval-fraction", help="Hold out this fraction of the text (whole documents) for evaluation, e.g. 0.01."
+    ),
     upload_to: str | None = typer.Option(None, "--upload", help="Then upload to s3://BUCKET/PREFIX (the data bucket)."),
     profile: str | None = ProfileOption,
     config: str | None = ConfigOption,
@@ -484,7 +518,7 @@ def data_prepare(
     if upload_to is not None:  # a wrong URL is refused before the work, not after
         deployment = _deployment(profile, config).config
         pod_path(deployment, parse_s3_url(upload_to)[1])
-    prepare(inputs, out, tokenizer, text_field, shard_tokens, Console())
+    prepare(inputs, out, tokenizer, text_field, shard_tokens, Console(), eval_fraction)
     if deployment is not None and upload_to is not None:
         upload(deployment, out, upload_to, Console())
 

@@ -31,6 +31,7 @@ Public contract (other modules and the manifests rely on it):
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nvrx_eks.facts.errors import ConfigError, validation_issues
+from nvrx_eks.facts.training_metrics import EMF_AGENT_ENDPOINT
 from workloads.faults import KINDS_NEEDING_CHECKPOINTS, parse_fault_spec
 from workloads.presets import MODEL_PRESETS, ModelShape
 
@@ -52,8 +54,32 @@ class _Strict(BaseModel):
 ACTIVATION_CHECKPOINTING_BY_DEFAULT = frozenset({"1b", "8b"})
 
 
+class RopeScalingConfig(_Strict):
+    """Llama 3.x's RoPE frequency scaling, as its config.json states it (rope_type llama3; Llama
+    3.1 8B: factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192)."""
+
+    factor: float = Field(gt=0)
+    low_freq_factor: float = Field(gt=0)
+    high_freq_factor: float = Field(gt=0)
+    original_max_position_embeddings: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _bands_ordered(self) -> RopeScalingConfig:
+        if not self.high_freq_factor > self.low_freq_factor:
+            raise ValueError("model.rope_scaling.high_freq_factor: must exceed model.rope_scaling.low_freq_factor")
+        return self
+
+
 class ModelConfig(_Strict):
     preset: Literal["tiny", "small", "1b", "8b"] = "tiny"
+    rope_scaling: RopeScalingConfig | None = Field(
+        default=None, description="Llama 3.x RoPE scaling (workloads.model); default: none, plain RoPE"
+    )
+    init_from: str | None = Field(
+        default=None,
+        description="a Hugging Face Llama checkpoint directory (config.json + safetensors) to start from "
+        "instead of a random initialization; a committed checkpoint of the run still wins",
+    )
     activation_checkpointing: bool | None = Field(
         default=None, description="recompute each block in backward; default: on for the 1b and 8b presets"
     )
@@ -67,6 +93,11 @@ class ModelConfig(_Strict):
     @property
     def shape(self) -> ModelShape:
         return MODEL_PRESETS[self.preset]
+
+    @property
+    def rope_scaling_settings(self) -> dict[str, Any] | None:
+        """model.rope_scaling as the mapping the model and a config.json take, or None."""
+        return self.rope_scaling.model_dump() if self.rope_scaling is not None else None
 
     @property
     def checkpoint_activations(self) -> bool:
@@ -139,6 +170,40 @@ class DataConfig(_Strict):
                 "data.grad_accum_steps: derived from data.global_batch_tokens when that is set; set one of them"
             )
         return self
+
+
+class EvalConfig(_Strict):
+    """Evaluation on held-out tokens (workloads.evaluation): the same sequences every time, on all
+    ranks, without gradients; its time is its own part of the goodput split."""
+
+    enabled: bool | None = Field(
+        default=None,
+        description="None: on when data.path holds a held-out split (`nvrx-eks data prepare "
+        "--eval-fraction`); true with synthetic data holds out sequences of their own",
+    )
+    interval_steps: int = Field(default=50, ge=1, description="evaluate every N steps, and at the last step")
+    sequences: int = Field(
+        default=64, ge=1, description="held-out sequences of data.seq_len tokens per evaluation (at most)"
+    )
+
+
+class MetricsConfig(_Strict):
+    """Live metrics from rank 0 (workloads.live_metrics)."""
+
+    tensorboard: bool = Field(default=True, description="TensorBoard scalars in <run_dir>/tensorboard")
+    cloudwatch: bool | None = Field(
+        default=None,
+        description="CloudWatch embedded-metric-format datagrams to the node's CloudWatch agent "
+        "(nvrx_eks/facts/training_metrics.py); None: on inside a Kubernetes pod",
+    )
+    emf_endpoint: str = Field(default=EMF_AGENT_ENDPOINT, description="udp://HOST:PORT of the agent's EMF listener")
+
+    @field_validator("emf_endpoint")
+    @classmethod
+    def _udp_endpoint(cls, value: str) -> str:
+        if not re.fullmatch(r"udp://[^:/\s]+:\d{1,5}", value):
+            raise ValueError(f"{value!r} is not udp://HOST:PORT; give the CloudWatch agent's EMF listener")
+        return value
 
 
 class OptimizerConfig(_Strict):
@@ -307,6 +372,8 @@ class TrainConfig(_Strict):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
+    eval: EvalConfig = EvalConfig()
+    metrics: MetricsConfig = MetricsConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     distributed: DistributedConfig = DistributedConfig()
     inprocess: InProcessConfig = InProcessConfig()

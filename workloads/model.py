@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -38,9 +39,28 @@ from workloads.presets import ModelShape
 DEFAULT_LOSS_CHUNK_TOKENS = 2048
 
 
-def _rope_tables(shape: ModelShape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _llama3_scaled(inv_freq: torch.Tensor, scaling: Mapping[str, float]) -> torch.Tensor:
+    """Llama 3.x's RoPE frequency scaling (model.rope_scaling): wavelengths above the original
+    context / low_freq_factor are stretched by `factor`, those below original / high_freq_factor
+    kept, and the band between interpolated. The arithmetic of Meta's reference code and of
+    transformers' rope_type "llama3", so that weights trained with it load unchanged."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    stretched = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * stretched / factor + smooth * stretched
+    between = ~(wavelen < original / high) & ~(wavelen > original / low)
+    return torch.where(between, smoothed, stretched)
+
+
+def _rope_tables(
+    shape: ModelShape, device: torch.device, rope_scaling: Mapping[str, float] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     head_dim = shape.dim // shape.n_heads
     inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    if rope_scaling is not None:
+        inv_freq = _llama3_scaled(inv_freq, rope_scaling)
     positions = torch.arange(shape.max_seq_len, device=device).float()
     angles = torch.outer(positions, inv_freq)
     return angles.cos(), angles.sin()
@@ -138,9 +158,9 @@ class OutputProjection(nn.Linear):
 
 
 class Transformer(nn.Module):
-    def __init__(self, shape: ModelShape):
+    def __init__(self, shape: ModelShape, rope_scaling: Mapping[str, float] | None = None):
         super().__init__()
-        self.shape = shape
+        self.shape, self.rope_scaling = shape, rope_scaling
         self.tok_embeddings = nn.Embedding(shape.vocab_size, shape.dim)
         self.layers = nn.ModuleList(Block(shape) for _ in range(shape.n_layers))
         self.norm = nn.RMSNorm(shape.dim, eps=shape.norm_eps)
@@ -159,7 +179,7 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_weights(self, seed: int, device: torch.device) -> None:
         """Deterministic, shard-layout-independent initialization (see module docstring)."""
-        self.rope_cos, self.rope_sin = _rope_tables(self.shape, device)
+        self.rope_cos, self.rope_sin = _rope_tables(self.shape, device, self.rope_scaling)
         residual_std = 0.02 / math.sqrt(2 * self.shape.n_layers)
         for name, param in self.named_parameters():
             # The same name (hence seed) with and without activation checkpointing.
@@ -191,6 +211,7 @@ def build_model(
     *,
     activation_checkpointing: bool = False,
     loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS,
+    rope_scaling: Mapping[str, float] | None = None,
 ) -> Transformer:
     """Build on the meta device, shard with FSDP2 (embeddings, each block, [norm, output], then
     the root, which is left without parameters), materialize on the runtime device, then
@@ -199,7 +220,7 @@ def build_model(
     (the order torchtitan uses: FSDP's hooks then see the wrapper's forward, and the recompute in
     backward runs while the block's parameters are unsharded for its backward)."""
     with torch.device("meta"):
-        model = Transformer(shape)
+        model = Transformer(shape, rope_scaling)
     model.output.chunk_tokens = loss_chunk_tokens
     param_dtype, reduce_dtype = (torch.bfloat16, torch.float32) if runtime.bf16 else (None, None)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)

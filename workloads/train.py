@@ -37,7 +37,7 @@ from nvrx_eks.facts.exit_codes import EXIT_BOUND_S, EXIT_DO_NOT_REQUEUE, EXIT_TE
 from workloads.config import TrainConfig
 from workloads.faults import outside_world, outside_world_problem, parse_fault_spec
 from workloads.ft_integration import FaultToleranceReporter
-from workloads.launch import inprocess_store_port_above
+from workloads.launch import split_endpoint
 from workloads.numa import bind_rank_to_numa_node
 from workloads.process_state import ProcessState
 
@@ -86,7 +86,7 @@ def _stop_the_job(cfg: TrainConfig, rank: int, ft: FaultToleranceReporter, reaso
         log.exception("could not ask ft_launcher to shut the workload down")
 
 
-def run(cfg: TrainConfig, store_port: int | None) -> int:
+def run(cfg: TrainConfig, store: tuple[str, int] | None) -> int:
     from nvidia_resiliency_ext.inprocess.exception import RestartAbort
     from nvidia_resiliency_ext.inprocess.rank_assignment import RankDiscarded
 
@@ -94,14 +94,17 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     for fault in outside_world(parse_fault_spec(cfg.faults), world):
         raise ConfigError(outside_world_problem(fault, world))
-    if store_port is None and cfg.inprocess.enabled:
-        store_port = inprocess_store_port_above(int(os.environ["MASTER_PORT"]))
+    if store is None and cfg.inprocess.enabled:
+        raise ConfigError(
+            "inprocess.enabled: the in-process restart layer needs --store HOST:PORT, the in-process store of "
+            "the job's coordinator (python -m workloads.coordinator); or set inprocess.enabled=false"
+        )
     exit_bound_s(cfg)
     if rank == 0:
         refusal = _take_run_lease(cfg)
         if refusal is not None:
             return refusal
-    process = ProcessState(cfg, rank, world, store_port)
+    process = ProcessState(cfg, rank, world, store)
 
     _exit_watchdog.start()  # before the handler that arms it (see _ExitWatchdog)
     first_sigterm_at: float | None = None
@@ -147,12 +150,12 @@ def run(cfg: TrainConfig, store_port: int | None) -> int:
         from workloads.device import resolved_backend
         from workloads.inprocess import TerminationRequested, build_wrapper
 
-        assert store_port is not None  # derived above whenever the in-process layer is on
+        assert store is not None  # required above whenever the in-process layer is on
         stopped_by_sigterm = (TerminationRequested,)
         fn = build_wrapper(
             cfg.inprocess,
             backend=resolved_backend(cfg),
-            store_port=store_port,
+            store=store,
             world_size=world,
             spare_nodes=cfg.distributed.spare_nodes,
             nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
@@ -301,7 +304,7 @@ def _exit(code: int) -> NoReturn:
 
 
 def preflight(cfg: TrainConfig, world_size: int) -> int:
-    """Checks that need no rank: fault ranks, data path, checkpoint compatibility."""
+    """Checks that need no rank: fault ranks, data path, model.init_from, checkpoint compatibility."""
     problems = []
     problems += [outside_world_problem(f, world_size) for f in outside_world(parse_fault_spec(cfg.faults), world_size)]
     try:
@@ -313,6 +316,13 @@ def preflight(cfg: TrainConfig, world_size: int) -> int:
 
         try:
             shard_files(cfg.data, cfg.model.shape.vocab_size, hash_bytes=PREFLIGHT_HASH_BYTES)
+        except ConfigError as err:
+            problems.append(str(err))
+    if cfg.model.init_from is not None:
+        from workloads.hf_format import open_checkpoint
+
+        try:
+            open_checkpoint(cfg.model.init_from, cfg.model.shape, cfg.model.preset, cfg.model.rope_scaling_settings)
         except ConfigError as err:
             problems.append(str(err))
     if cfg.checkpoint.backend != "none":
@@ -356,10 +366,11 @@ def main(argv: list | None = None) -> int:
     )
     parser.add_argument("--config", required=True, help="TrainConfig YAML")
     parser.add_argument(
-        "--store-port",
-        type=int,
+        "--store",
+        type=split_endpoint,
         default=None,
-        help="port of the in-process restart store on the rank-0 host (default MASTER_PORT+1)",
+        metavar="HOST:PORT",
+        help="the in-process restart store, served by the job's coordinator (workloads.coordinator)",
     )
     parser.add_argument("--preflight", action="store_true", help="only check config, data and checkpoint compatibility")
     parser.add_argument("--world-size", type=int, default=None, help="with --preflight")
@@ -378,7 +389,7 @@ def main(argv: list | None = None) -> int:
             return preflight(cfg, args.world_size)
         if bound := bind_rank_to_numa_node():
             log.info(bound)
-        return run(cfg, args.store_port)
+        return run(cfg, args.store)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return EXIT_DO_NOT_REQUEUE

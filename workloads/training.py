@@ -75,7 +75,15 @@ def build_training(cfg: TrainConfig, runtime: Runtime, rank: int, world: int) ->
         cfg.seed,
         activation_checkpointing=cfg.model.checkpoint_activations,
         loss_chunk_tokens=cfg.model.loss_chunk_tokens,
+        rope_scaling=cfg.model.rope_scaling_settings,
     )
+    if cfg.model.init_from is not None:
+        # Read on every build, also when a committed checkpoint is about to be restored over it:
+        # each rank reads only its shard's rows, and a run none of whose checkpoints loads starts
+        # again from these weights, never from a random initialization.
+        from workloads.hf_import import load_hf_weights
+
+        load_hf_weights(model, cfg.model.init_from, cfg.model.preset, cfg.model.rope_scaling_settings)
     opt = cfg.optimizer
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay

@@ -1,0 +1,305 @@
+"""`nvrx-eks export RUN --format hf --out DIR`: a committed checkpoint of a run as a Hugging Face
+Llama checkpoint (safetensors weights, config.json, and tokenizer files AutoTokenizer loads).
+
+On a CPU, without the job's GPUs, and streaming: DCP's metadata gives every tensor's full shape
+and dtype up front, so each safetensors header is written first and the tensors follow one at a
+time, each read from the rank shards holding its pieces (a DCP load of that one key) and converted
+to Hugging Face's layout (workloads.hf_format). Memory is bounded by the largest tensor (a few
+copies of it: the read pieces, the assembled tensor, its converted form), not by the model.
+
+The checkpoint is untrusted input (FSx is writable by every pod): its metadata is read by the
+restricted unpickler of workloads.checkpoint.safe_load and its tensors by torch.load with
+weights_only, and each file is checked against the commit record first. The output appears under
+DIR only once complete: it is written beside DIR and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+from nvrx_eks.data.prepare import BYTE_TOKENIZER, END_OF_DOCUMENT_TOKENS
+from nvrx_eks.facts import checkpoint_layout as layout
+from nvrx_eks.facts.errors import ConfigError
+from workloads.checkpoint.files import file_digest
+from workloads.checkpoint.safe_load import SafeFileSystemReader, TensorsOnlyLoadPlanner
+from workloads.config import TrainConfig
+from workloads.hf_format import (
+    CONFIG_FILE,
+    SAFETENSORS_DTYPES,
+    WEIGHTS_INDEX_FILE,
+    PlannedTensor,
+    file_names,
+    header_bytes,
+    hf_config,
+    hf_name,
+    index_json,
+    parameter_shapes,
+    plan_files,
+    to_hf,
+)
+from workloads.presets import MODEL_PRESETS, ModelShape
+
+#: Hugging Face's own default shard size for save_pretrained: files of at most 5 GB.
+DEFAULT_MAX_FILE_BYTES = 5 * 10**9
+#: The config.yaml a run directory holds (written by `nvrx-eks local` and the rehearsals).
+RUN_CONFIG_FILE = "config.yaml"
+#: Where the model's tensors sit in a checkpoint (workloads.training's state keys).
+MODEL_KEY = "model"
+
+
+@dataclass(frozen=True)
+class Exported:
+    out: Path
+    step: int
+    checkpoint: Path
+    files: list[str]
+    nbytes: int
+    tokenizer: str
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class _Run:
+    checkpoint_dir: Path
+    config: TrainConfig | None
+
+
+def _find_run(run: Path) -> _Run:
+    """RUN is a run directory (its config.yaml says where the checkpoints are, else
+    RUN/checkpoints) or a checkpoint directory itself (it holds the pointer or step directories)."""
+    if not run.is_dir():
+        raise ConfigError(f"RUN: {run} is not a directory; give a run directory or its checkpoint directory")
+    if (run / layout.POINTER_FILE).exists() or layout.checkpoint_dirs(run):
+        return _Run(run, None)
+    config = TrainConfig.from_yaml(run / RUN_CONFIG_FILE) if (run / RUN_CONFIG_FILE).is_file() else None
+    # An explicit checkpoint.dir is where the run wrote; the default one is relative to the run
+    # directory, which may since have been copied or moved (run_dir in the config is its old place).
+    explicit = config.checkpoint.dir if config is not None else None
+    return _Run(Path(explicit) if explicit else run / "checkpoints", config)
+
+
+def _committed_step(ckpt_dir: Path, step: int | None) -> Path:
+    state = layout.commit_state(ckpt_dir)
+    if state.source == "lost":
+        raise ConfigError(f"RUN: {state.warning}")
+    if not state.committed:
+        raise ConfigError(f"RUN: no committed checkpoint under {ckpt_dir}; export needs a run that saved one")
+    if step is None:
+        return ckpt_dir / state.committed[0]
+    for name in state.committed:
+        if layout.step_of(name) == step:
+            return ckpt_dir / name
+    steps = ", ".join(str(layout.step_of(n)) for n in state.committed)
+    raise ConfigError(f"--step {step}: no committed checkpoint of that step under {ckpt_dir}; committed: {steps}")
+
+
+def _verified_commit(path: Path) -> dict[str, Any]:
+    """The commit record, after checking every file it lists (sizes, and the SHA-256 recorded)."""
+    manifest = layout.verified_commit(path)
+    if manifest is None:
+        raise ConfigError(f"RUN: {path} has no valid {layout.COMMIT_FILE} or a file is missing or truncated")
+    for name, (size, sha) in manifest["files"].items():
+        if sha is not None and file_digest(path / name, with_sha=True) != [size, sha]:
+            raise ConfigError(f"RUN: {path / name} does not match its commit record (damaged); export another --step")
+    return manifest
+
+
+class _OneMetadataReader(SafeFileSystemReader):
+    """SafeFileSystemReader that unpickles the metadata once for the many one-tensor loads."""
+
+    _metadata: Metadata | None = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if self._metadata is None:
+            self._metadata = super().read_metadata(*args, **kwargs)
+        return self._metadata
+
+
+def _model_tensors(metadata: Metadata, shape: ModelShape, preset: str, path: Path) -> dict[str, torch.dtype]:
+    """Our parameter name -> its dtype in the checkpoint, after checking every shape."""
+    stored = metadata.state_dict_metadata
+    dtypes = {}
+    for name, size in parameter_shapes(shape).items():
+        entry = stored.get(f"{MODEL_KEY}.{name}")
+        if not isinstance(entry, TensorStorageMetadata):
+            raise ConfigError(
+                f"RUN: {path} holds no tensor {MODEL_KEY}.{name}; not a checkpoint of the {preset} preset"
+            )
+        if tuple(entry.size) != size:
+            raise ConfigError(
+                f"RUN: {path}: tensor {MODEL_KEY}.{name} has shape {list(entry.size)}, the {preset} preset "
+                f"has {list(size)}"
+            )
+        dtypes[name] = entry.properties.dtype
+    return dtypes
+
+
+def _read_tensor(reader: _OneMetadataReader, name: str, size: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """One full parameter, assembled from the rank shards that hold its pieces."""
+    tensor = torch.empty(size, dtype=dtype)
+    with warnings.catch_warnings():
+        # no_dist is the intent: one process reads what every rank wrote; DCP warns about it.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load({f"{MODEL_KEY}.{name}": tensor}, storage_reader=reader, planner=TensorsOnlyLoadPlanner(), no_dist=True)
+    return tensor
+
+
+# ----- tokenizer files -----------------------------------------------------------------------------
+
+
+def _byte_symbols() -> list[str]:
+    """The character GPT-2's byte-level pre-tokenizer writes for each byte value (bytes_to_unicode):
+    printable Latin-1 bytes stand for themselves, the others take code points from 256 on."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    symbols, extra = [], 0
+    for value in range(256):
+        if value in printable:
+            symbols.append(chr(value))
+        else:
+            symbols.append(chr(256 + extra))
+            extra += 1
+    return symbols
+
+
+def _write_byte_tokenizer(out: Path) -> None:
+    """The byte tokenizer of `data prepare` as a tokenizer.json: byte-level pre-tokenization, and
+    a vocabulary in which each byte's symbol has the byte's value as its id (no merges), so the
+    ids are the UTF-8 bytes exactly as the shards hold them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {symbol: value for value, symbol in enumerate(_byte_symbols())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(out / "tokenizer.json"))
+
+
+def _write_tokenizer(spec: str, out: Path, shape: ModelShape) -> None:
+    """tokenizer.json and tokenizer_config.json (PreTrainedTokenizerFast) for `spec`."""
+    from tokenizers import Tokenizer
+
+    if spec == BYTE_TOKENIZER:
+        _write_byte_tokenizer(out)
+    else:
+        if not Path(spec).is_file():
+            raise ConfigError(f"--tokenizer: {spec} is not a file; give the run's tokenizer.json or {BYTE_TOKENIZER}")
+        shutil.copyfile(spec, out / "tokenizer.json")
+    try:
+        tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    except Exception as err:  # noqa: BLE001 - the library raises plain Exceptions for bad files
+        raise ConfigError(
+            f"--tokenizer: {spec} is not a tokenizer.json the tokenizers library can load ({err})"
+        ) from None
+    if tok.get_vocab_size(with_added_tokens=True) > shape.vocab_size:
+        raise ConfigError(
+            f"--tokenizer: {spec} has {tok.get_vocab_size(with_added_tokens=True)} tokens, more than the model's "
+            f"vocabulary ({shape.vocab_size}); give the tokenizer the run's data was prepared with"
+        )
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": shape.max_seq_len,
+        "clean_up_tokenization_spaces": False,
+    }
+    vocab = tok.get_vocab(with_added_tokens=True)
+    eos = next((token for token in END_OF_DOCUMENT_TOKENS if token in vocab), None)
+    if eos is not None:
+        config["eos_token"] = eos
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+
+
+def _run_tokenizer(run: _Run, notes: list[str]) -> str:
+    """The tokenizer the run's data was prepared with (its manifest), else the byte tokenizer."""
+    from workloads.shards import read_manifest
+
+    data = run.config.data if run.config is not None else None
+    if data is not None and data.source == "memmap" and data.path and Path(data.path).is_dir():
+        manifest = read_manifest(Path(data.path))
+        if manifest is not None:
+            return str(manifest["tokenizer"])
+    notes.append(f"the run's data names no tokenizer: wrote the {BYTE_TOKENIZER} tokenizer (choose with --tokenizer)")
+    return BYTE_TOKENIZER
+
+
+# ----- the export --------------------------------------------------------------------------------
+
+
+def export_hf(
+    run: Path,
+    out: Path,
+    *,
+    step: int | None = None,
+    tokenizer: str | None = None,
+    dtype: str = "float32",
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> Exported:
+    """Write the committed checkpoint of `run` (its newest, or that of `step`) to `out`."""
+    if dtype not in SAFETENSORS_DTYPES:
+        raise ConfigError(f"--dtype {dtype}: use one of {', '.join(SAFETENSORS_DTYPES)}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {out} exists and is not an empty directory; give a new or empty one")
+    found = _find_run(run)
+    path = _committed_step(found.checkpoint_dir, step)
+    manifest = _verified_commit(path)
+    preset = manifest.get("preset")
+    if preset not in MODEL_PRESETS:
+        raise ConfigError(f"RUN: {path / layout.COMMIT_FILE} names model preset {preset!r}, which this version lacks")
+    shape = MODEL_PRESETS[preset]
+    notes: list[str] = []
+    rope_scaling = found.config.model.rope_scaling_settings if found.config is not None else None
+    if found.config is None:
+        notes.append(f"no {RUN_CONFIG_FILE} beside the checkpoints: config.json states no RoPE scaling")
+    reader = _OneMetadataReader(str(path))
+    dtypes = _model_tensors(reader.read_metadata(), shape, preset, path)
+    torch_dtype = getattr(torch, dtype)
+    planned = [
+        PlannedTensor(hf_name(n), SAFETENSORS_DTYPES[dtype], size) for n, size in parameter_shapes(shape).items()
+    ]
+    groups = plan_files(planned, max_file_bytes)
+    names = file_names(len(groups))
+    ours = {hf_name(n): n for n in dtypes}
+    spec = tokenizer if tokenizer is not None else _run_tokenizer(found, notes)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)  # ours: a name with this process's id
+    partial.mkdir()
+    try:
+        _write_tokenizer(spec, partial, shape)
+        for group, name in zip(groups, names, strict=True):
+            with (partial / name).open("wb") as f:
+                f.write(header_bytes(group))
+                for planned_tensor in group:
+                    ours_name = ours[planned_tensor.name]
+                    tensor = _read_tensor(reader, ours_name, planned_tensor.shape, dtypes[ours_name])
+                    converted = to_hf(ours_name, tensor, shape).to(torch_dtype).contiguous()
+                    del tensor
+                    f.write(converted.reshape(-1).view(torch.uint8).numpy().data)
+                    del converted
+        if len(groups) > 1:
+            (partial / WEIGHTS_INDEX_FILE).write_text(json.dumps(index_json(groups, names), indent=1))
+        (partial / CONFIG_FILE).write_text(json.dumps(hf_config(shape, rope_scaling, dtype), indent=1))
+        if out.exists():
+            out.rmdir()  # checked empty above
+        partial.rename(out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return Exported(
+        out=out,
+        step=layout.step_of(path.name),
+        checkpoint=path,
+        files=names,
+        nbytes=sum(t.nbytes for t in planned),
+        tokenizer=spec,
+        notes=notes,
+    )
