@@ -17,6 +17,7 @@ from infra import addon_catalog as catalog
 from infra.config.sections import (
     AddonsConfig,
     EndpointConfig,
+    ExistingClusterConfig,
     FsxConfig,
     GpuNodeGroupConfig,
     ImageConfig,
@@ -65,6 +66,9 @@ class DeploymentConfig(StrictModel):
     fsx: FsxConfig = FsxConfig()
     addons: AddonsConfig = AddonsConfig()
     image: ImageConfig = ImageConfig()
+    #: A cluster this project did not create, for the job commands (infra/config/sections.py);
+    #: None: the cluster the stacks deploy, read back from their outputs.
+    cluster: ExistingClusterConfig | None = None
     #: The job `render`/`submit` train without --train-config: a name in nvrx_eks/facts/job_presets.py.
     default_job: str = "smoke"
     tags: dict[str, str] = Field(default_factory=dict)

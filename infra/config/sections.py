@@ -1,4 +1,5 @@
-"""The sections of a deployment config: endpoint, GPU and system node groups, FSx, add-ons, image.
+"""The sections of a deployment config: endpoint, GPU and system node groups, FSx, add-ons, image,
+and an existing cluster the job commands use instead of one deployed here.
 
 Each section validates its own fields and names the fix; DeploymentConfig (infra/config/deployment.py)
 composes them and checks what spans sections.
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from infra import addon_catalog as catalog
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, facts_for
-from nvrx_eks.facts.names import RUNS_COPY_PREFIX
+from nvrx_eks.facts.names import GPU_NODE_LABEL_KEY, INSTANCE_TYPE_LABEL_KEY, RUNS_COPY_PREFIX
 
 #: FSx for Lustre PERSISTENT_2 on SSD: throughput tiers in MB/s per TiB of storage.
 PERSISTENT_2_THROUGHPUT_TIERS = (125, 250, 500, 1000)
@@ -317,3 +318,76 @@ class ImageConfig(StrictModel):
                 "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0"
             )
         return self
+
+
+#: A Kubernetes object name that is also a DNS label (namespaces, claims).
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: A label key: an optional DNS-subdomain prefix and '/', then a name of 1-63 characters.
+_LABEL_KEY_RE = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+class ExistingClusterConfig(StrictModel):
+    """A Kubernetes cluster this project did not create, as the job commands reach it: when a
+    config has this section, render, validate, submit, status, logs, delete and preflight use it
+    instead of the cluster stack's outputs, and nothing is deployed for it. The GPU nodes are
+    still described by gpu_nodes (instance_type sizes the pods, max_size caps a job) and the
+    cluster's Kubernetes version by kubernetes_version."""
+
+    #: The kubeconfig context that names the cluster and the credentials (as `kubectl --context`).
+    context: str
+    #: The kubeconfig file; None: $KUBECONFIG, else ~/.kube/config, as kubectl reads them.
+    kubeconfig: str | None = None
+    #: Where the jobs, their ConfigMaps and NetworkPolicies go; it must exist.
+    namespace: str
+    #: A ReadWriteMany claim in `namespace` (an FSx for Lustre file system bound statically, or any
+    #: shared file system): mounted at /fsx in every pod for data, checkpoints and run directories.
+    pvc: str
+    #: The trainer image the pods run (a tag or digest; nothing is built for this cluster).
+    image: str
+    #: Labels the pods select on beyond the two every job pod selects (the GPU pool label and the
+    #: instance type), e.g. a node pool of your own.
+    node_selector: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("context")
+    @classmethod
+    def _context(cls, context: str) -> str:
+        if not context.strip():
+            raise ValueError("give the kubeconfig context of the cluster (`kubectl config get-contexts` lists them)")
+        return context
+
+    @field_validator("namespace", "pvc")
+    @classmethod
+    def _dns_label(cls, name: str) -> str:
+        if len(name) > 63 or not _DNS_LABEL_RE.match(name):
+            raise ValueError(
+                f"'{name}' is not a Kubernetes name: lower-case letters, digits and '-', at most 63 characters"
+            )
+        return name
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, uri: str) -> str:
+        if not _IMAGE_URI_RE.match(uri):
+            raise ValueError(
+                f"'{uri}' is not an image reference with a tag or digest, such as "
+                "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0"
+            )
+        return uri
+
+    @field_validator("node_selector")
+    @classmethod
+    def _labels(cls, selector: dict[str, str]) -> dict[str, str]:
+        for key, value in selector.items():
+            if key in (GPU_NODE_LABEL_KEY, INSTANCE_TYPE_LABEL_KEY):
+                raise ValueError(
+                    f"'{key}' is selected on by every job pod already (the GPU pool label, and the instance type "
+                    "from gpu_nodes.instance_type); remove it"
+                )
+            if len(key) > 253 or not _LABEL_KEY_RE.match(key):
+                raise ValueError(f"'{key}' is not a label key such as example.com/pool")
+            if not isinstance(value, str) or not _LABEL_VALUE_RE.match(value):
+                raise ValueError(f"{key}: '{value}' is not a label value (at most 63 letters, digits, '-', '_', '.')")
+        return selector

@@ -6,14 +6,20 @@ Offline vs live: `render`, `validate` and `submit --dry-run` need no AWS account
 they derive the namespace, claim, instance type and Kubernetes version from the deployment
 config (see nvrx_eks/jobs/spec.py for how the image is chosen). With `--live` (and always for
 `submit`, `status`, `logs`, `delete`) they come from the deployed cluster stack's outputs.
+
+A config with a `cluster:` section names a cluster this project did not create: every command
+takes the namespace, claim, image and node selector from it, reaches the API server through its
+kubeconfig context (nvrx_eks/jobs/cluster.py), and reads no stack.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import boto3
 import yaml
@@ -26,12 +32,16 @@ from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_session, read_stack_outputs
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.job_kinds import JOB_KINDS, Api
-from nvrx_eks.jobs.capacity import deployed_nodes, live_limits, profile_limit, refuse_beyond
+from nvrx_eks.jobs.capacity import NodeLimit, deployed_nodes, live_limits, profile_limit, refuse_beyond
 from nvrx_eks.jobs.options import JobOptions, data_overrides
 from nvrx_eks.jobs.render import RenderedJob, render_job, write_documents
 from nvrx_eks.jobs.spec import JobSpec, build_jobspec, check_faults, check_global_batch, load_train_config
 from nvrx_eks.jobs.summary import job_summary
 from nvrx_eks.jobs.validate import Expectations, ValidationReport, load_documents, validate_documents
+from nvrx_eks.output_format import write_data
+
+if TYPE_CHECKING:
+    from nvrx_eks.jobs.client import JobClient
 
 DEFAULT_JOB_NAME = {"train": "train", "nccl-test": "nccl-test"}
 
@@ -45,6 +55,11 @@ def _check_api(api: str) -> Api:
 
 def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutputs | None) -> JobSpec:
     api = _check_api(options.api)
+    if options.data is not None and options.data.startswith("s3://") and deployment.config.cluster is not None:
+        raise ConfigError(
+            f"--data {options.data}: an existing cluster's claim (cluster.pvc) has no data repository this "
+            "config describes; give the path where the shards are on the claim, relative to /fsx"
+        )
     if options.data is not None:
         data = data_in_pods(options.data, deployment.config, outputs.data_bucket_name if outputs else None)
         options = replace(options, overrides=[*options.overrides, *data_overrides(data)], data=None)
@@ -83,10 +98,28 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
     )
     # Here, not in build_jobspec: render, validate and submit all build their job through this
     # function, and a job the profile's node group cannot hold is refused before anything else.
-    refuse_beyond(spec, [profile_limit(deployment)])
+    refuse_beyond(spec, [_config_limit(deployment)])
     check_global_batch(spec)
     check_faults(spec)
     return spec
+
+
+def _config_limit(deployment: Deployment) -> NodeLimit:
+    if deployment.config.cluster is not None:
+        from nvrx_eks.jobs.cluster import config_limit
+
+        return config_limit(deployment.config, deployment.source)
+    return profile_limit(deployment)
+
+
+def _stack_outputs(deployment: Deployment, live: bool) -> StackOutputs | None:
+    """The cluster stack's outputs with --live, else None (offline, or a config that names its cluster)."""
+    if live and deployment.config.cluster is not None:
+        raise ConfigError(
+            "--live reads the outputs of the cluster stack this project deploys; the config's cluster: "
+            "section names the cluster already, so drop --live"
+        )
+    return read_stack_outputs(deployment) if live else None
 
 
 def print_summary(spec: JobSpec, deployment: Deployment, err: Console) -> None:
@@ -94,8 +127,14 @@ def print_summary(spec: JobSpec, deployment: Deployment, err: Console) -> None:
         err.print(line)
 
 
-def expectations(deployment: Deployment, outputs: StackOutputs | None) -> Expectations:
+def expectations(deployment: Deployment, outputs: StackOutputs | None, *, live: bool = False) -> Expectations:
+    """What the manifests must match; `live`: they are about to be sent to a cluster."""
     config = deployment.config
+    if config.cluster is not None:
+        cluster = config.cluster
+        return Expectations(
+            config.kubernetes_version, cluster.namespace, cluster.pvc, config.gpu_nodes.instance_type, live=live
+        )
     if outputs is not None:
         return Expectations(
             kubernetes_version=outputs.kubernetes_version,
@@ -131,7 +170,7 @@ def print_report(report: ValidationReport, console: Console) -> None:
 def render(deployment: Deployment, options: JobOptions, *, live: bool, output: Path | None, out: Console, err: Console):
     if output is not None and output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file; give a directory (created if missing) for the manifests")
-    outputs = read_stack_outputs(deployment) if live else None
+    outputs = _stack_outputs(deployment, live)
     rendered = render_job(build_spec(deployment, options, outputs))
     print_summary(rendered.spec, deployment, err)
     if output is None:
@@ -149,8 +188,9 @@ def validate(
     path: str | None,
     live: bool,
     console: Console,
+    output: str = "table",
 ) -> ValidationReport:
-    outputs = read_stack_outputs(deployment) if live else None
+    outputs = _stack_outputs(deployment, live)
     if path is None:
         documents = render_job(build_spec(deployment, options, outputs)).documents
     elif path == "-":
@@ -170,8 +210,19 @@ def validate(
         documents = load_documents(text, path)
     report = validate_documents(documents, expectations(deployment, outputs))
     print_report(report, console)
+    write_data(report_as_data(report), output)
     report.raise_for_errors("the manifests")
     return report
+
+
+def report_as_data(report: ValidationReport) -> dict:
+    """The validation report for `validate -o json|yaml`."""
+    return {
+        "valid": report.ok,
+        "documents_checked": report.documents_checked,
+        "skipped_layers": list(report.skipped),
+        "findings": [dataclasses.asdict(f) for f in report.findings],
+    }
 
 
 def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: Console, err: Console) -> RenderedJob:
@@ -186,6 +237,8 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
         err.print("dry run: nothing was sent to a cluster")
         return rendered
 
+    if deployment.config.cluster is not None:
+        return _submit_to_existing_cluster(deployment, options, err)
     session = aws_session(deployment.config)
     outputs, client = connect(deployment, err, session)
     rendered = render_job(build_spec(deployment, options, outputs))
@@ -195,7 +248,7 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
     for skipped in deployed.skipped:
         err.print(f"[yellow]note:[/] not checked: {escape(skipped)}")
     refuse_beyond(spec, live_limits(deployment, outputs, deployed))
-    report = validate_documents(rendered.documents, expectations(deployment, outputs))
+    report = validate_documents(rendered.documents, expectations(deployment, outputs, live=True))
     print_report(report, err)
     report.raise_for_errors("the rendered job")
     print_summary(spec, deployment, err)
@@ -207,13 +260,45 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
             f"up (aws eks update-nodegroup-config --cluster-name {escape(outputs.cluster_name)} --nodegroup-name "
             f"{escape(deployed.nodegroup)} --scaling-config desiredSize={spec.launched_nodes})"
         )
+    return _create(client, rendered, deployment, err)
+
+
+def _submit_to_existing_cluster(deployment: Deployment, options: JobOptions, err: Console) -> RenderedJob:
+    """Submit to the config's cluster: as to ours, but the nodes the job may take are those its
+    pods' node selector matches now (nothing here scales that cluster)."""
+    from nvrx_eks.jobs.cluster import nodes_limit
+
+    client = job_client(deployment, err)
+    rendered = render_job(build_spec(deployment, options, None))
+    refuse_beyond(rendered.spec, [nodes_limit(client.api_client, deployment.config)])
+    report = validate_documents(rendered.documents, expectations(deployment, None, live=True))
+    print_report(report, err)
+    report.raise_for_errors("the rendered job")
+    print_summary(rendered.spec, deployment, err)
+    return _create(client, rendered, deployment, err)
+
+
+def _create(client: JobClient, rendered: RenderedJob, deployment: Deployment, err: Console) -> RenderedJob:
     job = client.submit(rendered)
+    spec = rendered.spec
     err.print(
-        f"created {job['kind']} {job['metadata']['name']} in {outputs.namespace} "
-        f"({rendered.spec.nodes} x {rendered.spec.instance_type}, world size {rendered.spec.world_size})"
+        f"created {job['kind']} {job['metadata']['name']} in {client.namespace} "
+        f"({spec.nodes} x {spec.instance_type}, world size {spec.world_size})"
     )
-    err.print(f"follow it: nvrx-eks status {rendered.spec.name}   nvrx-eks logs {rendered.spec.name} -f")
+    again = "" if deployment.config_path is None else f" -c {deployment.config_path}"
+    err.print(f"follow it: nvrx-eks status {spec.name}{again}   nvrx-eks logs {spec.name}{again} -f")
     return rendered
+
+
+def job_client(deployment: Deployment, console: Console) -> JobClient:
+    """A JobClient for the cluster the config names (cluster:), else for the deployed one."""
+    cluster = deployment.config.cluster
+    if cluster is None:
+        return connect(deployment, console)[1]
+    from nvrx_eks.jobs.client import JobClient
+    from nvrx_eks.jobs.cluster import api_client
+
+    return JobClient(api_client(cluster), cluster.namespace, console)
 
 
 def connect(deployment: Deployment, console: Console, session: boto3.Session | None = None):
@@ -227,18 +312,24 @@ def connect(deployment: Deployment, console: Console, session: boto3.Session | N
     return outputs, client
 
 
-def status(deployment: Deployment, name: str | None, console: Console):
-    outputs, client = connect(deployment, console)
+def status(deployment: Deployment, name: str | None, console: Console, output: str = "table"):
+    client = job_client(deployment, console)
     if name is None:
-        table = Table(title=f"Training jobs in {outputs.namespace}")
+        jobs = []
+        for kind, job in client.list_jobs():
+            meta = job["metadata"]
+            jobs.append({"name": meta["name"], "kind": kind.kind, "created": meta.get("creationTimestamp", "")})
+        table = Table(title=f"Training jobs in {client.namespace}")
         for column in ("name", "kind", "created"):
             table.add_column(column)
-        for kind, obj in client.list_jobs():
-            table.add_row(obj["metadata"]["name"], kind.kind, obj["metadata"].get("creationTimestamp", ""))
+        for job in jobs:
+            table.add_row(job["name"], job["kind"], job["created"])
         console.print(table)
+        write_data({"namespace": client.namespace, "jobs": jobs}, output)
         return None
     result = client.status(name)
     result.render(console)
+    write_data(result.as_data(), output)
     return result
 
 
@@ -256,16 +347,25 @@ def logs(
         raise ConfigError("give either --node or --rank, not both")
     from nvrx_eks.jobs.logs import stream_logs
 
-    _, client = connect(deployment, console)
+    client = job_client(deployment, console)
     return stream_logs(client, name, node=node, rank=rank, follow=follow, tail_lines=tail)
 
 
 def delete(deployment: Deployment, name: str, *, wait: bool, console: Console):
-    _, client = connect(deployment, console)
+    client = job_client(deployment, console)
     kind = client.delete(name, wait=wait)
     console.print(
         f"deleted {kind.kind} {name}" + (" and its pods" if wait else " (pods stop within their grace period)")
     )
+
+
+def _our_cluster_only(deployment: Deployment, command: str) -> None:
+    cluster = deployment.config.cluster
+    if cluster is not None:
+        raise ConfigError(
+            f"{command} is for the cluster this project deploys; the config's cluster: section names kubeconfig "
+            f"context {cluster.context!r} already: use it (kubectl --context {cluster.context})"
+        )
 
 
 def token(deployment: Deployment) -> dict:
@@ -279,6 +379,7 @@ def token(deployment: Deployment) -> dict:
     from nvrx_eks.deploy.stack_outputs import aws_error
 
     config = deployment.config
+    _our_cluster_only(deployment, "token")
     try:
         value = eks_token(boto3.Session(region_name=config.region), config.cluster_name, config.region).value
     except (BotoCoreError, ClientError) as e:
@@ -296,6 +397,7 @@ def token(deployment: Deployment) -> dict:
 
 def kubeconfig(deployment: Deployment) -> dict:
     """A kubeconfig for kubectl whose credentials come from `nvrx-eks token` (no aws CLI)."""
+    _our_cluster_only(deployment, "kubeconfig")
     outputs = read_stack_outputs(deployment)
     name = outputs.cluster_name
     args = ["token", *(["--config", deployment.config_path] if deployment.config_path else [])]

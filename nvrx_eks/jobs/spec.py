@@ -1,8 +1,9 @@
 """JobSpec: everything a training job manifest depends on, validated once, then rendered.
 
 A JobSpec is built from facts stated elsewhere and never retyped here:
-- the deployment: DeploymentConfig (offline) or the cluster stack's outputs (live), for the
-  namespace, the FSx claim, the instance type and the Kubernetes version;
+- the deployment: DeploymentConfig (offline), the cluster stack's outputs (live) or the config's
+  `cluster:` section (a cluster we did not create), for the namespace, the FSx claim, the
+  instance type, the Kubernetes version and the image;
 - the instance facts table, for GPUs (= processes per node), EFA interfaces, CPU and memory;
 - nvrx_eks/facts/names.py, for node labels, taints and extended resource names;
 - nvrx_eks/facts/job_names.py, for the names of the job's objects and pod 0's rendezvous host;
@@ -79,6 +80,9 @@ class JobSpec(BaseModel):
     image: str
     pvc_name: str = FSX_PVC_NAME
     kubernetes_version: str
+    #: Node labels the pods select on beyond the GPU pool and the instance type (an existing
+    #: cluster's cluster.node_selector).
+    node_selector: dict[str, str] = Field(default_factory=dict)
     #: Kubernetes-level restarts of the whole job (JobSet maxRestarts / PyTorchJob backoffLimit).
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
     #: Hot spare nodes launched beyond `nodes` (workloads/spares.py); the active world stays `nodes`.
@@ -346,6 +350,10 @@ def build_jobspec(
         namespace, pvc_name = outputs.namespace, outputs.pvc_name
         instance_type, k8s_version = outputs.instance_type, outputs.kubernetes_version
         default_image = outputs.image_uri
+    elif config.cluster is not None:  # a cluster we did not create: the config names it all
+        namespace, pvc_name = config.cluster.namespace, config.cluster.pvc
+        instance_type, k8s_version = config.gpu_nodes.instance_type, config.kubernetes_version
+        default_image = config.cluster.image
     else:
         namespace, pvc_name = TRAINING_NAMESPACE, FSX_PVC_NAME
         instance_type, k8s_version = config.gpu_nodes.instance_type, config.kubernetes_version
@@ -369,6 +377,7 @@ def build_jobspec(
             image=image or default_image,
             pvc_name=pvc_name,
             kubernetes_version=k8s_version,
+            node_selector=config.cluster.node_selector if config.cluster else {},
             max_restarts=max_restarts,
             max_step_time_s=max_step_time_s,
             spare_nodes=spare_nodes,

@@ -116,6 +116,34 @@ class JobStatus:
             return role.role
         return f"active, ranks {role.first_rank}-{role.first_rank + pod.gpus - 1}"
 
+    def as_data(self) -> dict:
+        """What `render` prints, for `status NAME -o json|yaml`."""
+        return {
+            "kind": self.kind.kind,
+            "name": self.name,
+            "phase": self.phase,
+            "message": self.message,
+            "restarts": {
+                "kubernetes": self.controller_restarts,
+                "max_kubernetes": self.max_restarts,
+                "containers": self.container_restarts,
+            },
+            "nodes": {role: [r.node for r in self.roles if r.role == role] for role in _ROLES} if self.roles else None,
+            "pods": [
+                {
+                    "node": p.node_rank,
+                    "pod": p.name,
+                    "phase": p.phase,
+                    "on_node": p.node,
+                    "restarts": p.restarts,
+                    "last_exit": p.last_exit,
+                    "attempt": p.restart_attempt,
+                    **({"role": self.role_of(p)} if self.roles else {}),
+                }
+                for p in self.pods
+            ],
+        }
+
     def render(self, console: Console) -> None:
         restarts = "n/a" if self.controller_restarts is None else str(self.controller_restarts)
         limit = "" if self.max_restarts is None else f" of {self.max_restarts}"
@@ -133,7 +161,7 @@ class JobStatus:
         layers.add_row("1. in-process (NVRx Wrapper)", "-", "trainer events on FSx (nvrx-eks report)")
         console.print(layers)
         if self.roles:
-            by_role = {role: [r.node for r in self.roles if r.role == role] for role in ("active", "spare", "lost")}
+            by_role = {role: [r.node for r in self.roles if r.role == role] for role in _ROLES}
             console.print(
                 "Nodes (hot spares): "
                 + "; ".join(f"{role} {', '.join(map(str, nodes)) or 'none'}" for role, nodes in by_role.items())
@@ -154,6 +182,10 @@ class JobStatus:
             ]
             table.add_row(*row, *([self.role_of(p)] if self.roles else []))
         console.print(table)
+
+
+#: The roles of a node with hot spares, in the order `status` lists them.
+_ROLES = ("active", "spare", "lost")
 
 
 def _node_roles(obj: dict, pods: list[PodStatus], restarts: int | None) -> list[NodeRole]:
