@@ -16,6 +16,11 @@ other data is refused naming data.path: the position would index into different 
   through np.memmap as windows of seq_len+1 tokens. Each epoch visits all windows in an order
   given by an affine permutation i -> (a*i + b) mod N with gcd(a, N) = 1, chosen from
   (seed, epoch): a full shuffle in O(1) memory, whatever the dataset size.
+
+Held-out sequences for evaluation (workloads.evaluation) come from the same two sources, never
+from the training data: synthetic sequences drawn from another seed stream of the same chain, or
+the held-out shards `nvrx-eks data prepare --eval-fraction` lists under the manifest's `eval`,
+read in order (held_out_sequences).
 """
 
 from __future__ import annotations
@@ -31,9 +36,12 @@ import torch
 
 from nvrx_eks.facts.errors import ConfigError
 from workloads.config import DataConfig
-from workloads.shards import read_manifest, shard_files
+from workloads.shards import check_shard_set, read_manifest, shard_files
 
 _SUCCESSORS = 4
+#: Seed streams of synthetic sequences: training, and the held-out sequences of evaluation.
+_TRAIN_STREAM = 0x5EED
+_HELD_OUT_STREAM = 0xE7A1
 
 
 class TokenBatches:
@@ -103,8 +111,11 @@ class TokenBatches:
 
 
 class SyntheticTokens(TokenBatches):
-    def __init__(self, cfg: DataConfig, rank: int, world_size: int, vocab_size: int, seed: int):
+    def __init__(
+        self, cfg: DataConfig, rank: int, world_size: int, vocab_size: int, seed: int, stream: int = _TRAIN_STREAM
+    ):
         super().__init__(cfg, rank, world_size, vocab_size, seed)
+        self.stream = stream
         chain = np.random.default_rng([seed, 0xC4A1])
         self.successors = chain.integers(0, vocab_size, size=(vocab_size, _SUCCESSORS))
         self.weights = chain.dirichlet(np.ones(_SUCCESSORS), size=vocab_size).cumsum(axis=1)
@@ -117,7 +128,7 @@ class SyntheticTokens(TokenBatches):
     def _sequences(self, indices: np.ndarray) -> np.ndarray:
         out = np.empty((len(indices), self.cfg.seq_len + 1), dtype=np.int64)
         for row, index in enumerate(indices):
-            rng = np.random.default_rng([self.seed, 0x5EED, int(index)])
+            rng = np.random.default_rng([self.seed, self.stream, int(index)])
             draws = rng.random(self.cfg.seq_len)
             token = int(rng.integers(0, self.vocab_size))
             out[row, 0] = token
@@ -128,23 +139,43 @@ class SyntheticTokens(TokenBatches):
         return out
 
 
+class ShardWindows:
+    """Shards read as windows of seq_len + 1 tokens, window i of a shard starting at token
+    i * seq_len (consecutive windows share one token: the last target of one is the first input
+    of the next), numbered across the shards in order."""
+
+    def __init__(self, files: list[Path], dtype: str, seq_len: int):
+        self.seq_len = seq_len
+        self.shards = [np.memmap(f, dtype=np.dtype(dtype), mode="r") for f in files]
+        counts = [max(0, (len(s) - 1) // seq_len) for s in self.shards]
+        self.offsets = np.cumsum([0] + counts)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def read(self, windows: list[int]) -> np.ndarray:  # [n, seq_len + 1] int64
+        out = np.empty((len(windows), self.seq_len + 1), dtype=np.int64)
+        for row, window in enumerate(windows):
+            shard = int(np.searchsorted(self.offsets, window, side="right") - 1)
+            start = (window - int(self.offsets[shard])) * self.seq_len
+            out[row] = self.shards[shard][start : start + self.seq_len + 1]
+        return out
+
+
 class MemmapTokens(TokenBatches):
     def __init__(self, cfg: DataConfig, rank: int, world_size: int, vocab_size: int, seed: int):
         super().__init__(cfg, rank, world_size, vocab_size, seed)
         files, dtype = shard_files(cfg, vocab_size)
         self._dataset_sha256 = memmap_dataset_sha256(Path(cfg.path or ""), files, dtype)
-        self.shards = [np.memmap(f, dtype=np.dtype(dtype), mode="r") for f in files]
-        window = cfg.seq_len
-        counts = [max(0, (len(s) - 1) // window) for s in self.shards]
-        self.offsets = np.cumsum([0] + counts)
-        if self.offsets[-1] < world_size * cfg.batch_size:
+        self.windows = ShardWindows(files, dtype, cfg.seq_len)
+        if len(self.windows) < world_size * cfg.batch_size:
             raise ConfigError(
-                f"data.path: {self.offsets[-1]} windows of {window} tokens cannot "
+                f"data.path: {len(self.windows)} windows of {cfg.seq_len} tokens cannot "
                 f"fill one step of {world_size}x{cfg.batch_size} sequences"
             )
 
     def _epoch_length(self) -> int:
-        return int(self.offsets[-1])
+        return len(self.windows)
 
     def dataset_sha256(self) -> str:
         return self._dataset_sha256
@@ -159,13 +190,7 @@ class MemmapTokens(TokenBatches):
         return (a * index + b) % n
 
     def _sequences(self, indices: np.ndarray) -> np.ndarray:
-        out = np.empty((len(indices), self.cfg.seq_len + 1), dtype=np.int64)
-        for row, index in enumerate(indices):
-            window = self._permuted(int(index))
-            shard = int(np.searchsorted(self.offsets, window, side="right") - 1)
-            start = (window - int(self.offsets[shard])) * self.cfg.seq_len
-            out[row] = self.shards[shard][start : start + self.cfg.seq_len + 1]
-        return out
+        return self.windows.read([self._permuted(int(index)) for index in indices])
 
 
 def memmap_dataset_sha256(root: Path, files: list[Path], dtype: str) -> str:
@@ -188,6 +213,41 @@ def memmap_dataset_sha256(root: Path, files: list[Path], dtype: str) -> str:
 def build_batches(cfg: DataConfig, rank: int, world_size: int, vocab_size: int, seed: int) -> TokenBatches:
     cls = MemmapTokens if cfg.source == "memmap" else SyntheticTokens
     return cls(cfg, rank, world_size, vocab_size, seed)
+
+
+def has_held_out_split(cfg: DataConfig) -> bool:
+    """Whether data.path is a shard set prepared with a held-out split (`--eval-fraction`)."""
+    root = Path(cfg.path or "")
+    if cfg.source != "memmap" or not root.is_dir():
+        return False
+    manifest = read_manifest(root)
+    return manifest is not None and bool(manifest.get("eval", {}).get("shards"))
+
+
+def held_out_sequences(cfg: DataConfig, vocab_size: int, seed: int, count: int) -> np.ndarray:
+    """The first `count` held-out sequences, [n, seq_len + 1] int64 with n <= count: the same ones
+    at every call, whatever the world size. Memmap data without a held-out split is refused naming
+    the fix."""
+    if cfg.source == "synthetic":
+        stream = SyntheticTokens(cfg, 0, 1, vocab_size, seed, stream=_HELD_OUT_STREAM)
+        return stream._sequences(np.arange(count))
+    root = Path(cfg.path or "")
+    manifest = read_manifest(root) if root.is_dir() else None
+    if manifest is None or not manifest.get("eval", {}).get("shards"):
+        raise ConfigError(
+            f"eval.enabled: {root} holds no held-out split; prepare it with `nvrx-eks data prepare "
+            "--eval-fraction 0.01`, or set eval.enabled=false"
+        )
+    dtype = cfg.dtype or manifest["dtype"]
+    held_out = {**manifest, "shards": manifest["eval"]["shards"]}
+    files, _ = check_shard_set(root, held_out, vocab_size=vocab_size, dtype=dtype)
+    windows = ShardWindows(files, dtype, cfg.seq_len)
+    if len(windows) == 0:
+        raise ConfigError(
+            f"eval.enabled: the held-out split of {root} holds {manifest['eval']['total_tokens']} tokens, less "
+            f"than one sequence of data.seq_len + 1 = {cfg.seq_len + 1}; prepare with a larger --eval-fraction"
+        )
+    return windows.read(list(range(min(count, len(windows)))))
 
 
 def batch_fingerprint(inputs: torch.Tensor) -> str:

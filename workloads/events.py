@@ -27,6 +27,8 @@ Events and their own fields:
                           first 16 hex digits), tokens_per_s (all ranks: world x batch_size x
                           seq_len x grad_accum_steps / step_s), tokens_per_s_per_gpu, mfu (model
                           FLOPs / peak, workloads/metrics.py; null on CPU or without a peak)
+    eval_end              step, loss (mean per-token loss over the held-out sequences, all ranks),
+                          eval_s, sequences, tokens (workloads.evaluation)
     checkpoint_worker     start ("reused" from the previous in-process iteration, "warmed" at
                           process start, "spawned"): the NVRx checkpoint worker of this iteration
     checkpoint_stall      step, backend, stall_s (time the training loop was blocked by the save)
@@ -51,7 +53,9 @@ Events and their own fields:
     local_tier_skipped    reason, fsx_step (no local step complete for every rank, or FSx newer)
     local_tier_disabled   reason (checkpoint.local.dir cannot be created: the iteration runs on
                           the FSx tier alone)
-    local_restore         step, source ("local"|"replica"), from_rank, fsx_step, load_s
+    local_restore         step, source ("local"|"replica"), from_rank, from_memory (the rank's
+                          host copy, no file read), fsx_step, load_s (the whole restore: choice,
+                          checks, exchange and copy into the state; compare checkpoint_load's)
     fault_injected        kind, step, target_rank[, damaged][, node (node-loss: the simulated node)]
     restart_begin         layer="inprocess", reason (emitted when NVRx finalizes the failed
                           iteration; the fault itself is usually a fault_injected line earlier)
@@ -65,7 +69,8 @@ Events and their own fields:
     run_end               status ("completed"|"terminated"), final_step, final_loss
 
 summary.json (rank 0, at completion): final_step, final_loss, state_sha256, world_size, preset,
-restarts {"inprocess": n, "launcher": n}, faults [...], checkpoints {...}, goodput; see
+restarts {"inprocess": n, "launcher": n}, faults [...], checkpoints {...}, goodput, eval_s,
+eval_loss and eval_step (the last evaluation; null without one); see
 `summarize` and `workloads.goodput` for the derived numbers. Throughput
 (workloads.metrics.summarize_throughput, medians over rank 0's steps after the first):
 global_batch_tokens, tokens_per_s, tokens_per_s_per_gpu, step_time_s, mfu (null on CPU),
@@ -80,6 +85,7 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,7 +102,10 @@ def events_dir(run_dir: str | Path) -> Path:
 
 
 class EventLog:
-    """Appends this rank's events. `iteration` is updated by the trainer on in-process restart."""
+    """Appends this process's events, to the file of the rank it started as. `iteration` is
+    updated by the trainer on in-process restart, and `rank` when a restart gave the process
+    another rank (workloads.spares): each event names the rank it was emitted as, so "rank 0's
+    events" are those of whichever process was rank 0 at the time."""
 
     def __init__(self, run_dir: str | Path, rank: int):
         self.rank = rank
@@ -107,6 +116,8 @@ class EventLog:
         path = events_dir(run_dir) / f"rank{rank}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+        #: Called with every record after it is written (rank 0's live metrics, workloads.live_metrics).
+        self.on_emit: Callable[[dict[str, Any]], None] | None = None
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {
@@ -122,6 +133,8 @@ class EventLog:
             **fields,
         }
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        if self.on_emit is not None:
+            self.on_emit(record)
         return record
 
     def close(self) -> None:
@@ -180,12 +193,15 @@ class RunEvents:
         new pod's restart_end, begun at the last event of the previous attempt.
         """
         out: list[Restart] = []
-        mine = [e for e in self.events if e["rank"] == rank]
         pending_begin: dict[int, dict[str, Any]] = {}
-        for e in mine:
+        for e in self.events:
+            # A process's restart begins under the rank it had and may end under another (a
+            # spare took a lost rank's place and the ranks above it shifted down).
             if e["event"] == "restart_begin":
                 pending_begin[e["pid"]] = e
-            elif e["event"] == "restart_end" and e.get("layer") == "inprocess":
+            if e["rank"] != rank:
+                continue
+            if e["event"] == "restart_end" and e.get("layer") == "inprocess":
                 begin = pending_begin.pop(e["pid"], None)
                 if begin is not None:
                     out.append(
@@ -224,6 +240,7 @@ _EVENT_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "setup_end": {"resumed_from_step": int, "setup_s": (int, float)},
     "restart_end": {"layer": str, "resumed_from_step": int},
     "checkpoint_stall": {"step": int, "stall_s": (int, float)},
+    "eval_end": {"step": int, "loss": (int, float), "eval_s": (int, float)},
     "checkpoint_write_end": {"step": int, "write_s": (int, float)},
     "checkpoint_load": {"step": int},
     "checkpoint_fallback": {"path": str, "reason": str},
@@ -348,11 +365,13 @@ def summarize(run: RunEvents, rank: int = 0) -> RunReport:
     restarts = run.restarts(rank)
     faults = run.of("fault_injected")
     stalls = [e["stall_s"] for e in run.of("checkpoint_stall", rank=rank)]
+    evals = [e["eval_s"] for e in run.of("eval_end", rank=rank)]
     unique = {o["fault"]: o for o in fault_outcomes(faults, restarts)}
     split = split_wall_time(
         wall_s=last_t - first_t,
         step_ends=run.of("step_end", rank=rank),
         stalls_s=stalls,
+        evals_s=evals,
         recovery_s=sum(o.get("recovered_s", 0.0) for o in unique.values()),
     )
     return RunReport(**asdict(split), restarts=restarts, faults=faults, stalls_s=stalls)

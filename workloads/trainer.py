@@ -27,7 +27,9 @@ from workloads.checkpoint.local_tier import LocalTier
 from workloads.config import TrainConfig
 from workloads.data import batch_fingerprint
 from workloads.device import Runtime, resolve_runtime
+from workloads.evaluation import Evaluator
 from workloads.events import load_run, summarize
+from workloads.live_metrics import for_rank as live_metrics_for_rank
 from workloads.metrics import flops_per_token, format_mfu, step_throughput, summarize_throughput
 from workloads.process_state import ProcessState
 from workloads.training import Training, build_training
@@ -37,31 +39,43 @@ log = logging.getLogger("workloads.train")
 
 
 def init_process_group(process: ProcessState, runtime: Runtime, iteration: int) -> None:
-    """The iteration's default process group: from the environment without a store port, else on
-    the store NVRx's Wrapper hosts, under a key prefix of its own."""
+    """The iteration's default process group: from the environment without a store, else on the
+    coordinator's in-process store (workloads.coordinator), under a key prefix of its own."""
     timeout = datetime.timedelta(seconds=runtime.pg_timeout_s)
     device_id = runtime.device if runtime.is_cuda else None
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if process.store_port is None:
+    if process.store is None:
         dist.init_process_group(runtime.backend, rank=rank, world_size=world, timeout=timeout, device_id=device_id)
         return
     if process.wrapper_store is None:
-        # A client of the store NVRx's Wrapper hosts on rank 0 (or, without the Wrapper, our own
-        # server); each iteration uses a fresh key prefix, so a restart never reads stale keys.
-        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        is_host = not process.cfg.inprocess.enabled and rank == 0
+        # Each iteration uses a fresh key prefix, so a restart never reads stale keys.
+        host, port = process.store
         process.wrapper_store = dist.TCPStore(
-            host,
-            process.store_port,
-            world,
-            is_master=is_host,
-            timeout=datetime.timedelta(seconds=300),
-            wait_for_workers=False,
+            host, port, world, is_master=False, timeout=datetime.timedelta(seconds=300), wait_for_workers=False
         )
     store = dist.PrefixStore(f"pg-cycle{process.events.cycle}-iter{iteration}", process.wrapper_store)
     dist.init_process_group(
         runtime.backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=device_id
     )
+
+
+def forget_previous_meshes() -> None:
+    """Drop DTensor's sharding caches before an in-process restart builds the model again.
+
+    They key on device meshes, and a DeviceMesh compares equal to any mesh of the same ranks
+    whatever this process's rank in it: a cached result hands the new iteration's tensors the
+    previous iteration's mesh, with the previous rank's coordinate. When a spare takes a lost
+    node's place, the ranks above it shift down, and a rank that was 1 and is now 0 would save
+    the shard of rank 1 under rank 0's name: two ranks write one shard, and DCP's planner
+    refuses the checkpoint ("invalid fill"; torch 2.13). Measured cost: none worth naming, the
+    caches refill on the first step."""
+    from torch.distributed.tensor._api import DTensor
+    from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
+
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
+    torch._C._clear_DTensor_sharding_propagator_cache()
+    clear_redistribute_planner_cache()
 
 
 @dataclass
@@ -107,8 +121,23 @@ class Trainer:
             with require_efa(cfg.distributed.require_efa, self.runtime.backend, cfg.run_dir, self.process.rank):
                 init_process_group(self.process, self.runtime, self.iteration)
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
-            self.faults.retarget(self.rank)  # with spare nodes the active rank can change at a restart
+            # With spare nodes the active rank can change at a restart.
+            self.faults.retarget(self.rank)
+            self.events.rank = self.rank
+            self.events.on_emit = live_metrics_for_rank(cfg, self.rank, self.events.on_emit)
+            if self.iteration > 0:
+                forget_previous_meshes()
             self.training = build_training(cfg, self.runtime, self.rank, self.world)
+            self.evaluator = Evaluator(
+                cfg,
+                self.training.model,
+                self.runtime.device,
+                self.rank,
+                self.world,
+                events=self.events,
+                section=self.ft.section,
+                ping=self.ping,
+            )
             local_tier = None
             if cfg.checkpoint.local.enabled:
                 nproc_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
@@ -191,6 +220,7 @@ class Trainer:
             self.events.emit("step_start", step=step)
             outcome = self.train_step(step)
             self.report_step(step, outcome)
+            self.evaluator.maybe_evaluate(step, stopping=outcome.stop)
             self.checkpointer.maybe_save(step, force=outcome.stop or outcome.save)
             if outcome.stop:
                 self.events.emit("sigterm", signal=int(signal.SIGTERM), step=step)
@@ -310,6 +340,7 @@ def write_summary(
     """summary.json in the run directory (rank 0, at a completed run), replaced atomically."""
     run_events = load_run(cfg.run_dir)
     report = summarize(run_events, rank=0)
+    evals = run_events.of("eval_end", rank=0)
     summary = {
         "final_step": training.progress.step,
         "final_loss": training.progress.last_loss,
@@ -325,6 +356,9 @@ def write_summary(
             "stalls": len(report.stalls_s),
         },
         "goodput": report.goodput,
+        "eval_s": report.eval_s,
+        "eval_loss": evals[-1]["loss"] if evals else None,
+        "eval_step": evals[-1]["step"] if evals else None,
         "wall_s": report.wall_s,
         "replayed_steps": report.lost_steps,
         "global_batch_tokens": tokens_per_step,

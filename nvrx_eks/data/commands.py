@@ -14,9 +14,15 @@ from workloads.shards import read_manifest
 
 
 def prepare(
-    inputs: list[Path], out: Path, tokenizer: str, text_field: str, shard_tokens: int | None, console: Console
+    inputs: list[Path],
+    out: Path,
+    tokenizer: str,
+    text_field: str,
+    shard_tokens: int | None,
+    console: Console,
+    eval_fraction: float = 0.0,
 ) -> dict:
-    check_arguments(inputs, out, tokenizer, shard_tokens or DEFAULT_SHARD_TOKENS)
+    check_arguments(inputs, out, tokenizer, shard_tokens or DEFAULT_SHARD_TOKENS, eval_fraction)
     before = read_manifest(out) if out.is_dir() else None
     if before is not None and before["shards"] and not before["complete"]:
         console.print(f"resuming {escape(str(out))} after {len(before['shards'])} completed shard(s)")
@@ -40,11 +46,19 @@ def prepare(
                 tokenizer,
                 text_field=text_field,
                 shard_tokens=shard_tokens or DEFAULT_SHARD_TOKENS,
+                eval_fraction=eval_fraction,
                 progress=progress,
             )
         except KeyboardInterrupt:
             console.print(f"stopped after {shards['n']} new shard(s); rerun the same command to resume")
             raise
+    held_out = manifest.get("eval")
+    if held_out:
+        console.print(
+            f"held out for evaluation: {len(held_out['shards'])} shard(s), {held_out['total_tokens']:,} tokens "
+            f"({manifest['eval_fraction']:g} of the text)",
+            highlight=False,
+        )
     console.print(
         f"{escape(str(out))}: {len(manifest['shards'])} shard(s), {manifest['total_tokens']:,} tokens, "
         f"vocab_size {manifest['vocab_size']}, dtype {manifest['dtype']} (train on it with "

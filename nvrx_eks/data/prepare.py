@@ -10,6 +10,11 @@ record is followed by the tokenizer's end-of-document token. The position in the
 shard, so a rerun of the same command re-reads the inputs up to that position without
 tokenizing them and continues, producing exactly the shards an uninterrupted run would have.
 
+Held-out split (`eval_fraction`): each unit goes whole to the training shards or to the held-out
+ones (`eval-NNNNN.bin`, listed under the manifest's `eval`), decided by a hash of its position in
+the inputs, so a document never straddles the two and a rerun splits the same way. Each split
+has its own buffer and its own resume position; a rerun re-reads from the older of the two.
+
 Tokenizers (no download anywhere):
 * `byte`: the UTF-8 bytes, vocabulary 256, no special tokens: a JSONL record ends with a
   newline (byte 10). It fits every preset, including `tiny` (vocabulary 256).
@@ -20,6 +25,7 @@ Tokenizers (no download anywhere):
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -55,7 +61,10 @@ _RESUME_KEYS = {
     "shard_tokens": "--shard-tokens",
     "text_field": "--text-field",
     "sources": "INPUT",
+    "eval_fraction": "--eval-fraction",
 }
+#: Held-out shards, beside the training shards (workloads.shards.shard_name).
+EVAL_SHARD_PATTERN = "eval-{index:05d}.bin"
 
 
 @dataclass(frozen=True)
@@ -165,28 +174,55 @@ def _units(path: Path, text_field: str, on_bytes: Callable[[int], None]) -> Iter
             yield value, True
 
 
+def eval_shard_name(index: int) -> str:
+    return EVAL_SHARD_PATTERN.format(index=index)
+
+
+def held_out(source: int, unit: int, fraction: float) -> bool:
+    """Whether unit `unit` of input `source` belongs to the held-out split: a fixed hash of its
+    position, uniform in [0, 1), below `fraction`."""
+    digest = hashlib.sha256(f"{source}:{unit}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") / 2**64 < fraction
+
+
 class _ShardWriter:
-    def __init__(self, out: Path, manifest: dict[str, Any], on_shard: Callable[[dict], None]):
-        self.out, self.manifest, self.on_shard = out, manifest, on_shard
+    """One split's shards: `split` is the part of the manifest that lists them (the manifest
+    itself for training, its `eval` for the held-out split) with their tokens and resume point."""
+
+    def __init__(
+        self,
+        out: Path,
+        manifest: dict[str, Any],
+        split: dict[str, Any],
+        name: Callable[[int], str],
+        on_shard: Callable[[dict], None],
+    ):
+        self.out, self.manifest, self.split, self.name, self.on_shard = out, manifest, split, name, on_shard
         self.buffer = np.empty(manifest["shard_tokens"], dtype=manifest["dtype"])
         self.fill = 0
 
-    def flush(self, resume: dict[str, int], complete: bool) -> None:
-        index = len(self.manifest["shards"])
-        path = self.out / shard_name(index)
+    @property
+    def resume(self) -> tuple[int, int, int]:
+        at = self.split["resume"]
+        return at["source"], at["unit"], at["offset"]
+
+    def flush(self, resume: dict[str, int]) -> None:
+        path = self.out / self.name(len(self.split["shards"]))
         tmp = self.out / f".{path.name}.tmp"
         self.buffer[: self.fill].tofile(tmp)
         os.replace(tmp, path)
         shard = {"file": path.name, "tokens": self.fill, "sha256": file_sha256(path)}
-        self.manifest["shards"].append(shard)
-        self.manifest["total_tokens"] += self.fill
-        self.manifest["resume"], self.manifest["complete"] = resume, complete
+        self.split["shards"].append(shard)
+        self.split["total_tokens"] += self.fill
+        self.split["resume"] = resume
         write_manifest(self.out, self.manifest)
         self.fill = 0
         self.on_shard(shard)
 
 
-def _new_manifest(tok: Tokenizer, inputs: list[Path], shard_tokens: int, text_field: str) -> dict:
+def _new_manifest(tok: Tokenizer, inputs: list[Path], shard_tokens: int, text_field: str, eval_fraction: float) -> dict:
+    start = {"source": 0, "unit": 0, "offset": 0}
+    held_out_split = {"shards": [], "resume": dict(start), "total_tokens": 0}
     return {
         "format": MANIFEST_FORMAT,
         "tokenizer": tok.name,
@@ -197,9 +233,12 @@ def _new_manifest(tok: Tokenizer, inputs: list[Path], shard_tokens: int, text_fi
         "text_field": text_field,
         "sources": [{"path": str(p.resolve()), "bytes": p.stat().st_size} for p in inputs],
         "shards": [],
-        "resume": {"source": 0, "unit": 0, "offset": 0},
+        "resume": start,
         "complete": False,
         "total_tokens": 0,
+        # null: no held-out split (workloads.shards reads `eval` only when present).
+        "eval_fraction": eval_fraction or None,
+        **({"eval": held_out_split} if eval_fraction else {}),
     }
 
 
@@ -218,13 +257,17 @@ def _resumable(out: Path, fresh: dict[str, Any]) -> dict[str, Any]:
     return old
 
 
-def check_arguments(inputs: list[Path], out: Path, tokenizer: str, shard_tokens: int) -> Tokenizer:
+def check_arguments(
+    inputs: list[Path], out: Path, tokenizer: str, shard_tokens: int, eval_fraction: float = 0.0
+) -> Tokenizer:
     """Every argument, before any work: ConfigError naming the one at fault. Returns the tokenizer."""
     for path in inputs:
         if not path.is_file():
             raise ConfigError(f"INPUT: {path} is not a file; give text, JSONL, .gz or .zst files")
     if shard_tokens < 2:
         raise ConfigError("--shard-tokens: must be at least 2")
+    if not 0.0 <= eval_fraction < 1.0:
+        raise ConfigError(f"--eval-fraction: {eval_fraction:g} is not in [0, 1); give e.g. 0.01 to hold out 1%")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} is a file; give a directory for the shards")
     tok = load_tokenizer(tokenizer)
@@ -239,6 +282,7 @@ def prepare(
     *,
     text_field: str = "text",
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    eval_fraction: float = 0.0,
     progress: Callable[[str, int], None] = lambda kind, n: None,
     stop_after_shards: int | None = None,
 ) -> dict[str, Any]:
@@ -247,8 +291,8 @@ def prepare(
     progress(kind, n): kind "bytes" (input bytes read), "shard" (tokens of a shard written).
     stop_after_shards: raise KeyboardInterrupt after that many new shards, as an interruption
     by the user would (tests)."""
-    tok = check_arguments(inputs, out, tokenizer, shard_tokens)
-    manifest = _resumable(out, _new_manifest(tok, inputs, shard_tokens, text_field))
+    tok = check_arguments(inputs, out, tokenizer, shard_tokens, eval_fraction)
+    manifest = _resumable(out, _new_manifest(tok, inputs, shard_tokens, text_field, eval_fraction))
     if manifest["complete"]:
         return manifest
     written = 0
@@ -260,32 +304,42 @@ def prepare(
         if stop_after_shards is not None and written >= stop_after_shards:
             raise KeyboardInterrupt
 
-    writer = _ShardWriter(out, manifest, on_shard)
-    resume = manifest["resume"]
+    train = _ShardWriter(out, manifest, manifest, shard_name, on_shard)
+    held = _ShardWriter(out, manifest, manifest["eval"], eval_shard_name, on_shard) if eval_fraction else None
+    writers = [w for w in (train, held) if w is not None]
+    first_source = min(w.resume for w in writers)[0]
     for source_index, path in enumerate(inputs):
-        if source_index < resume["source"]:
+        if source_index < first_source:
             progress("bytes", path.stat().st_size)
             continue
         for unit_index, (text, ends_document) in enumerate(_units(path, text_field, lambda n: progress("bytes", n))):
-            at_resume = source_index == resume["source"] and unit_index <= resume["unit"]
-            if at_resume and unit_index < resume["unit"]:
-                continue  # in a completed shard: read, not tokenized
+            writer = held if held is not None and held_out(source_index, unit_index, eval_fraction) else train
+            resume_source, resume_unit, resume_offset = writer.resume
+            if (source_index, unit_index) < (resume_source, resume_unit):
+                continue  # in a completed shard of its split: read, not tokenized
             ids = tok.encode(text)
             if ends_document and tok.end_of_document is not None:
                 ids.append(tok.end_of_document)
-            offset = resume["offset"] if at_resume else 0
+            offset = resume_offset if (source_index, unit_index) == (resume_source, resume_unit) else 0
             while offset < len(ids):
                 take = min(len(ids) - offset, len(writer.buffer) - writer.fill)
                 writer.buffer[writer.fill : writer.fill + take] = ids[offset : offset + take]
                 writer.fill, offset = writer.fill + take, offset + take
                 if writer.fill == len(writer.buffer):
-                    writer.flush({"source": source_index, "unit": unit_index, "offset": offset}, complete=False)
+                    writer.flush({"source": source_index, "unit": unit_index, "offset": offset})
     end = {"source": len(inputs), "unit": 0, "offset": 0}
-    if writer.fill:
-        writer.flush(end, complete=True)
-    else:
-        manifest["resume"], manifest["complete"] = end, True
-        write_manifest(out, manifest)
+    for writer in writers:
+        if writer.fill:
+            writer.flush(end)
+        writer.split["resume"] = end
+    # Checked before the manifest says complete, so that a rerun does not take the set as done.
     if not manifest["shards"]:
         raise ConfigError("INPUT: the inputs hold no text; give non-empty files")
+    if held is not None and not held.split["shards"]:
+        raise ConfigError(
+            f"--eval-fraction: no text fell into the held-out split at {eval_fraction:g}; "
+            "give more text or a larger fraction"
+        )
+    manifest["complete"] = True
+    write_manifest(out, manifest)
     return manifest

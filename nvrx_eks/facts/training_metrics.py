@@ -1,0 +1,47 @@
+"""The trainer's live metrics as CloudWatch sees them: stated once for the trainer, which sends
+them, and the stacks, which enable their transport and chart them on the cluster's dashboard.
+
+Transport: CloudWatch embedded metric format (EMF), one JSON document per UDP datagram, to the
+EMF listener of the CloudWatch agent that the CloudWatch Observability add-on runs on every node
+(agent config `logs.metrics_collected.emf`, port 25888). The add-on's operator publishes that
+port as the `cloudwatch-agent` Service with internalTrafficPolicy Local, so each pod reaches the
+agent of its own node. The agent writes the documents to LOG_GROUP and CloudWatch extracts the
+metrics into NAMESPACE. UDP because a metric must never block a training step: a datagram that
+finds no agent is dropped.
+"""
+
+from __future__ import annotations
+
+#: CloudWatch namespace of the trainer's metrics.
+NAMESPACE = "NvrxEks/Training"
+#: Log group the agent writes the EMF documents to (created by the agent on first use).
+LOG_GROUP = "/nvrx-eks/training-metrics"
+#: The agent's EMF listener as a pod sees it (the add-on's namespace and Service).
+EMF_AGENT_PORT = 25888
+EMF_AGENT_ENDPOINT = f"udp://cloudwatch-agent.amazon-cloudwatch:{EMF_AGENT_PORT}"
+
+#: Dimensions: every metric per job (the run directory's name, which is the job's name on EKS);
+#: restarts also per resilience layer.
+JOB_DIMENSION = "Job"
+LAYER_DIMENSION = "Layer"
+
+#: Metric name -> CloudWatch unit. Step metrics every `log_every` steps, the others when they happen.
+STEP_METRICS = {
+    "loss": "None",
+    "tokens_per_s": "Count/Second",
+    "mfu": "Percent",
+    "step_time_s": "Seconds",
+}
+EVAL_METRICS = {"eval_loss": "None", "eval_s": "Seconds"}
+CHECKPOINT_METRICS = {"checkpoint_stall_s": "Seconds"}
+RESTART_METRIC = "restarts"
+#: The goodput split (workloads.goodput) as a percentage and its parts in seconds.
+GOODPUT_METRICS = {
+    "goodput": "Percent",
+    "productive_s": "Seconds",
+    "checkpoint_stall_total_s": "Seconds",
+    "eval_total_s": "Seconds",
+    "replayed_s": "Seconds",
+    "recovery_s": "Seconds",
+    "other_s": "Seconds",
+}

@@ -1,0 +1,161 @@
+"""Evaluation on a held-out split and the live metrics, end to end: `nvrx-eks data prepare
+--eval-fraction`, then `nvrx-eks local --nproc 2 --steps 30 --data DIR`, read back with
+TensorBoard's own reader and with AWS's embedded-metric-format library."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from aws_embedded_metrics.logger.metrics_context import MetricsContext
+from aws_embedded_metrics.serializers.log_serializer import LogSerializer
+from aws_embedded_metrics.validator import validate_namespace, validate_timestamp
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from nvrx_eks.facts import training_metrics as names
+from tests.support.cli_harness import run_cli
+from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair
+from workloads.events import load_run, summarize
+from workloads.live_metrics import tensorboard_dir
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
+
+STEPS = 30
+EVAL_INTERVAL = 10
+
+
+def prepared_with_held_out_split(out: Path) -> Path:
+    """Python's json package as text, one line in ten held out."""
+    sources = sorted(Path(json.__file__).parent.glob("*.py"))
+    result = run_cli(
+        "data", "prepare", *map(str, sources), "--out", str(out), "--tokenizer", "byte",
+        "--shard-tokens", "20000", "--eval-fraction", "0.1",
+    )  # fmt: skip
+    assert result.code == 0, result.output
+    return out
+
+
+def local(run_dir: Path, data: Path, *settings: str) -> None:
+    overrides = [arg for setting in settings for arg in ("--set", setting)]
+    result = run_cli(
+        "local", "--nproc", "2", "--steps", str(STEPS), "--data", str(data), "--run-dir", str(run_dir),
+        "--port", str(port_pair()), *overrides,
+    )  # fmt: skip
+    assert result.code == 0, result.output
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same run with evaluation (its CloudWatch datagrams caught on a local UDP socket standing
+    in for the node's agent) and without."""
+    root = tmp_path_factory.mktemp("evaluation")
+    data = prepared_with_held_out_split(root / "shards")
+    agent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    agent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    agent.bind(("127.0.0.1", 0))
+    endpoint = f"udp://127.0.0.1:{agent.getsockname()[1]}"
+    with exclusive_trainer_runs(tmp_path_factory):
+        local(
+            root / "eval", data, f"eval.interval_steps={EVAL_INTERVAL}",
+            "metrics.cloudwatch=true", f"metrics.emf_endpoint={endpoint}",
+        )  # fmt: skip
+        local(root / "plain", data, "eval.enabled=false")
+    datagrams = []
+    agent.setblocking(False)
+    while True:
+        try:
+            datagrams.append(agent.recv(1 << 16))
+        except BlockingIOError:
+            break
+    agent.close()
+    return root / "eval", root / "plain", datagrams
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def scalars(run_dir: Path, tag: str) -> dict[int, float]:
+    accumulator = EventAccumulator(str(tensorboard_dir(run_dir)))
+    accumulator.Reload()
+    return {event.step: event.value for event in accumulator.Scalars(tag)}
+
+
+def test_eval_loss_reaches_summary_and_tensorboard_at_every_interval(runs):
+    eval_run, _, _ = runs
+    evals = load_run(eval_run).of("eval_end", rank=0)
+    assert [e["step"] for e in evals] == [10, 20, 30]
+    result = summary(eval_run)
+    assert result["eval_step"] == STEPS and result["eval_loss"] == evals[-1]["loss"]
+    # A byte-level model that learned something: well below ln(256) after 30 steps.
+    assert result["eval_loss"] < math.log(256) - 1
+    tensorboard = scalars(eval_run, "eval/loss")
+    assert sorted(tensorboard) == [10, 20, 30]
+    assert tensorboard == pytest.approx({e["step"]: e["loss"] for e in evals}, rel=1e-6)
+    losses = scalars(eval_run, "train/loss")
+    steps = load_run(eval_run).of("step_end", rank=0)
+    assert losses == pytest.approx({e["step"]: e["loss"] for e in steps}, rel=1e-6)
+    assert set(scalars(eval_run, "goodput/fraction")) == {10, 20, 30}
+
+
+def test_evaluation_leaves_training_exactly_as_without_it(runs):
+    eval_run, plain_run, _ = runs
+    assert summary(plain_run)["eval_loss"] is None and not (load_run(plain_run).of("eval_end"))
+    assert summary(eval_run)["state_sha256"] == summary(plain_run)["state_sha256"]
+    losses = [[e["loss"] for e in load_run(run).of("step_end", rank=0)] for run in (eval_run, plain_run)]
+    assert losses[0] == losses[1]
+
+
+def test_evaluation_time_is_its_own_part_of_the_goodput_split(runs):
+    eval_run, _, _ = runs
+    report = summarize(load_run(eval_run), rank=0)
+    assert report.eval_s == pytest.approx(sum(e["eval_s"] for e in load_run(eval_run).of("eval_end", rank=0)))
+    assert report.eval_s > 0 and summary(eval_run)["eval_s"] == pytest.approx(report.eval_s, rel=0.01)
+    parts = report.productive_s + report.checkpoint_stall_s + report.eval_s + report.replayed_s + report.recovery_s
+    assert parts + report.other_s == pytest.approx(report.wall_s)
+
+
+def library_document(document: dict) -> dict:
+    """The same record as AWS's EMF library builds it from its parts: its validators check the
+    namespace, dimensions, metric names, units, values and timestamp on the way."""
+    directive = document["_aws"]["CloudWatchMetrics"][0]
+    validate_namespace(directive["Namespace"])
+    validate_timestamp(datetime.fromtimestamp(document["_aws"]["Timestamp"] / 1000))
+    context = MetricsContext.empty()
+    context.namespace = directive["Namespace"]
+    [dimension_set] = directive["Dimensions"]
+    context.set_dimensions([{key: document[key] for key in dimension_set}], use_default=False)
+    metric_names = {metric["Name"] for metric in directive["Metrics"]}
+    for metric in directive["Metrics"]:
+        context.put_metric(metric["Name"], document[metric["Name"]], metric["Unit"])
+    for key, value in document.items():
+        if key != "_aws" and key not in dimension_set and key not in metric_names:
+            context.set_property(key, value)
+    context.meta.update(Timestamp=document["_aws"]["Timestamp"], LogGroupName=document["_aws"]["LogGroupName"])
+    [serialized] = LogSerializer.serialize(context)
+    return json.loads(serialized)
+
+
+def test_cloudwatch_datagrams_are_embedded_metric_format_as_aws_library_writes_it(runs):
+    eval_run, _, datagrams = runs
+    documents = []
+    for datagram in datagrams:
+        text = datagram.decode()
+        assert text.endswith("\n") and text.count("\n") == 1  # one record per datagram, as the agent reads them
+        documents.append(json.loads(text))
+    for document in documents:
+        assert library_document(document) == document
+        assert document[names.JOB_DIMENSION] == eval_run.name
+        assert document["_aws"]["LogGroupName"] == names.LOG_GROUP
+    sent = {m["Name"] for d in documents for m in d["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    # loss every log_every steps, the evaluations, the saves, the goodput split (mfu is GPU only).
+    expected = {*names.STEP_METRICS, *names.EVAL_METRICS, *names.CHECKPOINT_METRICS, *names.GOODPUT_METRICS} - {"mfu"}
+    assert sent == expected
+    evals = [d for d in documents if "eval_loss" in d]
+    assert [(d["step"], d["eval_loss"]) for d in evals] == [
+        (e["step"], e["loss"]) for e in load_run(eval_run).of("eval_end", rank=0)
+    ]
