@@ -133,12 +133,29 @@ FSX_CSI_DRIVER = ManagedAddon(
     ),
     after=(POD_IDENTITY_AGENT,),
 )
+#: The agent's configuration replaces the add-on's default one, so it restates that default
+#: (Container Insights with its GPU and EFA metrics, Application Signals) and adds the EMF
+#: listener the trainer's live metrics arrive on (nvrx_eks/facts/training_metrics.py).
 CLOUDWATCH_OBSERVABILITY = ManagedAddon(
     "amazon-cloudwatch-observability",
     "cloudwatch_observability",
     "v4.6.0-eksbuild.1",
     pod_identity=PodIdentity(service_account="cloudwatch-agent", managed_policies=("CloudWatchAgentServerPolicy",)),
     after=(POD_IDENTITY_AGENT,),
+    configuration={
+        "agent": {
+            "config": {
+                "logs": {
+                    "metrics_collected": {
+                        "kubernetes": {"enhanced_container_insights": True, "accelerated_compute_metrics": True},
+                        "application_signals": {},
+                        "emf": {},
+                    }
+                },
+                "traces": {"traces_collected": {"application_signals": {}}},
+            }
+        }
+    },
 )
 #: The managed add-ons whose build follows the Kubernetes minor.
 PER_MINOR_MANAGED_ADDONS = (

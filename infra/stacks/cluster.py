@@ -15,6 +15,7 @@ from constructs import Construct
 
 from infra.config import DeploymentConfig
 from infra.constructs.addons import install_addons
+from infra.constructs.dashboard import TrainingDashboard
 from infra.constructs.fsx_volume import FsxVolume
 from infra.constructs.gpu_nodes import GpuNodeGroup
 from infra.constructs.image import TrainerImage
@@ -138,6 +139,7 @@ class TrainingClusterStack(Stack):
         )
         self.pod_security = self.cluster.add_manifest("PodSecurity", *admission_policy_manifests())
         self.image = TrainerImage(self, "TrainerImage", config=config)
+        self.dashboard = TrainingDashboard(self, "TrainingDashboard", config=config, file_system_id=file_system_id)
 
         outputs = {
             OutputKey.CLUSTER_NAME: (self.cluster.cluster_name, "EKS cluster name"),
