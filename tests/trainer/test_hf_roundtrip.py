@@ -1,0 +1,103 @@
+"""A trained tiny run out to Hugging Face and back: transformers computes our model's logits from
+the export, the export loads into a sharded model and exports again bit for bit, and a run
+started from it (`model.init_from`) begins where the exporting run ended."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from nvrx_eks.facts.checkpoint_layout import commit_state
+from tests.support.cli_harness import run_cli
+from tests.support.hf_checkpoints import commit, our_model, step_dir
+from tests.support.trainer_fixtures import exclusive_trainer_runs, local_run, port_pair, shared_local_run
+from workloads.events import load_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
+
+#: fp32 logits of transformers' eager Llama against ours (SDPA): the same arithmetic in another
+#: order; measured differences are ~1e-6.
+ATOL = RTOL = 2e-5
+STEPS = 30
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    return shared_local_run(tmp_path_factory, "hf-export", steps=STEPS, interval=10, backend="sync")
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hf") / "tiny-hf"
+    result = run_cli("export", str(trained), "--format", "hf", "--out", str(out))
+    assert result.code == 0, result.output
+    assert f"exported step {STEPS}" in result.stdout and "tokenizer byte" in result.stdout
+    return out
+
+
+def test_transformers_computes_our_logits_from_the_export(trained, exported):
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    newest = trained / "checkpoints" / commit_state(trained / "checkpoints").committed[0]
+    ours = our_model(newest, "tiny")
+    theirs = LlamaForCausalLM.from_pretrained(exported, dtype=torch.float32, attn_implementation="eager").eval()
+    assert theirs.config.num_key_value_heads < theirs.config.num_attention_heads  # the tiny preset is GQA
+    tokens = torch.tensor(AutoTokenizer.from_pretrained(exported)(["the same tokens, twice over"] * 2).input_ids)
+    tokens[1] = tokens[1].flip(0)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, ours(tokens), atol=ATOL, rtol=RTOL)
+
+
+def _import_and_save(rank: int, world: int, port: int, source: str, run: str) -> None:
+    """One rank: the tiny model sharded over `world` ranks (rows split across heads at 3 ranks),
+    loaded from `source`, saved as a committed checkpoint of `run` the way the trainer saves."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from workloads.device import Runtime
+    from workloads.hf_import import load_hf_weights
+    from workloads.model import build_model
+    from workloads.presets import MODEL_PRESETS
+
+    runtime = Runtime(device=torch.device("cpu"), backend="gloo", bf16=False, pg_timeout_s=60)
+    mesh = init_device_mesh("cpu", (world,))
+    model = build_model(MODEL_PRESETS["tiny"], runtime, mesh, seed=99, activation_checkpointing=True)
+    load_hf_weights(model, source, "tiny", None)
+    path = step_dir(Path(run), 7)
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(path))
+    dist.barrier()
+    if rank == 0:
+        commit(path, preset="tiny", world_size=world)
+    dist.destroy_process_group()
+
+
+def test_importing_the_export_then_exporting_again_is_bit_identical(exported, tmp_path):
+    world = 3
+    mp.start_processes(_import_and_save, args=(world, port_pair(), str(exported), str(tmp_path / "run")), nprocs=world)
+    result = run_cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "again"))
+    assert result.code == 0, result.output
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert (tmp_path / "again" / name).read_bytes() == (exported / name).read_bytes(), name
+
+
+def test_a_run_from_the_export_starts_where_the_exporting_run_ended(trained, exported, tmp_path, tmp_path_factory):
+    """Step 1 of the new run trains the exported weights on the synthetic stream's first batch,
+    a batch the exporting run saw STEPS steps ago: not equal to its last loss (another batch,
+    weights one update older), but as low, and far below the random initialization's loss on
+    that same batch, which is the exporting run's own step 1 (same seed, same data)."""
+    with exclusive_trainer_runs(tmp_path_factory):
+        local_run(tmp_path / "run", steps=5, interval=5, backend="sync", overrides=(f"model.init_from={exported}",))
+    exporting = {e["step"]: e["loss"] for e in load_run(trained).of("step_end", rank=0)}
+    started = {e["step"]: e["loss"] for e in load_run(tmp_path / "run").of("step_end", rank=0)}
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["final_step"] == 5
+    assert started[1] < exporting[1] - 1.0, (started[1], exporting)
+    assert abs(started[1] - exporting[STEPS]) < 0.25, (started[1], exporting[STEPS])
