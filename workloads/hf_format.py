@@ -178,8 +178,10 @@ def config_problems(
         "num_hidden_layers",
         "num_attention_heads",
         "num_key_value_heads",
-        "max_position_embeddings",
+        "rms_norm_eps",
     ):
+        # Not max_position_embeddings: a context the checkpoint supports beyond the preset's
+        # max_seq_len (Llama 3.1: 131072) changes no weight; the run trains at its own seq_len.
         if config.get(key) != wanted[key]:
             problems.append(f"{key} is {config.get(key)}, the {preset} preset has {wanted[key]}")
     head_dim = config.get("head_dim")
