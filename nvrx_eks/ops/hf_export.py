@@ -154,6 +154,25 @@ def _read_tensor(reader: _OneMetadataReader, name: str, size: tuple[int, ...], d
     return tensor
 
 
+def _write_weights(
+    path: Path,
+    tensors: list[PlannedTensor],
+    reader: _OneMetadataReader,
+    shape: ModelShape,
+    dtypes: dict[str, torch.dtype],
+    dtype: torch.dtype,
+) -> None:
+    """One safetensors file: its header, then each tensor read, converted, written and dropped."""
+    our_names = {hf_name(name): name for name in dtypes}
+    with path.open("wb") as f:
+        f.write(header_bytes(tensors))
+        for planned in tensors:
+            name = our_names[planned.name]
+            converted = to_hf(name, _read_tensor(reader, name, planned.shape, dtypes[name]), shape).to(dtype)
+            f.write(converted.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+            del converted  # before the next tensor is read: one at a time
+
+
 # ----- tokenizer files -----------------------------------------------------------------------------
 
 
@@ -260,13 +279,11 @@ def export_hf(
         notes.append(f"no {RUN_CONFIG_FILE} beside the checkpoints: config.json states no RoPE scaling")
     reader = _OneMetadataReader(str(path))
     dtypes = _model_tensors(reader.read_metadata(), shape, preset, path)
-    torch_dtype = getattr(torch, dtype)
     planned = [
         PlannedTensor(hf_name(n), SAFETENSORS_DTYPES[dtype], size) for n, size in parameter_shapes(shape).items()
     ]
     groups = plan_files(planned, max_file_bytes)
     names = file_names(len(groups))
-    ours = {hf_name(n): n for n in dtypes}
     spec = tokenizer if tokenizer is not None else _run_tokenizer(found, notes)
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -276,15 +293,7 @@ def export_hf(
     try:
         _write_tokenizer(spec, partial, shape)
         for group, name in zip(groups, names, strict=True):
-            with (partial / name).open("wb") as f:
-                f.write(header_bytes(group))
-                for planned_tensor in group:
-                    ours_name = ours[planned_tensor.name]
-                    tensor = _read_tensor(reader, ours_name, planned_tensor.shape, dtypes[ours_name])
-                    converted = to_hf(ours_name, tensor, shape).to(torch_dtype).contiguous()
-                    del tensor
-                    f.write(converted.reshape(-1).view(torch.uint8).numpy().data)
-                    del converted
+            _write_weights(partial / name, group, reader, shape, dtypes, getattr(torch, dtype))
         if len(groups) > 1:
             (partial / WEIGHTS_INDEX_FILE).write_text(json.dumps(index_json(groups, names), indent=1))
         (partial / CONFIG_FILE).write_text(json.dumps(hf_config(shape, rope_scaling, dtype), indent=1))
