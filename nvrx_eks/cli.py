@@ -126,6 +126,28 @@ def report(
     run(run_dir, png, json_out, Console())
 
 
+@app.command("eval")
+def evaluate(
+    run: Path = typer.Argument(..., help="A run directory (or its checkpoint directory)."),
+    step: int | None = typer.Option(None, "--step", help="The committed step to evaluate (default: the newest)."),
+    train_config: Path | None = typer.Option(
+        None, "--train-config", help="The run's trainer config (default: RUN/config.yaml, which local runs write)."
+    ),
+) -> None:
+    """Held-out loss of a committed checkpoint, on CPU (the trainer's evaluation, on the run's data)."""
+    import math
+
+    from nvrx_eks.ops.evaluate import evaluate_checkpoint
+
+    result = evaluate_checkpoint(run, step=step, train_config=train_config)
+    Console().print(
+        f"step {result.step}: eval loss {result.loss:.4f} (perplexity {math.exp(result.loss):.2f}) over "
+        f"{result.sequences} held-out sequences, {result.tokens:,} tokens ({escape(str(result.checkpoint))})",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 @app.command()
 def demo(
     run_dir: Path | None = typer.Option(
@@ -329,6 +351,13 @@ def local(
     force: bool = typer.Option(
         False, "--force", help="Start more ranks (--nodes x --nproc) than this machine's CPU cores are allowed."
     ),
+    relaunches: int = typer.Option(
+        2,
+        "--relaunches",
+        min=0,
+        help="Times a launch that lost its coordinator or more nodes than it has spares starts again "
+        "(as the JobSet recreates its pods).",
+    ),
 ) -> None:
     """Run the trainer under ft_launcher on this machine, inject faults, print how it recovered."""
     from nvrx_eks.local.runner import run_local
@@ -356,6 +385,7 @@ def local(
         local_interval=local_interval,
         spare_nodes=spare_nodes,
         force=force,
+        max_relaunches=relaunches,
     )
     raise typer.Exit(code)
 

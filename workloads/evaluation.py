@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,46 @@ class _Batch:
     counted: bool  # False: a placeholder that keeps this rank's forwards in step with the others
 
 
+class HeldOutShare:
+    """One rank's forwards over the held-out set of a config (sequence i on rank i mod world)."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, world: int):
+        held_out = held_out_sequences(cfg.data, cfg.model.shape.vocab_size, cfg.seed, cfg.eval.sequences)
+        self.sequences = len(held_out)
+        self.tokens = self.sequences * cfg.data.seq_len
+        batch = cfg.data.batch_size
+        mine = held_out[rank::world]
+        forwards = max(1, math.ceil(math.ceil(self.sequences / world) / batch))
+        self.batches: list[_Batch] = []
+        for index in range(forwards):
+            rows = mine[index * batch : (index + 1) * batch]
+            counted = len(rows) > 0
+            tokens = np.ascontiguousarray(rows if counted else held_out[:1])
+            self.batches.append(_Batch(torch.from_numpy(tokens), counted))
+
+    def mean_loss(self, model: torch.nn.Module, device: torch.device, ping: Callable[[], None]) -> float:
+        """The mean per-token loss over the whole set: this rank's share, summed over the ranks
+        when a process group is up (without one, this process holds the whole set)."""
+        was_training = model.training
+        model.eval()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        try:
+            with torch.no_grad():
+                for batch in self.batches:
+                    tokens = batch.tokens.to(device)
+                    # The model returns the mean over the batch's tokens; the sum is what adds up
+                    # across batches and ranks.
+                    mean = model(tokens[:, :-1], tokens[:, 1:])
+                    if batch.counted:
+                        loss_sum += mean.double() * tokens[:, 1:].numel()
+                    ping()
+        finally:
+            model.train(was_training)
+        if dist.is_initialized():
+            dist.all_reduce(loss_sum)
+        return float(loss_sum.item()) / self.tokens
+
+
 class Evaluator:
     """Owns when to evaluate and how; the training loop calls maybe_evaluate(step) after each step."""
 
@@ -53,67 +94,31 @@ class Evaluator:
         world: int,
         *,
         events: EventLog,
-        section: Callable[[str], Any],
+        section: Callable[[str], AbstractContextManager[Any]],
         ping: Callable[[], None],
     ):
         self.cfg, self.model, self.device = cfg, model, device
         self.events, self.section, self.ping = events, section, ping
-        self.batches: list[_Batch] = []
-        if not evaluation_enabled(cfg):
-            return
-        held_out = held_out_sequences(cfg.data, cfg.model.shape.vocab_size, cfg.seed, cfg.eval.sequences)
-        self.sequences = len(held_out)
-        self.tokens = self.sequences * cfg.data.seq_len
-        batch = cfg.data.batch_size
-        mine = held_out[rank::world]
-        forwards = max(1, math.ceil(math.ceil(self.sequences / world) / batch))
-        for index in range(forwards):
-            rows = mine[index * batch : (index + 1) * batch]
-            counted = len(rows) > 0
-            tokens = np.ascontiguousarray(rows if counted else held_out[:1])
-            self.batches.append(_Batch(torch.from_numpy(tokens), counted))
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.batches)
+        self.share = HeldOutShare(cfg, rank, world) if evaluation_enabled(cfg) else None
 
     def due(self, step: int) -> bool:
-        return self.enabled and (step % self.cfg.eval.interval_steps == 0 or step == self.cfg.steps)
+        return self.share is not None and (step % self.cfg.eval.interval_steps == 0 or step == self.cfg.steps)
 
     def maybe_evaluate(self, step: int, *, stopping: bool) -> float | None:
         """Evaluate if `step` is due (not on the way out after a stop request): the loss, or None."""
-        if stopping or not self.due(step):
+        if self.share is None or stopping or not self.due(step):
             return None
         started = time.monotonic()
         # The launcher knows the sections setup, step and checkpointing; a forward-only pass over
         # a bounded set is timed like a step.
         with self.section("step"):
-            loss = self._mean_loss()
+            loss = self.share.mean_loss(self.model, self.device, self.ping)
         self.events.emit(
             "eval_end",
             step=step,
             loss=loss,
             eval_s=time.monotonic() - started,
-            sequences=self.sequences,
-            tokens=self.tokens,
+            sequences=self.share.sequences,
+            tokens=self.share.tokens,
         )
         return loss
-
-    def _mean_loss(self) -> float:
-        was_training = self.model.training
-        self.model.eval()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        try:
-            with torch.no_grad():
-                for batch in self.batches:
-                    tokens = batch.tokens.to(self.device)
-                    # The model returns the mean over the batch's tokens; the sum is what adds up
-                    # across batches and ranks.
-                    mean = self.model(tokens[:, :-1], tokens[:, 1:])
-                    if batch.counted:
-                        loss_sum += mean.double() * tokens[:, 1:].numel()
-                    self.ping()
-        finally:
-            self.model.train(was_training)
-        dist.all_reduce(loss_sum)
-        return float(loss_sum.item()) / self.tokens

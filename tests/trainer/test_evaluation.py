@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 from datetime import datetime
 from pathlib import Path
@@ -159,3 +160,21 @@ def test_cloudwatch_datagrams_are_embedded_metric_format_as_aws_library_writes_i
     assert [(d["step"], d["eval_loss"]) for d in evals] == [
         (e["step"], e["loss"]) for e in load_run(eval_run).of("eval_end", rank=0)
     ]
+
+
+def test_eval_command_gives_the_runs_own_held_out_loss_of_a_committed_checkpoint(runs):
+    eval_run, _, _ = runs
+    in_run = {e["step"]: e["loss"] for e in load_run(eval_run).of("eval_end", rank=0)}
+    for step in (None, 20):
+        result = run_cli("eval", str(eval_run), *(["--step", str(step)] if step else []))
+        assert result.code == 0, result.output
+        printed = re.search(r"step (\d+): eval loss (\d+\.\d+)", result.stdout)
+        assert printed is not None, result.stdout
+        assert int(printed[1]) == (step or STEPS)
+        assert float(printed[2]) == pytest.approx(in_run[step or STEPS], abs=5e-4)
+
+
+def test_eval_command_names_a_step_without_a_commit(runs):
+    eval_run, _, _ = runs
+    result = run_cli("eval", str(eval_run), "--step", "7")
+    assert result.code == 2 and "--step 7" in result.stderr and "Traceback" not in result.output

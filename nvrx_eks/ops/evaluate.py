@@ -1,0 +1,70 @@
+"""`nvrx-eks eval RUN [--step N]`: the held-out loss of a committed checkpoint, on CPU.
+
+The checkpoint is found, verified and read as `nvrx-eks export` reads it (nvrx_eks.ops.hf_export:
+the commit record checked, the metadata through the restricted unpickler, each parameter
+assembled from the rank shards holding it, no process group); the model is the trainer's
+Transformer, unsharded; the loss is the trainer's own evaluation (workloads.evaluation) over the
+same held-out sequences, so it matches the run's `eval_end` at that step up to float rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nvrx_eks.facts import checkpoint_layout as layout
+from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.ops.hf_export import (
+    RUN_CONFIG_FILE,
+    _committed_step,
+    _find_run,
+    _model_tensors,
+    _OneMetadataReader,
+    _read_tensor,
+    _verified_commit,
+)
+from workloads.config import TrainConfig
+from workloads.evaluation import HeldOutShare
+from workloads.hf_format import parameter_shapes
+from workloads.model import Transformer
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    step: int
+    checkpoint: Path
+    loss: float
+    sequences: int
+    tokens: int
+
+
+def evaluate_checkpoint(run: Path, *, step: int | None = None, train_config: Path | None = None) -> Evaluation:
+    found = _find_run(run)
+    if train_config is not None:
+        cfg = TrainConfig.from_yaml(train_config)
+    elif found.config is not None:
+        cfg = found.config
+    else:
+        raise ConfigError(
+            f"RUN: no {RUN_CONFIG_FILE} in {run} to say what data and model the run used; give --train-config"
+        )
+    path = _committed_step(found.checkpoint_dir, step)
+    manifest = _verified_commit(path)
+    if manifest.get("preset") != cfg.model.preset:
+        raise ConfigError(
+            f"RUN: {path / layout.COMMIT_FILE} is a checkpoint of preset {manifest.get('preset')!r}, the config "
+            f"says {cfg.model.preset!r}; give the run's own --train-config"
+        )
+    shape = cfg.model.shape
+    reader = _OneMetadataReader(str(path))
+    dtypes = _model_tensors(reader.read_metadata(), shape, cfg.model.preset, path)
+    model = Transformer(shape, cfg.model.rope_scaling_settings)
+    # Initialization computes the RoPE tables; every parameter is then replaced by the checkpoint's.
+    model.init_weights(cfg.seed, torch.device("cpu"))
+    tensors = {name: _read_tensor(reader, name, size, dtypes[name]) for name, size in parameter_shapes(shape).items()}
+    model.load_state_dict(tensors)
+    share = HeldOutShare(cfg, rank=0, world=1)
+    loss = share.mean_loss(model, torch.device("cpu"), ping=lambda: None)
+    return Evaluation(layout.step_of(path.name), path, loss, share.sequences, share.tokens)
