@@ -95,6 +95,10 @@ def print_report(
     ends = run.of("step_end", rank=0)
     if ends:
         table.add_row("loss first -> last", f"{ends[0]['loss']:.3f} -> {ends[-1]['loss']:.3f}")
+    evals = run.of("eval_end", rank=0)
+    if evals:
+        last = evals[-1]
+        table.add_row("held-out loss", f"{last['loss']:.3f} at step {last['step']} ({len(evals)} evaluations)")
     counts = restart_counts(run)
     table.add_row("restarts", format_restarts(counts).replace(" /", ","))
     for outcome in report.fault_outcomes():

@@ -1,11 +1,13 @@
 """`nvrx-eks report RUN_DIR`: where the wall time of a run went, and a timeline of it.
 
 Reads the trainer's JSONL events (a local run directory, or the events copied from FSx) through
-`workloads.events`, splits the wall time into productive steps, checkpoint stalls, replayed
-(lost) steps, recovery from each fault and the rest (start-up, launcher restarts), prints that
+`workloads.events`, splits the wall time into productive steps, checkpoint stalls, evaluations on
+the held-out split, replayed (lost) steps, recovery from each fault and the rest (start-up,
+launcher restarts), prints that
 breakdown with one line per injected fault and the layer that recovered it, and draws a
-timeline PNG with steps, checkpoints (stall and background write), faults and restarts per rank,
-and the throughput (tokens/s, step time, MFU) with a loss/throughput PNG next to the timeline.
+timeline PNG with steps, evaluations, checkpoints (stall and background write), faults and
+restarts per rank, and the throughput (tokens/s, step time, MFU) with a loss (training and
+held-out)/throughput PNG next to the timeline.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Breakdown:
     wall_s: float
     productive_s: float
     checkpoint_stall_s: float
+    eval_s: float
     replayed_s: float
     recovery_s: float
     other_s: float  # start-up, launcher restarts, shutdown
@@ -63,6 +66,8 @@ class Breakdown:
     faults: list[FaultRecovery]
     #: workloads.metrics.summarize_throughput of the rank's steps (None fields on older runs).
     throughput: dict[str, Any]
+    #: The last evaluation on the held-out split: (step, loss), None without one.
+    last_eval: tuple[int, float] | None = None
 
 
 def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
@@ -73,6 +78,7 @@ def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
     summary = summarize(run, rank)
     start = run.events[0]["t"]
     step_ends = run.of("step_end", rank=rank)
+    evals = run.of("eval_end", rank=rank)
     faults = []
     for outcome in summary.fault_outcomes():
         recovered_s = outcome.get("recovered_s")
@@ -97,6 +103,7 @@ def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
         wall_s=summary.wall_s,
         productive_s=summary.productive_s,
         checkpoint_stall_s=summary.checkpoint_stall_s,
+        eval_s=summary.eval_s,
         replayed_s=summary.replayed_s,
         recovery_s=summary.recovery_s,
         other_s=summary.other_s,
@@ -107,6 +114,7 @@ def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
         restarts=summary.restarts_by_layer(),
         faults=sorted(unique, key=lambda f: f.t),
         throughput=summarize_throughput(step_ends),
+        last_eval=(evals[-1]["step"], evals[-1]["loss"]) if evals else None,
     )
 
 
@@ -119,6 +127,7 @@ def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> No
     for name, seconds in (
         ("productive steps", b.productive_s),
         ("checkpoint stalls", b.checkpoint_stall_s),
+        ("evaluation (held-out split)", b.eval_s),
         ("replayed (lost) steps", b.replayed_s),
         ("fault detection + restart", b.recovery_s),
         ("start-up, launcher restarts, other", b.other_s),
@@ -132,6 +141,8 @@ def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> No
         f"{format_restarts(b.restarts)}"
     )
     print_throughput(b.throughput, console)
+    if b.last_eval is not None:
+        console.print(f"held-out loss {b.last_eval[1]:.4f} at step {b.last_eval[0]}")
     if b.faults:
         faults = Table(
             title="Faults and their recovery (restart: fault to training ready; 1st step: to the next completed step; "
@@ -219,6 +230,7 @@ def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]
         "launcher": "#1f77b4",
         "kubernetes": "#17becf",
         "setup": "#c6dbef",
+        "eval": "#8c564b",
     }
 
     def bars(segments: list[tuple[float, float]], lane: tuple[float, float], color: str, **kwargs: Any) -> None:
@@ -239,6 +251,8 @@ def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]
         bars(replayed, lane, colors["replayed"], linewidth=0)
         setups = [(e["t"] - e["setup_s"] - start, e["setup_s"]) for e in mine if e["event"] == "setup_end"]
         bars(setups, lane, colors["setup"])
+        evals = [(e["t"] - e["eval_s"] - start, e["eval_s"]) for e in mine if e["event"] == "eval_end"]
+        bars(evals, lane, colors["eval"], linewidth=0)
         # An in-process restart can save the same step again in the same process: key by iteration too.
         stalls = {(e["pid"], e["iteration"], e["step"]): e for e in mine if e["event"] == "checkpoint_stall"}
         bars([(e["t"] - e["stall_s"] - start, e["stall_s"]) for e in stalls.values()], lane, colors["stall"])
@@ -277,6 +291,7 @@ def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]
             Patch(color=colors["setup"], label="start-up / checkpoint load"),
             Patch(color=colors["kept"], label="step (kept)"),
             Patch(color=colors["replayed"], label="step (replayed after a fault)"),
+            Patch(color=colors["eval"], label="evaluation (held-out split)"),
             Patch(color=colors["stall"], label="checkpoint stall"),
             Patch(color=colors["write"], label="checkpoint background write"),
             Patch(color=colors["inprocess"], alpha=0.3, label="in-process restart"),

@@ -1,4 +1,5 @@
-"""The loss and throughput PNG `nvrx-eks report` writes next to the timeline."""
+"""The loss (training, and held-out where the run evaluated) and throughput PNG `nvrx-eks report`
+writes next to the timeline."""
 
 from __future__ import annotations
 
@@ -21,7 +22,13 @@ def plot_throughput(run: RunEvents, path: Path, rank: int = 0) -> bool:
         return False
     steps = sorted(last)
     fig, (loss_ax, speed_ax) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    loss_ax.plot(steps, [last[s]["loss"] for s in steps], color="#1f77b4")
+    loss_ax.plot(steps, [last[s]["loss"] for s in steps], color="#1f77b4", label="training")
+    # The last evaluation of each step, as for the steps: an earlier one was replayed.
+    evals = {e["step"]: e["loss"] for e in run.of("eval_end", rank=rank)}
+    if evals:
+        eval_steps = sorted(evals)
+        loss_ax.plot(eval_steps, [evals[s] for s in eval_steps], color="#8c564b", marker="o", label="held-out")
+        loss_ax.legend(fontsize=8)
     loss_ax.set_ylabel("loss")
     loss_ax.grid(alpha=0.3)
     speed_ax.plot(steps, [last[s]["tokens_per_s"] for s in steps], color="#4c9a2a", label="total")

@@ -178,3 +178,17 @@ def test_eval_command_names_a_step_without_a_commit(runs):
     eval_run, _, _ = runs
     result = run_cli("eval", str(eval_run), "--step", "7")
     assert result.code == 2 and "--step 7" in result.stderr and "Traceback" not in result.output
+
+
+def test_report_counts_evaluation_time_and_shows_the_held_out_loss(runs, tmp_path):
+    eval_run, _, _ = runs
+    result = run_cli(
+        "report", str(eval_run), "--png", str(tmp_path / "timeline.png"), "--json", str(tmp_path / "b.json")
+    )
+    assert result.code == 0, result.output
+    breakdown = json.loads((tmp_path / "b.json").read_text())
+    evals = load_run(eval_run).of("eval_end", rank=0)
+    assert breakdown["eval_s"] == pytest.approx(sum(e["eval_s"] for e in evals))
+    assert breakdown["last_eval"] == [STEPS, evals[-1]["loss"]]
+    assert "evaluation (held-out split)" in result.stdout
+    assert f"held-out loss {evals[-1]['loss']:.4f} at step {STEPS}" in result.stdout
