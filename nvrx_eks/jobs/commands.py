@@ -63,8 +63,10 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
     if options.data is not None:
         data = data_in_pods(options.data, deployment.config, outputs.data_bucket_name if outputs else None)
         options = replace(options, overrides=[*options.overrides, *data_overrides(data)], data=None)
-    if options.fabric_test and (options.train_config or options.overrides or options.faults):
-        raise ConfigError("--fabric-test runs nccl-tests, not the trainer: drop --train-config, --set and --faults")
+    if options.fabric_test and (options.train_config or options.overrides or options.faults or options.trainer):
+        raise ConfigError(
+            "--fabric-test runs nccl-tests, not the trainer: drop --train-config, --set, --faults and --trainer"
+        )
     if options.spare_nodes and (options.fabric_test or api != "jobset"):
         raise ConfigError(
             "--spare-nodes: hot spares are rendered for the training JobSet only; drop --spare-nodes "
@@ -95,6 +97,7 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
         outputs=outputs,
         spare_nodes=options.spare_nodes,
         ranks_per_node=options.ranks_per_node,
+        trainer=options.trainer,
     )
     # Here, not in build_jobspec: render, validate and submit all build their job through this
     # function, and a job the profile's node group cannot hold is refused before anything else.
@@ -148,6 +151,16 @@ def expectations(deployment: Deployment, outputs: StackOutputs | None, *, live: 
     return Expectations(config.kubernetes_version, TRAINING_NAMESPACE, FSX_PVC_NAME, config.gpu_nodes.instance_type)
 
 
+def checked_documents(rendered: RenderedJob) -> list[dict]:
+    """What validation checks of a rendered job. A job that runs the user's own trainer (--trainer)
+    is checked as the same job running ours: the validator derives the expected ft_launcher and
+    preflight commands from workloads/launch.py, and the trainer's entry is the one difference
+    (nvrx_eks.jobs.render.trainer_entrypoint_args puts it in)."""
+    if rendered.spec.trainer is None:
+        return rendered.documents
+    return render_job(rendered.spec.model_copy(update={"trainer": None})).documents
+
+
 def print_report(report: ValidationReport, console: Console) -> None:
     for message in report.skipped:
         console.print(f"[yellow]note:[/] {escape(message)}")
@@ -192,7 +205,7 @@ def validate(
 ) -> ValidationReport:
     outputs = _stack_outputs(deployment, live)
     if path is None:
-        documents = render_job(build_spec(deployment, options, outputs)).documents
+        documents = checked_documents(render_job(build_spec(deployment, options, outputs)))
     elif path == "-":
         documents = load_documents(sys.stdin.read(), "standard input")
     else:
@@ -229,7 +242,7 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
     if dry_run:
         # No cluster and no credentials: render and validate offline, print what would be created.
         rendered = render_job(build_spec(deployment, options, None))
-        report = validate_documents(rendered.documents, expectations(deployment, None))
+        report = validate_documents(checked_documents(rendered), expectations(deployment, None))
         print_report(report, err)
         report.raise_for_errors("the rendered job")
         print_summary(rendered.spec, deployment, err)
@@ -248,7 +261,7 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
     for skipped in deployed.skipped:
         err.print(f"[yellow]note:[/] not checked: {escape(skipped)}")
     refuse_beyond(spec, live_limits(deployment, outputs, deployed))
-    report = validate_documents(rendered.documents, expectations(deployment, outputs, live=True))
+    report = validate_documents(checked_documents(rendered), expectations(deployment, outputs, live=True))
     print_report(report, err)
     report.raise_for_errors("the rendered job")
     print_summary(spec, deployment, err)
@@ -271,7 +284,7 @@ def _submit_to_existing_cluster(deployment: Deployment, options: JobOptions, err
     client = job_client(deployment, err)
     rendered = render_job(build_spec(deployment, options, None))
     refuse_beyond(rendered.spec, [nodes_limit(client.api_client, deployment.config)])
-    report = validate_documents(rendered.documents, expectations(deployment, None, live=True))
+    report = validate_documents(checked_documents(rendered), expectations(deployment, None, live=True))
     print_report(report, err)
     report.raise_for_errors("the rendered job")
     print_summary(rendered.spec, deployment, err)

@@ -81,6 +81,15 @@ JOB_FLAGS: dict[str, tuple[object, Any]] = {
             "or its s3://<data bucket>/<data prefix>/... URL.",
         ),
     ),
+    "trainer": (
+        str | None,
+        typer.Option(
+            None,
+            "--trainer",
+            help="Your own trainer instead of this project's: a Python module in the image, or the absolute path "
+            "of a .py script (e.g. on the claim under /fsx). It must keep the contract in workloads/README.md.",
+        ),
+    ),
     "spare_nodes": (
         int,
         typer.Option(
@@ -112,6 +121,7 @@ class JobOptions:
     max_restarts: int = _default("max_restarts")
     max_step_time_s: float | None = _default("max_step_time_s")
     spare_nodes: int = _default("spare_nodes")
+    trainer: str | None = _default("trainer")
     #: --data as typed; where the pods read it needs the deployment (nvrx_eks.data.upload.data_in_pods,
     #: called by nvrx_eks.jobs.commands.build_spec).
     data: str | None = None

@@ -35,7 +35,7 @@ from nvrx_eks.jobs.spec import (
 )
 from nvrx_eks.resources import templates_dir
 from workloads import do_not_requeue
-from workloads.launch import build_ft_launcher_argv, build_preflight_argv
+from workloads.launch import build_coordinator_argv, build_ft_launcher_argv, build_preflight_argv
 from workloads.numa import GPUS_PER_NUMA_ENV
 from workloads.process_env import NCCL_RESTART_ENV
 from workloads.transport import NET_PLUGIN
@@ -97,8 +97,35 @@ def trainer_env(spec: JobSpec) -> dict[str, str]:
     return env
 
 
+#: The coordinator's share of a system node: it serves two key-value stores to the job's
+#: launchers and ranks (a few hundred connections at 128 nodes), and imports torch.
+COORDINATOR_CPU = "1"
+COORDINATOR_MEMORY = "2Gi"
+#: A user with no privilege (nobody): the coordinator writes nothing but its log to stdout.
+COORDINATOR_USER = 65534
+
+
+def coordinator_context(spec: JobSpec) -> dict:
+    """What the coordinator container (templates/_coordinator.yaml.j2) is made of."""
+    return {
+        "container": job_names.COORDINATOR_CONTAINER,
+        "replicated_job": job_names.COORDINATOR_REPLICATED_JOB,
+        "argv": build_coordinator_argv(
+            nnodes=spec.launched_nodes, rdzv_endpoint=spec.rendezvous_endpoint, rdzv_id=spec.name
+        ),
+        "ports": [
+            (job_names.RENDEZVOUS_PORT_NAME, job_names.RENDEZVOUS_PORT),
+            (job_names.INPROCESS_STORE_PORT_NAME, spec.inprocess_store_port),
+        ],
+        "cpu": COORDINATOR_CPU,
+        "memory": COORDINATOR_MEMORY,
+        "run_as_user": COORDINATOR_USER,
+    }
+
+
 def trainer_entrypoint_args(spec: JobSpec) -> tuple[list[str], list[str]]:
-    """(preflight argv, ft_launcher argv) exactly as workloads/launch.py builds them."""
+    """(preflight argv, ft_launcher argv) exactly as workloads/launch.py builds them, but for a
+    trainer of the user's own (spec.trainer) in place of ours."""
     preflight = build_preflight_argv(config_path=TRAIN_CONFIG_PATH, world_size=spec.world_size)
     launcher = build_ft_launcher_argv(
         spec.train,
@@ -108,7 +135,17 @@ def trainer_entrypoint_args(spec: JobSpec) -> tuple[list[str], list[str]]:
         rdzv_endpoint=spec.rendezvous_endpoint,
         rdzv_id=spec.name,
     )
-    return preflight, launcher
+    return _with_trainer(preflight, spec.trainer), _with_trainer(launcher, spec.trainer)
+
+
+def _with_trainer(argv: list[str], trainer: str | None) -> list[str]:
+    """`argv` (python's or ft_launcher's, whose last `-m MODULE` runs our trainer) running
+    `trainer` instead: `-m` another module, or a script's path in place of `-m MODULE`."""
+    if trainer is None:
+        return argv
+    at = len(argv) - 1 - argv[::-1].index("-m")
+    entry = [trainer] if trainer.endswith(".py") else ["-m", trainer]
+    return [*argv[:at], *entry, *argv[at + 2 :]]
 
 
 #: Where a trainer pod learns which attempt of its job it belongs to (workloads.do_not_requeue):
@@ -193,6 +230,7 @@ def _common_context(spec: JobSpec) -> dict:
             "taint_key": conventions.GPU_TAINT_KEY,
             "taint_value": conventions.GPU_TAINT_VALUE,
             "taint_effect": conventions.GPU_TAINT_EFFECT,
+            "system_label_value": conventions.SYSTEM_NODE_LABEL_VALUE,
         },
         "resources": {"gpu": conventions.GPU_RESOURCE, "efa": conventions.EFA_RESOURCE},
         "security": {"seccomp_profile": pod_security.SECCOMP_PROFILE},
@@ -300,6 +338,7 @@ def _render_training(spec: JobSpec, context: dict) -> list[str]:
         "label_env": attempt_fields,
         # PyTorchJob: the master is node 0, the Worker replicas are the other nodes.
         "worker_replicas": spec.nodes - 1,
+        "coordinator": coordinator_context(spec),
         "attempt_env": {do_not_requeue.ATTEMPT_ID_ENV: attempt_value},
     }
     config_map = _ENV.get_template("trainer-configmap.yaml.j2").render(

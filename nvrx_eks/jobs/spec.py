@@ -64,6 +64,8 @@ NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:cuda13.0.2-efa1.48.0-ofi
 # `<name>-worker-<job>-<index>` (JobSet) or `<name>-worker-<index>` (PyTorchJob), which must fit 63.
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME_LENGTH = 40
+#: A dotted Python module name (`python -m` takes it).
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 class JobSpec(BaseModel):
@@ -90,6 +92,9 @@ class JobSpec(BaseModel):
     #: Ranks per pod when not one per GPU: a rehearsal on CPUs (nvrx_eks.rehearse) runs the pods
     #: with fewer ranks than the instance has GPUs.
     ranks_per_node: Annotated[int, Field(ge=1, le=64)] | None = None
+    #: A trainer of the user's own that the pods run in place of workloads.train: a module name or
+    #: the absolute path of a script (workloads/README.md, "Bring your own trainer"); None: ours.
+    trainer: str | None = None
     #: Longest healthy training step; sizes the job's deadline (nvrx_eks/jobs/backstop.py).
     max_step_time_s: Annotated[float, Field(gt=0)] | None = None
     train: TrainConfig = TrainConfig.model_validate({})
@@ -119,6 +124,20 @@ class JobSpec(BaseModel):
                 "give a container image reference such as 123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0"
             )
         return image
+
+    @field_validator("trainer")
+    @classmethod
+    def _trainer_entry(cls, trainer: str | None) -> str | None:
+        # A name ending in .py is a script (render runs it by path), never the module `py` of a package.
+        if trainer is None or (_MODULE_RE.match(trainer) and not trainer.endswith(".py")):
+            return trainer
+        path = PurePosixPath(trainer)
+        if not (path.is_absolute() and path.suffix == ".py" and ".." not in path.parts and " " not in trainer):
+            raise ValueError(
+                f"'{trainer}' is neither a Python module name (mypkg.train) nor the absolute path of a .py script "
+                "in the pod (/fsx/code/train.py)"
+            )
+        return trainer
 
     @model_validator(mode="after")
     def _api_for_workload(self) -> JobSpec:
@@ -341,6 +360,7 @@ def build_jobspec(
     outputs: StackOutputs | None = None,
     spare_nodes: int = 0,
     ranks_per_node: int | None = None,
+    trainer: str | None = None,
 ) -> JobSpec:
     """A JobSpec for `config`: from live stack outputs when given, else derived offline.
 
@@ -382,6 +402,7 @@ def build_jobspec(
             max_step_time_s=max_step_time_s,
             spare_nodes=spare_nodes,
             ranks_per_node=ranks_per_node,
+            trainer=trainer,
             train=train,
         )
     except ValidationError as e:
@@ -456,6 +477,7 @@ _FLAGS = {
     "api": "--api",
     "max_restarts": "--max-restarts",
     "max_step_time_s": "--max-step-time-s",
+    "trainer": "--trainer",
     "instance_type": "the profile's gpu_nodes.instance_type",
 }
 
