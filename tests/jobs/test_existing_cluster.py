@@ -73,6 +73,15 @@ def _eligible(name: str) -> dict:
     return _node(name, labels=labels)
 
 
+def _pods_in_namespace(server: KubeApiTestServer, names: list[str]) -> list[str]:
+    """The pods add_job_pods made (in our own namespace), moved to the user's."""
+    for name in names:
+        pod = server.objects.pop(("v1", "pods", "training", name))
+        pod["metadata"]["namespace"] = NAMESPACE
+        server.objects[("v1", "pods", NAMESPACE, name)] = pod
+    return names
+
+
 @pytest.fixture
 def server(monkeypatch, no_credentials):
     """The user's cluster: a namespace, a bound ReadWriteMany claim, two GPU nodes labelled for
@@ -165,12 +174,7 @@ def test_submit_status_logs_delete_through_the_kubeconfig_context(server, config
     # The server-side dry run ran before the creation, as for our own cluster.
     assert [r.param("dryRun") for r in server.requests if r.method == "POST"] == ["All"] * 3 + [None] * 3
 
-    pods = add_job_pods(server, "train", 2)
-    for pod_name in pods:
-        stored = server.objects[("v1", "pods", "training", pod_name)]
-        server.objects.pop(("v1", "pods", "training", pod_name))
-        stored["metadata"]["namespace"] = NAMESPACE
-        server.objects[("v1", "pods", NAMESPACE, pod_name)] = stored
+    pods = _pods_in_namespace(server, add_job_pods(server, "train", 2))
     status = run_cli("status", "-c", config, "train")
     assert status.code == 0, status.output
     assert "JobSet train: Running" in status.stdout and pods[1] in status.stdout
