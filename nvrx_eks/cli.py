@@ -229,7 +229,12 @@ def status(
     """Job phase, pods, restarts per resilience layer."""
     from nvrx_eks.jobs import commands as job_commands
 
-    job_commands.status(_deployment(profile, config), name, table_console(check_format(output)), output)
+    deployment, console = _deployment(profile, config), table_console(check_format(output))
+    if job_commands.status(deployment, name, console, output) is not None and name is not None:
+        from nvrx_eks.jobs.last_metrics import last_metrics
+
+        for line in last_metrics(job_commands.job_client(deployment, console), name):
+            console.print(f"last metrics: {escape(line)}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -238,7 +243,7 @@ def logs(
     profile: str | None = ProfileOption,
     config: str | None = ConfigOption,
     follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the pods end."),
-    node: int | None = typer.Option(None, "--node", min=0, help="Only this node's pod (0 hosts the rendezvous)."),
+    node: int | None = typer.Option(None, "--node", min=0, help="Only this node's pod."),
     rank: int | None = typer.Option(None, "--rank", min=0, help="Only this global rank's lines."),
     tail: int | None = typer.Option(None, "--tail", min=0, help="Only the last N lines of each pod."),
 ) -> None:

@@ -15,6 +15,7 @@ without it. Its time is `eval_end.eval_s`, its own part of the goodput split (wo
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -29,6 +30,8 @@ import torch.distributed as dist
 from workloads.config import TrainConfig
 from workloads.data import has_held_out_split, held_out_sequences
 from workloads.events import EventLog
+
+log = logging.getLogger("workloads.train")
 
 
 def evaluation_enabled(cfg: TrainConfig) -> bool:
@@ -99,6 +102,7 @@ class Evaluator:
     ):
         self.cfg, self.model, self.device = cfg, model, device
         self.events, self.section, self.ping = events, section, ping
+        self.rank = rank
         self.share = HeldOutShare(cfg, rank, world) if evaluation_enabled(cfg) else None
 
     def due(self, step: int) -> bool:
@@ -113,12 +117,12 @@ class Evaluator:
         # a bounded set is timed like a step.
         with self.section("step"):
             loss = self.share.mean_loss(self.model, self.device, self.ping)
+        eval_s = time.monotonic() - started
         self.events.emit(
-            "eval_end",
-            step=step,
-            loss=loss,
-            eval_s=time.monotonic() - started,
-            sequences=self.share.sequences,
-            tokens=self.share.tokens,
+            "eval_end", step=step, loss=loss, eval_s=eval_s, sequences=self.share.sequences, tokens=self.share.tokens
         )
+        if self.rank == 0:  # the form nvrx_eks.facts.training_metrics.METRICS_LINE reads back
+            log.info(
+                "eval step %d loss %.4f over %d held-out sequences (%.2fs)", step, loss, self.share.sequences, eval_s
+            )
         return loss

@@ -12,6 +12,8 @@ finds no agent is dropped.
 
 from __future__ import annotations
 
+import re
+
 #: CloudWatch namespace of the trainer's metrics.
 NAMESPACE = "NvrxEks/Training"
 #: Log group the agent writes the EMF documents to (created by the agent on first use).
@@ -24,6 +26,11 @@ EMF_AGENT_ENDPOINT = f"udp://cloudwatch-agent.amazon-cloudwatch:{EMF_AGENT_PORT}
 #: restarts also per resilience layer.
 JOB_DIMENSION = "Job"
 LAYER_DIMENSION = "Layer"
+
+#: How rank 0 logs its metrics, every `log_every` steps (workloads.trainer: `step N loss X lr ...`)
+#: and at each evaluation (workloads.evaluation: `eval step N loss X ...`): `status` and
+#: `logs --follow` pick the last of each out of the pod log.
+METRICS_LINE = re.compile(r"\b(?P<eval>eval )?step (?P<step>\d+) loss (?P<loss>\S+)")
 
 #: Metric name -> CloudWatch unit. Step metrics every `log_every` steps, the others when they happen.
 STEP_METRICS = {

@@ -46,6 +46,9 @@ def stream_logs(
             raise ConfigError(f"--node/--rank: node {node} does not exist; the job has {len(pods)} pods")
         pods = selected
     write = write or (lambda line: client.console.print(line, markup=False, highlight=False, soft_wrap=True))
+    from nvrx_eks.jobs.last_metrics import LastMetrics
+
+    latest = LastMetrics()  # rank 0's, repeated when a follow ends
     lock = threading.Lock()
     count = 0
 
@@ -53,6 +56,8 @@ def stream_logs(
         nonlocal count
         prefix = f"node{node_rank(pod)} | " if len(pods) > 1 else ""
         for line in _log_lines(client, pod, follow=follow, tail_lines=tail_lines):
+            if node_rank(pod) == 0:
+                latest.see(line)
             if line_filter is None or line_filter(line):
                 with lock:
                     write(prefix + line)
@@ -67,6 +72,8 @@ def stream_logs(
     else:
         for pod in pods:
             pump(pod)
+    for line in latest.lines() if follow else []:
+        write(f"last metrics | {line}")
     return count
 
 

@@ -8,6 +8,8 @@ import json
 import math
 import re
 import socket
+import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -18,12 +20,15 @@ from aws_embedded_metrics.validator import validate_namespace, validate_timestam
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from nvrx_eks.facts import training_metrics as names
-from tests.support.cli_harness import run_cli
+from tests.support import cli_harness
+from tests.support.cli_harness import add_fsx_volume, add_job_pods, deploy_fake_environment, run_cli
 from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair
 from workloads.events import load_run, summarize
 from workloads.live_metrics import tensorboard_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
+aws = cli_harness.aws
+k8s_server = cli_harness.k8s_server
 
 STEPS = 30
 EVAL_INTERVAL = 10
@@ -192,3 +197,43 @@ def test_report_counts_evaluation_time_and_shows_the_held_out_loss(runs, tmp_pat
     assert breakdown["last_eval"] == [STEPS, evals[-1]["loss"]]
     assert "evaluation (held-out split)" in result.stdout
     assert f"held-out loss {evals[-1]['loss']:.4f} at step {STEPS}" in result.stdout
+
+
+def test_status_and_logs_follow_show_the_last_metrics_the_trainer_logged(runs, aws, k8s_server):
+    """The trainer's own log (the run's launcher.log) served as node 0's pod log by the loopback
+    API server: `status` shows rank 0's last step line and last evaluation line, and `logs -f`
+    repeats them when the stream ends."""
+    eval_run, _, _ = runs
+    lines = (eval_run / "launcher.log").read_text().splitlines()
+    last_step = [line for line in lines if f"[rank0] step {STEPS} loss" in line]
+    last_eval = [line for line in lines if f"eval step {STEPS} loss" in line]
+    assert last_step and last_eval, "the trainer logs a step line and an evaluation line at the last step"
+    deploy_fake_environment(k8s_server.url)
+    add_fsx_volume(k8s_server)
+    assert run_cli("submit", "--nodes", "2").code == 0
+    pods = add_job_pods(k8s_server, "train", 2)
+    k8s_server.set_log("training", pods[0], lines)
+    k8s_server.set_log("training", pods[1], ["[rank9] step 30 loss 9.9 lr 1e-4"])
+
+    status = run_cli("status", "train")
+    assert status.code == 0, status.output
+    shown = [
+        line.removeprefix("last metrics: ") for line in status.stdout.splitlines() if line.startswith("last metrics")
+    ]
+    assert shown == [last_step[-1].strip(), last_eval[-1].strip()]
+
+    def pod_ends_once_followed() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            r.param("follow").lower() == "true" for r in k8s_server.requests_to("GET", "/log") if r.param("follow")
+        ):
+            time.sleep(0.02)
+        k8s_server.objects.pop(("v1", "pods", "training", pods[0]))
+
+    threading.Thread(target=pod_ends_once_followed, daemon=True).start()
+    followed = run_cli("logs", "train", "-f", "--node", "0")
+    assert followed.code == 0, followed.output
+    assert followed.stdout.splitlines()[-2:] == [
+        f"last metrics | {last_step[-1].strip()}",
+        f"last metrics | {last_eval[-1].strip()}",
+    ]
