@@ -35,6 +35,11 @@ Kinds and which resilience layer should recover them:
                                                                   -> in-process restart with a spare
                                                                      node (workloads.spares), else
                                                                      a relaunch
+  coordinator-loss  at the start of STEP the rank SIGKILLs the job's coordinator (workloads.coordinator,
+                 found through the pidfile `nvrx-eks local` writes; in pods no rank can see it, and
+                 the fault only records that)             -> every store gone: the launch fails and
+                                                             is started again (on EKS the JobSet
+                                                             recreates every pod)
   slow           the rank sleeps SLOW_SECONDS_PER_STEP in each of SLOW_STEPS steps from STEP
                  (a straggler, not a failure: nothing should restart)
   slow-digest    the end-of-run state digest of a run that reached STEP takes SLOW_DIGEST_SECONDS
@@ -62,6 +67,7 @@ FAULT_KINDS = (
     "corrupt-latest",
     "corrupt-local",
     "node-loss",
+    "coordinator-loss",
     "slow",
     "slow-digest",
 )
@@ -168,6 +174,18 @@ def _kill_own_node() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _kill_coordinator(run_dir: Path) -> bool:
+    """SIGKILL the launch's coordinator; False when this rank cannot see it (no pidfile: a pod)."""
+    from workloads.launch import COORDINATOR_PIDFILE
+
+    try:
+        pid = int((run_dir / "pids" / COORDINATOR_PIDFILE).read_text())
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 class FaultInjector:
     """Fires this rank's faults at the points the training loop reports.
 
@@ -245,6 +263,8 @@ class FaultInjector:
                 os.kill(os.getpid(), signal.SIGKILL)
             if fault.kind == "node-loss":
                 _kill_own_node()
+            if fault.kind == "coordinator-loss" and not _kill_coordinator(self.marker_dir.parent):
+                self.emit("fault_not_applicable", kind=fault.kind, step=step, reason="no coordinator process visible")
             if fault.kind == "slow":
                 self._slow_until_step = step + SLOW_STEPS
                 time.sleep(SLOW_SECONDS_PER_STEP)

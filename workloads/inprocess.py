@@ -55,6 +55,7 @@ from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.inprocess.abort import AbortTorchDistributed
 
 from workloads.config import InProcessConfig
+from workloads.coordinator import CoordinatorStore
 from workloads.cuda_compat import local_rank_hidden_on_cpu
 from workloads.events import EventLog
 from workloads.ft_integration import FaultToleranceReporter
@@ -140,7 +141,7 @@ def build_wrapper(
     cfg: InProcessConfig,
     *,
     backend: str,
-    store_port: int,
+    store: tuple[str, int],
     world_size: int,
     run_dir: Path,
     spare_nodes: int = 0,
@@ -166,7 +167,9 @@ def build_wrapper(
         )
     with local_rank_hidden_on_cpu(backend):
         return inprocess.Wrapper(
-            store_kwargs={"port": store_port, "timeout": seconds(cfg.barrier_timeout_s)},
+            # Every rank and monitor process a client of the coordinator's store: no rank hosts it.
+            store_factory=CoordinatorStore,
+            store_kwargs={"host_name": store[0], "port": store[1], "timeout": seconds(cfg.barrier_timeout_s)},
             initialize=inprocess.Compose(
                 StopWhenAsked(stop_requested),
                 inprocess.initialize.RetryController(
@@ -175,7 +178,7 @@ def build_wrapper(
                     min_active_world_size=active,
                 ),
             ),
-            abort=inprocess.Compose(*abort_chain(cfg, backend, store_port)),
+            abort=inprocess.Compose(*abort_chain(cfg, backend, store[1])),
             finalize=RestartFinalize(events, ft, drop_iteration_state, cfg.cuda_timeout_s),
             health_check=health_check,
             monitor_thread_interval=seconds(cfg.monitor_interval_s),

@@ -6,18 +6,21 @@ Contract:
     build_ft_launcher_argv(cfg, *, config_path, nnodes, nproc_per_node, rdzv_endpoint,
                            rdzv_id="nvrx-eks", launcher="ft_launcher", log_dir=None) -> list[str]
     build_preflight_argv(*, config_path, world_size, python="python") -> list[str]
+    build_coordinator_argv(*, nnodes, rdzv_endpoint, rdzv_id, python="python") -> list[str]
     inprocess_store_port(rdzv_endpoint) -> int
+    inprocess_store_endpoint(rdzv_endpoint) -> str
     inprocess_store_port_above(port) -> int
     rendezvous_port_of_store(store_port) -> int
 
 Flags checked against nvidia-resiliency-ext 0.7.0 (fault_tolerance/launcher.py): c10d is the only
 rendezvous backend and barrier the only FT rendezvous implementation; timeouts accept "none".
 
-Ports: ft_launcher's rendezvous store listens on the endpoint's port P on the rendezvous host.
-The trainer's in-process restart store (NVRx Wrapper store plus the per-restart process-group
-prefixes) listens on P+1 on the rank-0 host and is passed explicitly (`--store-port`). Deriving it
-from the endpoint rather than from MASTER_PORT (a random free port chosen by the launcher) keeps
-concurrent local runs from colliding: each owns P and P+1 and nothing else.
+Ports: the rendezvous endpoint HOST:P is the job's coordinator (workloads.coordinator), a process
+on no training node. It serves ft_launcher's rendezvous store on P (every launcher joins as a
+client: `is_host=false`) and the trainer's in-process restart store (NVRx Wrapper store plus the
+per-restart process-group prefixes) on P+1, passed to every rank explicitly (`--store HOST:P+1`).
+Deriving it from the endpoint rather than from MASTER_PORT (a random free port chosen by the
+launcher) keeps concurrent local runs from colliding: each owns P and P+1 and nothing else.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ def _seconds(value: float | None) -> str:
 #: unless this says they are simulated nodes (`nvrx-eks local --nodes`, rehearsed pods).
 MULTI_LAUNCHER_ENV = "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE"
 
+#: Where a local launch records its coordinator's pid, under the run directory's pids/ (the
+#: coordinator-loss fault reads it; in pods no rank can see the coordinator's process).
+COORDINATOR_PIDFILE = "coordinator.pid"
+
 #: The in-process store listens this far above the rendezvous endpoint's port.
 _STORE_PORT_OFFSET = 1
 
@@ -45,12 +52,22 @@ def inprocess_store_port_above(port: int) -> int:
     return port + _STORE_PORT_OFFSET
 
 
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """(HOST, PORT) of HOST:PORT."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"endpoint {endpoint!r}: expected HOST:PORT")
+    return host, int(port)
+
+
 def inprocess_store_port(rdzv_endpoint: str) -> int:
     """The in-process store's port for the rendezvous endpoint HOST:PORT (what templates receive)."""
-    host, sep, port = rdzv_endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"rendezvous endpoint {rdzv_endpoint!r}: expected HOST:PORT")
-    return inprocess_store_port_above(int(port))
+    return inprocess_store_port_above(split_endpoint(rdzv_endpoint)[1])
+
+
+def inprocess_store_endpoint(rdzv_endpoint: str) -> str:
+    """HOST:PORT of the in-process store the coordinator at the rendezvous endpoint serves."""
+    return f"{split_endpoint(rdzv_endpoint)[0]}:{inprocess_store_port(rdzv_endpoint)}"
 
 
 def rendezvous_port_of_store(store_port: int) -> int:
@@ -71,8 +88,8 @@ def build_ft_launcher_argv(
 ) -> list[str]:
     """ft_launcher argv that starts `nproc_per_node` trainer ranks on each of `nnodes` nodes.
 
-    `nnodes` is an int or "MIN:MAX"; `rdzv_endpoint` is HOST:PORT of the rendezvous host (in
-    Kubernetes the headless-service name of pod 0). `config_path` is where the TrainConfig YAML is
+    `nnodes` is an int or "MIN:MAX"; `rdzv_endpoint` is HOST:PORT of the job's coordinator (in
+    Kubernetes the stable DNS name of the coordinator pod). `config_path` is where the TrainConfig YAML is
     found on every node (the ConfigMap mount).
     """
     ft = cfg.fault_tolerance
@@ -88,6 +105,9 @@ def build_ft_launcher_argv(
         rdzv_endpoint,
         "--rdzv-id",
         rdzv_id,
+        # The coordinator hosts the rendezvous store; no launcher does, so none is critical.
+        "--rdzv-conf",
+        "is_host=false",
         "--ft-rdzv-impl",
         "barrier",
         # With spare nodes a node that lost a rank leaves instead of restarting its workers: a
@@ -140,10 +160,26 @@ def build_ft_launcher_argv(
         "workloads.train",
         "--config",
         config_path,
-        "--store-port",
-        str(inprocess_store_port(rdzv_endpoint)),
+        "--store",
+        inprocess_store_endpoint(rdzv_endpoint),
     ]
     return argv
+
+
+def build_coordinator_argv(*, nnodes: int | str, rdzv_endpoint: str, rdzv_id: str, python: str = "python") -> list[str]:
+    """The job's coordinator (workloads.coordinator), serving the rendezvous endpoint the launchers
+    of build_ft_launcher_argv join, for the same `nnodes` and `rdzv_id`."""
+    return [
+        python,
+        "-m",
+        "workloads.coordinator",
+        "--nnodes",
+        str(nnodes),
+        "--rdzv-endpoint",
+        rdzv_endpoint,
+        "--rdzv-id",
+        rdzv_id,
+    ]
 
 
 def build_preflight_argv(*, config_path: str, world_size: int, python: str = "python") -> list[str]:

@@ -18,9 +18,11 @@ from workloads.ft_integration import FaultToleranceReporter
 class ProcessState:
     """What outlives in-process restarts: identity, event log, ft connection, stop flag."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, store_port: int | None):
+    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, store: tuple[str, int] | None):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.store_port = store_port
+        # (host, port) of the coordinator's in-process store (workloads.coordinator), or None: the
+        # process group then comes from the launcher's environment.
+        self.store = store
         self.events = EventLog(cfg.run_dir, rank)
         self.ft = FaultToleranceReporter(cfg.fault_tolerance, on_monitor_lost=self.monitor_lost)
         self.faults = FaultInjector(
@@ -35,7 +37,7 @@ class ProcessState:
         self.stop_requested = False
         self.restart_begin_t: float | None = None
         self.iteration_objects: dict[str, Any] = {}
-        self.wrapper_store: Any = None  # a torch.distributed.TCPStore once the first iteration made it
+        self.wrapper_store: Any = None  # a CoordinatorStore client once the first iteration made it
 
     def monitor_lost(self, err: BaseException) -> None:
         """ft_launcher's rank monitor is a fork of the launcher: it goes away when the launcher

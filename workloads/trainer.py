@@ -48,11 +48,12 @@ def init_process_group(process: ProcessState, runtime: Runtime, iteration: int) 
         dist.init_process_group(runtime.backend, rank=rank, world_size=world, timeout=timeout, device_id=device_id)
         return
     if process.wrapper_store is None:
-        # Each iteration uses a fresh key prefix, so a restart never reads stale keys.
+        # Keys of this rendezvous round only (CoordinatorStore), and each iteration a fresh prefix
+        # of them, so a restart never reads stale keys.
+        from workloads.coordinator import CoordinatorStore
+
         host, port = process.store
-        process.wrapper_store = dist.TCPStore(
-            host, port, world, is_master=False, timeout=datetime.timedelta(seconds=300), wait_for_workers=False
-        )
+        process.wrapper_store = CoordinatorStore(host, port, datetime.timedelta(seconds=300))
     store = dist.PrefixStore(f"pg-cycle{process.events.cycle}-iter{iteration}", process.wrapper_store)
     dist.init_process_group(
         runtime.backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=device_id

@@ -1,5 +1,5 @@
 """The naming contract of a rendered job: what its objects, pods, containers and labels are called,
-and pod 0's DNS name that every node rendezvouses at. Render, the client, the validator and the
+and the coordinator's DNS name that every node rendezvouses at. Render, the client, the validator and the
 tests read these; nothing else spells them.
 """
 
@@ -31,6 +31,11 @@ CHECKPOINT_DIR_ANNOTATION = "nvrx-eks.io/checkpoint-dir"
 
 #: The replicated job (JobSet) that runs the trainer or the fabric test.
 JOBSET_REPLICATED_JOB = "worker"
+#: The replicated job (JobSet) of the job's coordinator (workloads.coordinator): one CPU pod on
+#: the system nodes that serves the stores every rank depends on. In a PyTorchJob the
+#: coordinator is a sidecar container of the master pod, under this name too.
+COORDINATOR_REPLICATED_JOB = "coordinator"
+COORDINATOR_CONTAINER = "coordinator"
 #: The trainer's container in a JobSet; the training operator requires `pytorch` in a PyTorchJob.
 TRAINER_CONTAINER = "trainer"
 PYTORCHJOB_CONTAINER = "pytorch"
@@ -71,10 +76,11 @@ def jobset_pod_dns_name(job: str, index: int | str) -> str:
 
 
 def rendezvous_host(api: Api, job: str) -> str:
-    """Pod 0's stable DNS name: the JobSet headless service (subdomain = JobSet name) or the
-    per-replica service the training operator creates for the PyTorchJob master."""
+    """The coordinator's stable DNS name: its pod's under the JobSet headless service (subdomain
+    = JobSet name), or the per-replica service the training operator creates for the PyTorchJob
+    master, whose pod carries the coordinator as a sidecar."""
     if api == "jobset":
-        return jobset_pod_dns_name(job, 0)
+        return f"{job}-{COORDINATOR_REPLICATED_JOB}-0-0.{job}"
     return f"{job}-master-0"
 
 

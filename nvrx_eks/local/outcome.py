@@ -109,11 +109,6 @@ def print_report(
             )
         elif code == 0:
             text = "injected (no restart needed)"
-        elif outcome["kind"] == "node-loss" and outcome["target"] == 0:
-            text = (
-                "not recovered: node 0 hosts the rendezvous and in-process stores, so its loss ends "
-                "the run (on EKS the JobSet then recreates every pod)"
-            )
         else:
             text = f"injected; no restart followed (the run ended with exit {code})"
         table.add_row(f"fault {outcome['fault']}", text)

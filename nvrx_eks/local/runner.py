@@ -33,10 +33,12 @@ from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from nvrx_eks.local.outcome import print_report, stop_reason
 from workloads import do_not_requeue
 from workloads.config import TrainConfig
-from workloads.events import load_run
+from workloads.events import JOBSET_ATTEMPT_ENV, load_run
 from workloads.faults import parse_fault_spec, target_limit
 from workloads.launch import (
+    COORDINATOR_PIDFILE,
     MULTI_LAUNCHER_ENV,
+    build_coordinator_argv,
     build_ft_launcher_argv,
     build_preflight_argv,
     inprocess_store_port_above,
@@ -224,13 +226,16 @@ def run_local(
     spare_nodes: int = 0,
     launcher_spare_nodes: int = 0,
     force: bool = False,
+    max_relaunches: int = 2,
 ) -> int:
     """`nodes` launchers (simulated nodes, one rendezvous, each with its own local checkpoint
     root) of `nproc` ranks each; the last `spare_nodes` of them are hot spares in process
     (workloads.spares). `launcher_spare_nodes` instead makes that many of them ft_launcher's own
     hot spares (`--nnodes MIN:MAX`: they wait in the rendezvous without workers and join at the
     next worker-group restart), for comparing the two. `force` starts more ranks than
-    RANKS_PER_CORE per CPU core."""
+    RANKS_PER_CORE per CPU core. A launch that loses its coordinator, or more nodes than it has
+    spares, is started again up to `max_relaunches` times (the JobSet's recreation of every pod,
+    here), resuming from the newest checkpoint."""
     console = console or Console()
     if nproc < 1:
         raise ConfigError("--nproc: must be at least 1")
@@ -279,22 +284,28 @@ def run_local(
     run_dir.mkdir(parents=True, exist_ok=True)
     # Before anything of the run is written: a second run on this directory is refused.
     with RunLease(run_dir):
+        fixed_port = port
         port = port or free_port_pair()
-        argvs = []
+        nnodes = f"{nodes - launcher_spare_nodes}:{nodes}" if launcher_spare_nodes else nodes
         for n, node_cfg in enumerate(configs):
-            config_path = run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")
-            config_path.write_text(node_cfg.to_yaml())
-            argvs.append(
+            (run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")).write_text(node_cfg.to_yaml())
+
+        def commands(port: int) -> tuple[list[str], list[list[str]]]:
+            """(coordinator argv, one launcher argv per node) of a launch on rendezvous port `port`."""
+            rendezvous = {"rdzv_endpoint": f"127.0.0.1:{port}", "rdzv_id": f"local-{port}"}
+            launchers = [
                 build_ft_launcher_argv(
                     node_cfg,
-                    config_path=str(config_path),
-                    nnodes=f"{nodes - launcher_spare_nodes}:{nodes}" if launcher_spare_nodes else nodes,
+                    config_path=str(run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")),
+                    nnodes=nnodes,
                     nproc_per_node=nproc,
-                    rdzv_endpoint=f"127.0.0.1:{port}",
-                    rdzv_id=f"local-{port}",
                     launcher=str(Path(sys.executable).parent / "ft_launcher"),
+                    **rendezvous,
                 )
-            )
+                for n, node_cfg in enumerate(configs)
+            ]
+            return build_coordinator_argv(nnodes=nnodes, python=sys.executable, **rendezvous), launchers
+
         # A fresh attempt id per run: a do-not-requeue record left by an earlier run in a resumed
         # directory is not this run's.
         attempt = f"local-{uuid.uuid4().hex}"
@@ -332,59 +343,86 @@ def run_local(
             )
             return EXIT_DO_NOT_REQUEUE
         tracker = ProcessTracker(run_dir)
-        launchers = []
-        for n, argv in enumerate(argvs):
-            with open(log_path if n == 0 else run_dir / f"launcher-node{n}.log", "ab") as log_file:
-                launchers.append(
-                    subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-                )
-            if n == 0 and nodes > 1:
-                # The first launcher to bind the rendezvous port hosts the store every launcher
-                # needs to the end; on EKS that is node 0 (the endpoint's pod). Make it node 0 here
-                # too, so that a lost simulated node > 0 does not take the store with it.
-                _wait_for_listener(port, launchers[0])
         completed_at = None  # with a lost node: when the survivors completed the run
         released = 0  # with a lost node: how many nodes were lost when the survivors were released
+        relaunch = 0
         stop = StopSignals()
         with stop:
-            try:
-                with console.status("starting") as status:
-                    while any(p.poll() is None for p in launchers):
-                        for p in launchers:
-                            tracker.sample(p.pid)
-                        lost = [p for p in launchers if p.poll() not in (None, 0)]
-                        if 0 < len(lost) <= spares and _completed(run_dir, started_at, steps):
-                            # The survivors' launchers now wait in torch elastic's exit barrier for
-                            # every node of the rendezvous, the lost one too, for 300 s (not
-                            # configurable through ft_launcher, and deaf to SIGTERM there); their ranks
-                            # have exited and the run is complete, so end the wait: SIGKILL the
-                            # launchers' process trees.
-                            completed_at = completed_at or time.monotonic()
-                            if time.monotonic() - completed_at > EXIT_BARRIER_GRACE_S and not released:
+            while True:
+                if relaunch:
+                    # A new launch, as the JobSet recreates every pod: the next attempt's ranks
+                    # resume from the newest checkpoint and report a "kubernetes" restart.
+                    env[JOBSET_ATTEMPT_ENV] = str(relaunch)
+                    if fixed_port is None and not _port_pair_free(port):
+                        port = free_port_pair()
+                coordinator_argv, argvs = commands(port)
+                coordinator, launchers = start_launch(coordinator_argv, argvs, env, run_dir, port, tracker)
+                lost_infrastructure = False
+                try:
+                    with console.status("starting") as status:
+                        while any(p.poll() is None for p in launchers):
+                            for p in launchers:
+                                tracker.sample(p.pid)
+                            lost = [p for p in launchers if p.poll() not in (None, 0)]
+                            if 0 < len(lost) <= spares and _completed(run_dir, started_at, steps):
+                                # The survivors' launchers now wait in torch elastic's exit barrier for
+                                # every node of the rendezvous, the lost one too, for 300 s (not
+                                # configurable through ft_launcher, and deaf to SIGTERM there); their
+                                # ranks have exited and the run is complete, so end the wait: SIGKILL
+                                # the launchers' process trees.
+                                completed_at = completed_at or time.monotonic()
+                                if time.monotonic() - completed_at > EXIT_BARRIER_GRACE_S and not released:
+                                    for p in launchers:
+                                        if p.poll() is None:
+                                            _kill_tree(p.pid)
+                                    released = len(lost)
+                            elif launch_lost(coordinator, launchers, spares):
+                                # What no layer inside the job can recover: its coordinator, or
+                                # more nodes than it has spares (the survivors would wait for the
+                                # lost node in the next rendezvous). The job fails; as on EKS,
+                                # where the JobSet recreates every pod, the launch starts again.
+                                lost_infrastructure = True
                                 for p in launchers:
-                                    if p.poll() is None:
-                                        _kill_tree(p.pid)
-                                released = len(lost)
-                        ends = load_run(run_dir).of("step_end", rank=0)
-                        if ends:
-                            status.update(f"step {ends[-1]['step']}/{steps}  loss {ends[-1]['loss']:.3f}")
-                        time.sleep(0.5)
-            except KeyboardInterrupt:
-                # Ctrl-C, or SIGTERM/SIGHUP to this command (StopSignals). Like an eviction: SIGTERM lets
-                # the ranks finish their in-flight checkpoint. Further signals do not interrupt that
-                # (StopSignals raises once; Ctrl-C is ignored meanwhile).
-                with stop.ignoring_interrupts():
-                    for p in launchers:
-                        if p.poll() is None:
-                            p.send_signal(signal.SIGTERM)
-                    while any(p.poll() is None for p in launchers):
+                                    _kill_tree(p.pid)
+                            ends = load_run(run_dir).of("step_end", rank=0)
+                            if ends:
+                                status.update(f"step {ends[-1]['step']}/{steps}  loss {ends[-1]['loss']:.3f}")
+                            time.sleep(0.5)
+                except KeyboardInterrupt:
+                    # Ctrl-C, or SIGTERM/SIGHUP to this command (StopSignals). Like an eviction:
+                    # SIGTERM lets the ranks finish their in-flight checkpoint. Further signals do
+                    # not interrupt that (StopSignals raises once; Ctrl-C is ignored meanwhile).
+                    with stop.ignoring_interrupts():
                         for p in launchers:
-                            tracker.sample(p.pid)
-                        time.sleep(0.2)
+                            if p.poll() is None:
+                                p.send_signal(signal.SIGTERM)
+                        while any(p.poll() is None for p in launchers):
+                            for p in launchers:
+                                tracker.sample(p.pid)
+                            time.sleep(0.2)
+                stop_coordinator(coordinator)
+                lost_infrastructure = lost_infrastructure or (
+                    coordinator.returncode not in (0, None) or any(p.returncode < 0 for p in launchers)
+                )
+                if (
+                    lost_infrastructure
+                    and relaunch < max_relaunches
+                    and stop.received is None
+                    and not released
+                    and not _completed(run_dir, started_at, steps)
+                    and do_not_requeue.read_record(run_dir, attempt) is None
+                ):
+                    tracker.reap(grace_s=EXIT_BARRIER_GRACE_S)
+                    relaunch += 1
+                    console.print(f"[yellow]the launch lost its coordinator or a node: relaunch {relaunch}[/]")
+                    continue
+                break
         codes = [p.returncode for p in launchers]
         code, lost_nodes = run_code(codes, spares, completed=_completed(run_dir, started_at, steps))
         if stop.received is not None:
             code = 128 + stop.received  # the run stopped because this command was told to stop
+        elif code == 0 and coordinator.returncode not in (0, None) and not _completed(run_dir, started_at, steps):
+            code = 1  # the coordinator was lost and no relaunch was left
         launcher_code = code
         if released:  # the survivors completed the run; their launchers' end was ours
             lost_nodes, code = released, 0
@@ -487,9 +525,9 @@ def run_code(launcher_codes: list[int], spare_nodes: int, *, completed: bool) ->
 
     The run's code is the first node's that is not 0 (every launcher ends the same rendezvous).
     With spare nodes, up to spare_nodes launchers may end on a lost node (killed, or leaving after
-    its rank died) while the rest complete the run: the run's code is theirs. A lost node the
-    survivors could not go on without (node 0 hosts the rendezvous and in-process stores) leaves
-    the run incomplete: that node's code is the run's."""
+    its rank died) while the rest complete the run: the run's code is theirs. Lost nodes the
+    survivors could not go on without (more than the spares) leave the run incomplete: the first
+    failed node's code is the run's."""
     failed = [c for c in launcher_codes if c != 0]
     if failed and len(failed) <= spare_nodes and completed:
         return 0, len(failed)
@@ -505,6 +543,56 @@ def _wait_for_listener(port: int, launcher: subprocess.Popen, timeout_s: float =
             if probe.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.1)
+
+
+def start_launch(
+    coordinator_argv: list[str],
+    launcher_argvs: list[list[str]],
+    env: dict[str, str],
+    run_dir: Path,
+    port: int,
+    tracker: ProcessTracker,
+) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
+    """The coordinator (workloads.coordinator), once it serves both stores, then one launcher per
+    simulated node (node 0 logs to launcher.log, node N to launcher-nodeN.log)."""
+    with open(run_dir / "coordinator.log", "ab") as log_file:
+        coordinator = subprocess.Popen(
+            coordinator_argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    (run_dir / "pids").mkdir(exist_ok=True)
+    (run_dir / "pids" / COORDINATOR_PIDFILE).write_text(str(coordinator.pid))
+    tracker.sample(coordinator.pid)
+    _wait_for_listener(port, coordinator)
+    _wait_for_listener(inprocess_store_port_above(port), coordinator)
+    launchers = []
+    for n, argv in enumerate(launcher_argvs):
+        with open(run_dir / ("launcher.log" if n == 0 else f"launcher-node{n}.log"), "ab") as log_file:
+            launchers.append(
+                subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            )
+    return coordinator, launchers
+
+
+def launch_lost(coordinator: subprocess.Popen, launchers: list[subprocess.Popen], spares: int) -> bool:
+    """Whether the launch lost what no layer inside it recovers: its coordinator, or more nodes
+    than it has spares. A node is lost when its launcher is killed (node-loss) or, with spares
+    (where a launcher leaves as soon as one of its ranks died, --max-restarts 0), exits failed;
+    without spares a launcher that exits by itself has given up under its own restart policy,
+    which ends the run."""
+    gone = [p for p in launchers if p.poll() not in (None, 0) and (spares or p.returncode < 0)]
+    return coordinator.poll() is not None or len(gone) > spares
+
+
+def stop_coordinator(coordinator: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """End the coordinator once every launcher has: SIGTERM (it keeps the stores up a few seconds
+    for late readers, then exits), SIGKILL past the grace."""
+    if coordinator.poll() is None:
+        coordinator.send_signal(signal.SIGTERM)
+        try:
+            coordinator.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            coordinator.kill()
+            coordinator.wait()
 
 
 def _kill_tree(pid: int) -> None:

@@ -94,7 +94,7 @@ def test_launcher_gets_the_rendered_arguments(sandbox):
     work, env = sandbox
     assert _run(_entrypoint("jobset"), env) == 0
     args = (work / "launcher-args").read_text().split()
-    assert args[args.index("--rdzv-endpoint") + 1] == "train-worker-0-0.train:29500"
+    assert args[args.index("--rdzv-endpoint") + 1] == "train-coordinator-0-0.train:29500"
 
 
 @pytest.mark.parametrize("nodes", [1, 4])

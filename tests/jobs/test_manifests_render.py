@@ -44,21 +44,47 @@ def _launcher_argv(pod: dict) -> list[str]:
     return tokens[:-1] if tokens[-1] == "&" else tokens
 
 
+def _assert_coordinator(job: dict, coordinator: dict, *, launcher_argv: list[str]) -> None:
+    """The coordinator replicated job: one pod on a system node, serving the endpoint, node count
+    and rendezvous id the launchers join, with no privilege; its loss restarts the JobSet."""
+    assert coordinator["name"] == "coordinator" and coordinator["replicas"] == 1
+    spec = coordinator["template"]["spec"]
+    assert (spec["parallelism"], spec["completions"], spec["backoffLimit"]) == (1, 1, 0)
+    pod = spec["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvrx-eks.io/node-pool": "system"} and "tolerations" not in pod
+    [container] = pod["containers"]
+    args = container["args"]
+    assert args[:3] == ["python", "-m", "workloads.coordinator"]
+    for flag in ("--nnodes", "--rdzv-endpoint", "--rdzv-id"):
+        assert args[args.index(flag) + 1] == launcher_argv[launcher_argv.index(flag) + 1], flag
+    assert {p["containerPort"] for p in container["ports"]} == {29500, 29501}
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "nvidia.com/gpu" not in container["resources"]["requests"]
+    assert job["spec"]["coordinator"]["replicatedJob"] == "coordinator"
+    # A failed coordinator Job matches no rule (they target the workers): the JobSet restarts.
+    state = JobState(spec)
+    state.pod_ended(0, 1, disrupted=False)
+    assert jobset_action(job["spec"], state.failure_reason, 0, state.failure_message) == "restart"
+
+
 def test_four_node_jobset_acceptance():
-    """Acceptance 2: pod 0's DNS name is every worker's rendezvous endpoint; 8 GPUs and 32 EFA
-    devices per pod; exit 93 fails the job without restart."""
+    """Acceptance 2: the coordinator's DNS name is every worker's rendezvous endpoint; 8 GPUs and
+    32 EFA devices per pod; exit 93 fails the job without restart."""
     rendered = render_job(build_jobspec(resolve_config(), nodes=4, name="train"))
     job = rendered.job_document
     assert job["kind"] == "JobSet" and job["apiVersion"] == JOBSET.api_version
-    [replicated] = job["spec"]["replicatedJobs"]
+    replicated, coordinator = job["spec"]["replicatedJobs"]
     job_spec = replicated["template"]["spec"]
     assert (replicated["replicas"], job_spec["parallelism"], job_spec["completions"]) == (1, 4, 4)
     assert job_spec["completionMode"] == "Indexed"
     # One pod template serves all four pods, so all of them carry the same endpoint.
     argv = _launcher_argv(job_spec["template"])
-    assert argv[argv.index("--rdzv-endpoint") + 1] == "train-worker-0-0.train:29500"
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "train-coordinator-0-0.train:29500"
     assert argv[argv.index("--nnodes") + 1] == "4" and argv[argv.index("--nproc-per-node") + 1] == "8"
+    assert argv[-2:] == ["--store", "train-coordinator-0-0.train:29501"]
     assert job["spec"]["network"]["enableDNSHostnames"] is True
+    _assert_coordinator(job, coordinator, launcher_argv=argv)
 
     container = job_spec["template"]["spec"]["containers"][0]
     for section in ("requests", "limits"):
@@ -96,6 +122,12 @@ def test_pytorchjob_master_is_rendezvous_host_for_any_node_count(nodes):
         assert container["name"] == "pytorch"
         assert {"name": "pytorchjob-port", "containerPort": 29500, "protocol": "TCP"} in container["ports"]
     assert job["spec"]["runPolicy"]["backoffLimit"] == 3
+    # The coordinator is a sidecar of the master pod (an init container that keeps running), and of
+    # no worker pod: it serves the endpoint every launcher joins.
+    [sidecar] = specs["Master"]["template"]["spec"]["initContainers"]
+    assert sidecar["name"] == "coordinator" and sidecar["restartPolicy"] == "Always"
+    assert sidecar["args"][sidecar["args"].index("--rdzv-endpoint") + 1] == "llm-master-0:29500"
+    assert "initContainers" not in specs.get("Worker", {"template": {"spec": {}}})["template"]["spec"]
 
 
 def test_pytorchjob_entrypoint_keeps_93_and_makes_other_failures_retryable():
@@ -119,7 +151,7 @@ def test_command_is_the_trainers_launch_command():
         config_path=TRAIN_CONFIG_PATH,
         nnodes=2,
         nproc_per_node=8,
-        rdzv_endpoint="run1-worker-0-0.run1:29500",
+        rdzv_endpoint="run1-coordinator-0-0.run1:29500",
         rdzv_id="run1",
     )
     assert _launcher_argv(pod) == expected

@@ -219,7 +219,7 @@ SEEDED_MISTAKES: list[tuple[str, Callable[[list], None], str, str]] = [
     (
         "bad rendezvous host (an IP instead of pod 0's DNS name)",
         lambda d: _replace_in_script(
-            d, "--rdzv-endpoint train-worker-0-0.train:29500", "--rdzv-endpoint 10.0.3.7:29500"
+            d, "--rdzv-endpoint train-coordinator-0-0.train:29500", "--rdzv-endpoint 10.0.3.7:29500"
         ),
         "project",
         f"{CONTAINER}.args[2]",

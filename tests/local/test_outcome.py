@@ -50,14 +50,6 @@ def _report(run_dir: Path, code: int) -> str:
     return out.getvalue()
 
 
-def test_losing_node_0_is_reported_as_the_end_of_the_run(tmp_path):
-    _run_with_fault(tmp_path, "node-loss", 0)
-    text = _report(tmp_path, 137)
-    assert "launcher exit 137" in text
-    assert "not recovered: node 0 hosts the rendezvous and in-process stores" in text
-    assert "no restart needed" not in text
-
-
 def test_a_fault_no_restart_followed_in_a_failed_run_is_not_called_harmless(tmp_path):
     _run_with_fault(tmp_path, "exception", 1)
     assert "injected; no restart followed (the run ended with exit 1)" in _report(tmp_path, 1)

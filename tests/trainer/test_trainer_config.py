@@ -12,7 +12,7 @@ from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from tests.support.trainer_fixtures import REPO
 from workloads.config import TrainConfig
 from workloads.faults import parse_fault_spec
-from workloads.launch import build_ft_launcher_argv, build_preflight_argv, inprocess_store_port
+from workloads.launch import build_coordinator_argv, build_ft_launcher_argv, build_preflight_argv, inprocess_store_port
 
 
 def _error(overrides: list[str]) -> str:
@@ -158,7 +158,9 @@ def test_launcher_argv_is_accepted_by_ft_launchers_own_parser(monitor):
     assert args.rdzv_backend == "c10d" and args.rdzv_endpoint == "job-0.job:29500"
     assert args.max_restarts == cfg.fault_tolerance.max_restarts
     assert args.module and args.training_script == "workloads.train"
-    assert args.training_script_args == ["--config", "/etc/nvrx/train.yaml", "--store-port", "29501"]
+    assert args.training_script_args == ["--config", "/etc/nvrx/train.yaml", "--store", "job-0.job:29501"]
+    # Every launcher a client of the coordinator's rendezvous store: none hosts it.
+    assert args.rdzv_conf == "is_host=false"
     ft = FaultToleranceConfig.from_args(args)
     assert ft.max_no_progress_cycles == cfg.fault_tolerance.max_no_progress_cycles
     if monitor == "sections":
@@ -172,6 +174,23 @@ def test_store_port_follows_the_rendezvous_endpoint():
     assert inprocess_store_port("10.0.0.1:29500") == 29501
     with pytest.raises(ValueError):
         inprocess_store_port("no-port")
+
+
+def test_the_coordinator_serves_the_rendezvous_the_launchers_join():
+    from workloads.coordinator import main as coordinator_main  # noqa: F401 - importable without a GPU
+
+    argv = build_coordinator_argv(nnodes="2:3", rdzv_endpoint="job-coordinator:29500", rdzv_id="job")
+    assert argv[:3] == ["python", "-m", "workloads.coordinator"]
+    assert argv[3:] == ["--nnodes", "2:3", "--rdzv-endpoint", "job-coordinator:29500", "--rdzv-id", "job"]
+
+
+def test_a_rank_without_the_coordinators_store_is_refused_with_the_fix(tmp_path, monkeypatch):
+    from workloads.train import run
+
+    monkeypatch.setenv("RANK", "1")  # not rank 0: no run lease is taken
+    cfg = TrainConfig.from_dict({"run_dir": str(tmp_path)}, "x")
+    with pytest.raises(ConfigError, match="inprocess.enabled: .* needs --store HOST:PORT"):
+        run(cfg, None)
 
 
 def test_trainer_exits_93_without_traceback_on_config_errors(tmp_path):

@@ -31,6 +31,19 @@ def get(node, path: Sequence):
     return node
 
 
+def node_replicated_jobs(job: dict) -> list[tuple[int, dict]]:
+    """(index, replicated job) of a JobSet's replicated jobs that run on the GPU nodes: all but
+    the job's coordinator (nvrx_eks.facts.job_names), which has rules of its own."""
+    from nvrx_eks.facts.job_names import COORDINATOR_REPLICATED_JOB
+
+    rjs = get(job, ["spec", "replicatedJobs"])
+    return [
+        (i, rj)
+        for i, rj in enumerate(rjs if isinstance(rjs, list) else [])
+        if not (isinstance(rj, dict) and rj.get("name") == COORDINATOR_REPLICATED_JOB)
+    ]
+
+
 @dataclass
 class PodSite:
     """One pod template inside the job, with where it lives and what the job says about it."""

@@ -8,7 +8,7 @@ import re
 from nvrx_eks.facts import names as conventions
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts
 from nvrx_eks.jobs.spec import FSX_MOUNT_PATH, OFFLINE_PLACEHOLDER_IMAGE, TRAIN_CONFIG_DIR
-from nvrx_eks.jobs.validate.rules.base import MISSING, PodSite, RuleBase, get
+from nvrx_eks.jobs.validate.rules.base import MISSING, PodSite, RuleBase, get, node_replicated_jobs
 
 
 class PodRules(RuleBase):
@@ -17,8 +17,7 @@ class PodRules(RuleBase):
     def _pod_sites(self, job: dict, container_name: str | None) -> list[PodSite]:
         sites = []
         if job["kind"] == "JobSet":
-            rjs = get(job, ["spec", "replicatedJobs"])
-            for i, rj in enumerate(rjs if isinstance(rjs, list) else []):
+            for i, rj in node_replicated_jobs(job):
                 path = ["spec", "replicatedJobs", i, "template", "spec", "template"]
                 sites.append(self._site(job, path, container_name, str(get(rj, ["name"]))))
         else:

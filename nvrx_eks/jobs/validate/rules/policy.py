@@ -8,7 +8,7 @@ import re
 from nvrx_eks.facts import job_kinds
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from nvrx_eks.jobs.backstop import minimum_deadline_s
-from nvrx_eks.jobs.validate.rules.base import MISSING, PodSite, RuleBase, get
+from nvrx_eks.jobs.validate.rules.base import MISSING, PodSite, RuleBase, get, node_replicated_jobs
 from workloads.config import TrainConfig
 
 
@@ -17,17 +17,14 @@ class PolicyRules(RuleBase):
 
     def _node_count(self, job: dict, sites: list[PodSite]) -> int | None:
         if job["kind"] == "JobSet":
-            rjs = get(job, ["spec", "replicatedJobs"]) or []
             total = 0
-            for i, rj in enumerate(rjs):
+            for i, rj in node_replicated_jobs(job):
                 base = ["spec", "replicatedJobs", i]
                 replicas = get(rj, ["replicas"])
                 parallelism = get(rj, ["template", "spec", "parallelism"])
                 completions = get(rj, ["template", "spec", "completions"])
                 if replicas not in (1, MISSING):
-                    self.error(
-                        base + ["replicas"], "must be 1: one Indexed Job holds all nodes, pod 0 hosts the rendezvous"
-                    )
+                    self.error(base + ["replicas"], "must be 1: one Indexed Job holds all nodes")
                 if not isinstance(parallelism, int):
                     self.error(base + ["template", "spec", "parallelism"], "must be the node count (an integer)")
                     return None
@@ -92,9 +89,9 @@ class PolicyRules(RuleBase):
                         )
             if not isinstance(get(job, ["spec", "failurePolicy", "maxRestarts"]), int):
                 self.error(["spec", "failurePolicy", "maxRestarts"], "missing: other failures would never be restarted")
-            for i, rj in enumerate(get(job, ["spec", "replicatedJobs"]) or []):
+            for k, (i, rj) in enumerate(node_replicated_jobs(job)):
                 base = ["spec", "replicatedJobs", i, "template", "spec"]
-                site = sites[i] if i < len(sites) else None
+                site = sites[k] if k < len(sites) else None
                 container = site.container.get("name") if site and site.container else None
                 pfp = get(rj, ["template", "spec", "podFailurePolicy", "rules"])
                 has_rule = isinstance(pfp, list) and any(
