@@ -290,10 +290,10 @@ def run_local(
         for n, node_cfg in enumerate(configs):
             (run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")).write_text(node_cfg.to_yaml())
 
-        def commands(port: int) -> tuple[list[str], list[list[str]]]:
-            """(coordinator argv, one launcher argv per node) of a launch on rendezvous port `port`."""
-            rendezvous = {"rdzv_endpoint": f"127.0.0.1:{port}", "rdzv_id": f"local-{port}"}
-            launchers = [
+        def launcher_argvs(port: int) -> list[list[str]]:
+            """One launcher argv per node, for a launch on rendezvous port `port`."""
+            rendezvous = local_rendezvous(port)
+            return [
                 build_ft_launcher_argv(
                     node_cfg,
                     config_path=str(run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")),
@@ -304,7 +304,6 @@ def run_local(
                 )
                 for n, node_cfg in enumerate(configs)
             ]
-            return build_coordinator_argv(nnodes=nnodes, python=sys.executable, **rendezvous), launchers
 
         # A fresh attempt id per run: a do-not-requeue record left by an earlier run in a resumed
         # directory is not this run's.
@@ -355,8 +354,7 @@ def run_local(
                     env[JOBSET_ATTEMPT_ENV] = str(relaunch)
                     if fixed_port is None and not _port_pair_free(port):
                         port = free_port_pair()
-                coordinator_argv, argvs = commands(port)
-                coordinator, launchers = start_launch(coordinator_argv, argvs, env, run_dir, port, tracker)
+                coordinator, launchers = start_launch(nnodes, launcher_argvs(port), env, run_dir, port, tracker)
                 lost_infrastructure = False
                 try:
                     with console.status("starting") as status:
@@ -545,25 +543,42 @@ def _wait_for_listener(port: int, launcher: subprocess.Popen, timeout_s: float =
         time.sleep(0.1)
 
 
+def local_rendezvous(port: int) -> dict[str, str]:
+    """The rendezvous of a local launch on port `port`: its endpoint and id."""
+    return {"rdzv_endpoint": f"127.0.0.1:{port}", "rdzv_id": f"local-{port}"}
+
+
+def start_coordinator(
+    nnodes: int | str, port: int, env: dict[str, str], log: Any, rdzv_id: str | None = None
+) -> subprocess.Popen:
+    """The job's coordinator (workloads.coordinator) for `nnodes` launchers on 127.0.0.1:port
+    (rendezvous `rdzv_id`, default a local launch's), once it serves both stores; `log` is its
+    stdout (a file, or subprocess.DEVNULL)."""
+    rendezvous = local_rendezvous(port)
+    if rdzv_id is not None:
+        rendezvous["rdzv_id"] = rdzv_id
+    argv = build_coordinator_argv(nnodes=nnodes, python=sys.executable, **rendezvous)
+    coordinator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    _wait_for_listener(port, coordinator)
+    _wait_for_listener(inprocess_store_port_above(port), coordinator)
+    return coordinator
+
+
 def start_launch(
-    coordinator_argv: list[str],
+    nnodes: int | str,
     launcher_argvs: list[list[str]],
     env: dict[str, str],
     run_dir: Path,
     port: int,
     tracker: ProcessTracker,
 ) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
-    """The coordinator (workloads.coordinator), once it serves both stores, then one launcher per
-    simulated node (node 0 logs to launcher.log, node N to launcher-nodeN.log)."""
+    """The coordinator, then one launcher per simulated node (node 0 logs to launcher.log, node N
+    to launcher-nodeN.log)."""
     with open(run_dir / "coordinator.log", "ab") as log_file:
-        coordinator = subprocess.Popen(
-            coordinator_argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        coordinator = start_coordinator(nnodes, port, env, log_file)
     (run_dir / "pids").mkdir(exist_ok=True)
     (run_dir / "pids" / COORDINATOR_PIDFILE).write_text(str(coordinator.pid))
     tracker.sample(coordinator.pid)
-    _wait_for_listener(port, coordinator)
-    _wait_for_listener(inprocess_store_port_above(port), coordinator)
     launchers = []
     for n, argv in enumerate(launcher_argvs):
         with open(run_dir / ("launcher.log" if n == 0 else f"launcher-node{n}.log"), "ab") as log_file:

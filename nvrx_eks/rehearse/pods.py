@@ -46,10 +46,15 @@ class PodIdentity:
     attempt: int
     jobset_uid: str
     node: str
+    replicated_job: str = job_names.JOBSET_REPLICATED_JOB
 
     @property
     def hostname(self) -> str:
-        return job_names.jobset_pod_host(self.jobset, self.index)
+        return f"{self.jobset}-{self.replicated_job}-0-{self.index}"
+
+    @property
+    def address(self) -> str:
+        return pod_address(self.index, self.replicated_job)
 
     @property
     def pod_name(self) -> str:
@@ -59,7 +64,7 @@ class PodIdentity:
     def labels(self) -> dict[str, str]:
         return {
             "jobset.sigs.k8s.io/jobset-name": self.jobset,
-            "jobset.sigs.k8s.io/replicatedjob-name": job_names.JOBSET_REPLICATED_JOB,
+            "jobset.sigs.k8s.io/replicatedjob-name": self.replicated_job,
             "jobset.sigs.k8s.io/job-index": "0",
             job_kinds.JOBSET_RESTART_ATTEMPT_LABEL: str(self.attempt),
             "jobset.sigs.k8s.io/jobset-uid": self.jobset_uid,
@@ -67,10 +72,12 @@ class PodIdentity:
         }
 
 
-def pod_address(index: int) -> str:
+def pod_address(index: int, replicated_job: str = job_names.JOBSET_REPLICATED_JOB) -> str:
     """Pod `index`'s address: one of the host's loopback addresses (all of 127.0.0.0/8 is local),
-    a different one per pod, so that names resolve to the pod they name."""
-    return f"127.0.10.{index + 1}"
+    a different one per pod (the coordinator's in a block of its own), so that names resolve to
+    the pod they name."""
+    block = 11 if replicated_job == job_names.COORDINATOR_REPLICATED_JOB else 10
+    return f"127.0.{block}.{index + 1}"
 
 
 def expand(value: str, env: dict[str, str]) -> str:
@@ -160,6 +167,13 @@ def security_args(pod_spec: dict[str, Any], container: dict[str, Any]) -> list[s
     args += [arg for cap in caps.get("add") or [] for arg in ("--cap-add", cap)]
     if sc.get("allowPrivilegeEscalation") is False:
         args += ["--security-opt", "no-new-privileges"]
+    user = sc.get("runAsUser", (pod_spec.get("securityContext") or {}).get("runAsUser"))
+    if user is not None:
+        args += ["--user", str(user)]
+    if sc.get("runAsNonRoot") and not user:
+        # The kubelet refuses to start such a container unless the image names a non-root user;
+        # the rendered pods always state the user, so this is a rendering fault.
+        raise ValueError("runAsNonRoot without runAsUser is not rehearsed")
     profile = (sc.get("seccompProfile") or (pod_spec.get("securityContext") or {}).get("seccompProfile") or {}).get(
         "type"
     )
@@ -176,7 +190,7 @@ def create_argv(
     pod: PodIdentity,
     *,
     image: str,
-    hosts: list[str],
+    hosts: list[tuple[str, str]],
     dirs: NodeDirs,
     claim: str,
     run_label: str,
@@ -191,7 +205,7 @@ def create_argv(
     # The JobSet's DNS records, then the pod's own host name as the kubelet writes it into
     # /etc/hosts: the DNS name first, so that the host's fully qualified name (what torch elastic
     # tells the other nodes to reach) is that name.
-    entries = [*((host, pod_address(j)) for j, host in enumerate(hosts)), (pod.hostname, pod_address(pod.index))]
+    entries = [*hosts, (pod.hostname, pod.address)]
     argv += [arg for host, address in entries for arg in ("--add-host", f"{host}:{address}")]
     argv += ["--label", f"{REHEARSAL_LABEL}={run_label}"]
     argv += [arg for key, value in pod.labels.items() for arg in ("--label", f"{key}={value}")]

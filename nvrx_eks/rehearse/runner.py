@@ -5,9 +5,10 @@ the ranks per pod and a CPU-sized trainer config as render inputs; every pod the
 twin of the trainer image (nvrx_eks.rehearse.image) with only the substitutions of
 nvrx_eks.rehearse.pods. The controllers' part is emulated from the rendered JobSet
 (nvrx_eks.rehearse.jobset): a pod ending fails its Job or its index, a failed Job restarts the
-JobSet (every pod deleted, with its grace period, and recreated) or fails it. Pod 0 is started
-first and the others once its rendezvous port listens: on one host every pod's rendezvous name
-resolves to loopback, and the store must be pod 0's, as on the cluster.
+JobSet (every pod deleted, with its grace period, and recreated) or fails it. The coordinator's
+pod is started first and the others once its rendezvous port listens; its Job failing restarts
+the JobSet as the worker Job's does, and the JobSet's end deletes it (as the JobSet controller
+deletes a finished JobSet's active Jobs).
 
 Faults at pod level (besides the trainer's own, which go into its config):
     pod-kill@STEP:NODE  the pod's container is killed (SIGKILL): a lost node
@@ -43,7 +44,7 @@ from nvrx_eks.jobs.validate import validate_documents
 from nvrx_eks.local.outcome import print_report
 from nvrx_eks.local.runner import StopSignals, local_config
 from nvrx_eks.rehearse.image import build_twin
-from nvrx_eks.rehearse.jobset import JobState, jobset_action
+from nvrx_eks.rehearse.jobset import REASON_BACKOFF_LIMIT, JobState, jobset_action
 from nvrx_eks.rehearse.pods import NodeDirs, PodIdentity, create_argv
 from nvrx_eks.rehearse.runtime import REHEARSAL_LABEL, Podman
 from workloads import do_not_requeue
@@ -104,14 +105,46 @@ class Rehearsal:
             for v in self.pod_template["spec"]["volumes"]
             if "persistentVolumeClaim" in v
         )
-        self.hosts = [job_names.jobset_pod_dns_name(self.name, i) for i in range(self.pods)]
         self.container = self.pod_template["spec"]["containers"][0]["name"]
+        coordinators = [
+            rj for rj in jobset["spec"]["replicatedJobs"] if rj["name"] == job_names.COORDINATOR_REPLICATED_JOB
+        ]
+        self.coordinator_spec = coordinators[0]["template"]["spec"] if coordinators else None
+        # The JobSet's DNS records: every worker pod's, and the coordinator's.
+        self.hosts = [
+            (job_names.jobset_pod_dns_name(self.name, i), self.identity(i, 0).address) for i in range(self.pods)
+        ]
+        if self.coordinator_spec is not None:
+            coordinator = self.coordinator_identity(0)
+            self.hosts.append((f"{coordinator.hostname}.{self.name}", coordinator.address))
 
     def dirs(self, index: int) -> NodeDirs:
         return NodeDirs(self.root / "fsx", self.root / "nodes" / f"node-{index}", self.root / "configmaps")
 
     def identity(self, index: int, attempt: int) -> PodIdentity:
         return PodIdentity(self.name, index, attempt, self.uid, f"rehearsal-node-{index}")
+
+    def coordinator_identity(self, attempt: int) -> PodIdentity:
+        return PodIdentity(
+            self.name, 0, attempt, self.uid, "rehearsal-system-node", job_names.COORDINATOR_REPLICATED_JOB
+        )
+
+    def create_coordinator(self, attempt: int) -> str:
+        assert self.coordinator_spec is not None
+        template = self.coordinator_spec["template"]
+        pod = self.coordinator_identity(attempt)
+        argv = create_argv(
+            template,
+            template["spec"]["containers"][0]["name"],
+            pod,
+            image=self.image,
+            hosts=self.hosts,
+            dirs=NodeDirs(self.root / "fsx", self.root / "nodes" / "system", self.root / "configmaps"),
+            claim=self.claim,
+            run_label=self.label,
+        )
+        self.podman.run(argv)
+        return pod.pod_name
 
     def create(self, index: int, attempt: int) -> str:
         pod = self.identity(index, attempt)
@@ -128,18 +161,22 @@ class Rehearsal:
         self.podman.run(argv)
         return pod.pod_name
 
-    def start_attempt(self, attempt: int, port: int) -> list[str]:
+    def start_attempt(self, attempt: int, port: int) -> tuple[list[str], str | None]:
+        """(the worker pods, the coordinator's pod or None) of a new attempt, started."""
+        coordinator = self.create_coordinator(attempt) if self.coordinator_spec is not None else None
         names = [self.create(i, attempt) for i in range(self.pods)]
-        self.podman.run(["start", names[0]])
+        first = coordinator or names[0]
+        self.podman.run(["start", first])
         deadline = time.monotonic() + RENDEZVOUS_WAIT_S
-        while time.monotonic() < deadline and self.podman.exit_code(names[0]) is None:
+        while time.monotonic() < deadline and self.podman.exit_code(first) is None:
             with socket.socket() as probe:
                 if probe.connect_ex(("127.0.0.1", port)) == 0:
                     break
             time.sleep(0.2)
-        if names[1:]:
-            self.podman.run(["start", *names[1:]])
-        return names
+        rest = names if coordinator else names[1:]
+        if rest:
+            self.podman.run(["start", *rest])
+        return names, coordinator
 
     def delete(self, names: list[str]) -> None:
         """Delete pods as the kubelet does: SIGTERM, SIGKILL after the grace period; keep logs."""
@@ -271,11 +308,12 @@ def execute(prepared: Prepared) -> int:
     pending = list(prepared.pod_faults)
     job = JobState(run.job_spec)
     names: list[str] = []
+    coordinator: str | None = None
     stop = StopSignals()
     with stop:
         try:
             while True:
-                names = run.start_attempt(attempt, prepared.port)
+                names, coordinator = run.start_attempt(attempt, prepared.port)
                 job = JobState(run.job_spec)
                 running = dict(enumerate(names))
                 disrupted: set[int] = set()  # stopped as the cluster stops a pod it evicts
@@ -298,6 +336,12 @@ def execute(prepared: Prepared) -> int:
                         if fault.kind != "pod-kill":
                             disrupted.add(fault.node)
                         podman.popen([*verb, running[fault.node]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    coordinator_code = podman.exit_code(coordinator) if coordinator else None
+                    if coordinator_code is not None and action is None:
+                        # Its Job (backoffLimit 0) fails; no failure-policy rule targets it.
+                        console.print(f"rehearse: coordinator pod {coordinator} exited {coordinator_code}")
+                        code = coordinator_code
+                        action = jobset_action(run.jobset["spec"], REASON_BACKOFF_LIMIT, counted_restarts, "")
                     for index, name in list(running.items()):
                         exit_code = podman.exit_code(name)
                         if exit_code is None:
@@ -312,7 +356,8 @@ def execute(prepared: Prepared) -> int:
                             )
                         elif job.succeeded_job:
                             code, action = 0, "done"
-                run.delete(names)
+                run.delete([*names, *([coordinator] if coordinator else [])])
+                names = []
                 if action not in ("restart", "restart-uncounted"):
                     break
                 attempt += 1
@@ -324,7 +369,7 @@ def execute(prepared: Prepared) -> int:
             # their grace period, SIGKILL), so the ranks finish their in-flight checkpoint.
             with stop.ignoring_interrupts():
                 console.print("rehearse: stopping: deleting the pods")
-                run.delete(names)
+                run.delete([*names, *([coordinator] if coordinator else [])])
             code = 128 + (stop.received or signal.SIGINT)
         finally:
             leftovers = podman.remove_labelled(f"{REHEARSAL_LABEL}={run.label}")

@@ -85,12 +85,12 @@ def run_pod(
     port = int(rendered.spec.rendezvous_endpoint.rsplit(":", 1)[1])
     # The pods listen on the host's network (the rendezvous port): one run at a time.
     with exclusive_trainer_runs(tmp_path_factory):
-        names = rehearsal.start_attempt(0, port)
+        names, coordinator = rehearsal.start_attempt(0, port)
         try:
             waited = podman.run(["wait", names[0]], timeout=POD_TIMEOUT_S)
             logs = [podman.run(["logs", n], check=False) for n in names]
         finally:
-            podman.run(["rm", "-f", "-t", "0", *names], check=False)
+            podman.run(["rm", "-f", "-t", "0", *names, *([coordinator] if coordinator else [])], check=False)
     run_dir = root / "fsx" / Path(rendered.spec.train.run_dir).relative_to(FSX_MOUNT_PATH)
     return PodRun(int(waited.stdout.strip()), "".join(log.stdout + log.stderr for log in logs), run_dir)
 

@@ -194,7 +194,7 @@ def test_rank_finishes_its_last_checkpoint_when_the_pod_is_terminated(sandbox, a
     """The rendered entrypoint with the real ft_launcher (local rendezvous, one CPU rank): SIGTERM
     delivered as the image's tini does must leave ft_launcher's rank-monitor server up while the
     rank finishes. Signalling the whole group (`tini -g`) stops the server first."""
-    from tests.support.trainer_fixtures import port_pair
+    from tests.support.trainer_fixtures import coordinator_serving, port_pair
     from workloads.config import TrainConfig
     from workloads.launch import build_ft_launcher_argv
 
@@ -203,30 +203,32 @@ def test_rank_finishes_its_last_checkpoint_when_the_pod_is_terminated(sandbox, a
     cfg = TrainConfig.from_dict(
         {"run_dir": str(work / "run"), "fault_tolerance": {"monitor": "heartbeat"}}, source="test"
     )
+    port = port_pair()
     argv = build_ft_launcher_argv(
-        cfg, config_path="unused", nnodes=1, nproc_per_node=1, rdzv_endpoint=f"127.0.0.1:{port_pair()}",
+        cfg, config_path="unused", nnodes=1, nproc_per_node=1, rdzv_endpoint=f"127.0.0.1:{port}",
         launcher=str(Path(sys.executable).parent / "ft_launcher"),
     )  # fmt: skip
     argv = argv[: argv.index("-m")] + [str(work / "rank.py")]
     # The entrypoint's `ft_launcher ...` becomes the real launcher with this local command line.
     (work / "bin" / "ft_launcher").write_text(f"#!/bin/sh\nexec {shlex.join(argv)}\n")
-    process = subprocess.Popen(
-        ["/bin/sh", "-c", _entrypoint(api)],
-        env={**env, "PATH": f"{work / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
-        stdout=open(work / "launcher.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while not (work / "rank-started").exists():
-            assert process.poll() is None, (work / "launcher.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the rank did not start"
-            time.sleep(0.1)
-        time.sleep(1.0)  # a few heartbeats in
-        _deliver_sigterm_like_tini(process)
-        process.wait(timeout=120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+    with coordinator_serving(port):
+        process = subprocess.Popen(
+            ["/bin/sh", "-c", _entrypoint(api)],
+            env={**env, "PATH": f"{work / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+            stdout=open(work / "launcher.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while not (work / "rank-started").exists():
+                assert process.poll() is None, (work / "launcher.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the rank did not start"
+                time.sleep(0.1)
+            time.sleep(1.0)  # a few heartbeats in
+            _deliver_sigterm_like_tini(process)
+            process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
     result = (work / "rank-result").read_text() if (work / "rank-result").exists() else "(no result)"
     assert result == "finished", f"{result}\n{(work / 'launcher.log').read_text()[-3000:]}"
     assert process.returncode == 143, (work / "launcher.log").read_text()[-3000:]
@@ -309,12 +311,14 @@ def _finish(process: subprocess.Popen, timeout: float) -> int:
 @pytest.mark.xdist_group("trainer_runs")  # real launchers: not beside a trainer run or rehearsal
 @pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
 def test_a_rank_that_stops_the_job_makes_the_pod_exit_93_after_one_cycle(sandbox, api):
-    from tests.support.trainer_fixtures import port_pair
+    from tests.support.trainer_fixtures import coordinator_serving, port_pair
 
     work, env = sandbox
-    script, env = _real_launcher_sandbox(work, env, api, port=port_pair())
+    port = port_pair()
+    script, env = _real_launcher_sandbox(work, env, api, port=port)
     started = time.monotonic()
-    code = _finish(_run_logged(script, env, work / "log", STOP="0"), timeout=120)
+    with coordinator_serving(port):
+        code = _finish(_run_logged(script, env, work / "log", STOP="0"), timeout=120)
     log = (work / "log").read_text(errors="replace")
     assert code == 93, log[-3000:]
     assert time.monotonic() - started < 60, log[-3000:]
@@ -332,17 +336,19 @@ def test_a_failure_without_this_attempts_record_keeps_its_exit_status(sandbox, a
     """A rank that fails with 1: the launcher's status as before (JobSet: its own code;
     PyTorchJob: retryable 138). A record of another attempt, or of this attempt id but older
     than the pod (an earlier submission under the same name), changes nothing."""
-    from tests.support.trainer_fixtures import port_pair
+    from tests.support.trainer_fixtures import coordinator_serving, port_pair
     from workloads import do_not_requeue
 
     work, env = sandbox
-    script, env = _real_launcher_sandbox(work, env, api, port=port_pair())
+    port = port_pair()
+    script, env = _real_launcher_sandbox(work, env, api, port=port)
     if stale:
         do_not_requeue.write_record(work / "run", "uid-0-3", reason="an earlier attempt", rank=0)
         old = do_not_requeue.write_record(work / "run", env["NVRX_EKS_ATTEMPT_ID"], reason="earlier", rank=0)
         record = json.loads(old.read_text())
         old.write_text(json.dumps({**record, "time": record["time"] - 3600}))
-    code = _finish(_run_logged(script, env, work / "log", FAIL="1"), timeout=120)
+    with coordinator_serving(port):
+        code = _finish(_run_logged(script, env, work / "log", FAIL="1"), timeout=120)
     log = (work / "log").read_text(errors="replace")
     assert code == expected, log[-3000:]
     assert "do not requeue" not in log
@@ -354,18 +360,19 @@ def test_the_node_whose_rank_did_not_fail_exits_93_too(sandbox):
     """Two JobSet pods on one rendezvous (nnodes 2, one rank each): node 1's rank stops the job;
     node 0's launcher sees the closed rendezvous and exits 0 (as a standby node would); its
     entrypoint finds the record on the shared run dir and exits 93 as well."""
-    from tests.support.trainer_fixtures import port_pair
+    from tests.support.trainer_fixtures import coordinator_serving, port_pair
 
     work, env = sandbox
     port = port_pair()
     processes = []
-    for node in (0, 1):
-        script, node_env = _real_launcher_sandbox(work, env, "jobset", nnodes=2, node=node, port=port)
-        # Two launchers on one host: NVRx closes such a rendezvous unless told it is a simulation.
-        processes.append(
-            _run_logged(script, node_env, work / f"log-{node}", STOP="1", NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE="1")
-        )
-    codes = [_finish(p, timeout=120) for p in processes]
+    with coordinator_serving(port, nnodes=2):
+        for node in (0, 1):
+            script, node_env = _real_launcher_sandbox(work, env, "jobset", nnodes=2, node=node, port=port)
+            # Two launchers on one host: NVRx closes such a rendezvous unless told it is a simulation.
+            processes.append(
+                _run_logged(script, node_env, work / f"log-{node}", STOP="1", NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE="1")
+            )
+        codes = [_finish(p, timeout=120) for p in processes]
     logs = [(work / f"log-{node}").read_text(errors="replace") for node in (0, 1)]
     assert codes == [93, 93], "\n=====\n".join(log[-3000:] for log in logs)
     for log in logs:

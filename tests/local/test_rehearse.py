@@ -115,7 +115,7 @@ def test_the_pod_runs_with_its_own_args_env_security_context_and_mounts(tmp_path
         "trainer",
         pod,
         image="twin:1",
-        hosts=["a.train", "b.train"],
+        hosts=[("a.train", "127.0.10.1"), ("b.train", "127.0.10.2")],
         dirs=dirs,
         claim="fsx-lustre",
         run_label="r",

@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,24 @@ from rich.console import Console
 from tests.support import REPO_ROOT
 
 REPO = REPO_ROOT
+
+
+@contextlib.contextmanager
+def coordinator_serving(port: int, nnodes: int | str = 1, rdzv_id: str = "nvrx-eks") -> Iterator[None]:
+    """The job's coordinator (workloads.coordinator) on 127.0.0.1:port and port + 1, started as
+    `nvrx-eks local` starts it, for a test that runs ft_launcher itself (with
+    build_ft_launcher_argv's default rendezvous id)."""
+    from nvrx_eks.local.runner import start_coordinator, stop_coordinator
+
+    from workloads.launch import MULTI_LAUNCHER_ENV
+
+    # Several simulated nodes on this host: the coordinator's rendezvous loop must not close on them.
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), MULTI_LAUNCHER_ENV: "1"}
+    coordinator = start_coordinator(nnodes, port, env, subprocess.DEVNULL, rdzv_id=rdzv_id)
+    try:
+        yield
+    finally:
+        stop_coordinator(coordinator)
 
 
 def port_pair() -> int:
