@@ -34,7 +34,8 @@ Events and their own fields:
     checkpoint_stall      step, backend, stall_s (time the training loop was blocked by the save)
     checkpoint_write_end  step, write_s (hand-off to "written on every rank"), seen at the poll
     checkpoint_commit     step, path, commit_s (rank 0 only: commit marker + pointer written)
-    checkpoint_load       step, path, load_s
+    checkpoint_load       step, path, load_s (verifying and loading), build_s (of load_s: building
+                          the empty state DCP loads into), trusted_files
     checkpoint_fallback   path, reason (a committed checkpoint failed verification or loading)
     checkpoint_resharded  path, from_world, to_world (loaded onto another world size by DCP)
     global_batch_changed  from_tokens, to_tokens (the config's global batch differs from the
@@ -54,8 +55,10 @@ Events and their own fields:
     local_tier_disabled   reason (checkpoint.local.dir cannot be created: the iteration runs on
                           the FSx tier alone)
     local_restore         step, source ("local"|"replica"), from_rank, from_memory (the rank's
-                          host copy, no file read), fsx_step, load_s (the whole restore: choice,
-                          checks, exchange and copy into the state; compare checkpoint_load's)
+                          host copy, no file read), fsx_step, load_s (the whole restore from the
+                          ranks' agreement on what exists: checks, exchange, building the empty
+                          state and copying into it; compare checkpoint_load's), build_s (of
+                          load_s: building the empty state, the same work whichever tier loads)
     fault_injected        kind, step, target_rank[, damaged][, node (node-loss: the simulated node)]
     restart_begin         layer="inprocess", reason (emitted when NVRx finalizes the failed
                           iteration; the fault itself is usually a fault_injected line earlier)

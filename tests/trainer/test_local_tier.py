@@ -4,6 +4,7 @@ the own copy is damaged, FSx when no step is complete for every rank or FSx is n
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -14,15 +15,18 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.support.trainer_fixtures import port_pair
+from workloads.checkpoint import copy_format
 from workloads.checkpoint.local_tier import (
+    DATA_SUFFIX,
+    RECORD_SUFFIX,
     copies_in,
-    corrupt_newest_copy,
-    decode_copy,
-    encode_copy,
+    copy_paths,
+    copy_record,
+    drop_host_copy,
     fill_state,
-    read_copy,
+    open_copy,
     split_state,
-    write_copy,
+    write_own_copy,
 )
 from workloads.config import TrainConfig
 from workloads.faults import parse_fault_spec
@@ -50,9 +54,10 @@ def _blank(rank: int) -> dict:
 
 def test_split_then_fill_restores_every_leaf_without_pickle():
     tensors, meta = split_state(_state(1, 7.0))
-    data = encode_copy(tensors, meta)
-    # weights_only load: the copy holds tensors and one JSON string, nothing to unpickle.
-    tensors2, meta2 = decode_copy(data)
+    written = io.BytesIO()
+    copy_format.write(written, tensors, meta)
+    # The copy is a JSON header and raw tensor bytes: read back as views, nothing to unpickle.
+    tensors2, meta2 = copy_format.read(bytearray(written.getvalue()))
     restored = fill_state(_blank(1), tensors2, meta2)
     want = _state(1, 7.0)
     assert torch.equal(restored["model"]["w"], want["model"]["w"])
@@ -80,11 +85,14 @@ def _worker(rank: int, port: int, run_dir: str, plan: str, out: str) -> None:
     dist.barrier()
     fsx_step = {"fsx-newer": 8}.get(plan, -1)
     if plan == "corrupt-own" and rank == 1:
-        corrupt_newest_copy(root, 1)
+        tier.corrupt_newest()  # the corrupt-local fault: the host copy goes, the file is damaged
+    if plan == "new-process":
+        drop_host_copy()  # as after ft_launcher's restart: only the files are left
     if plan == "incomplete" and rank == 1:
-        # Rank 1's step-6 copy is gone on both nodes; step 4 is still complete.
+        # Rank 1's step-6 copy is gone on both nodes and from its memory; step 4 is still complete.
+        drop_host_copy()
         for node in (0, 1):
-            for suffix in (".json", ".pt"):
+            for suffix in (DATA_SUFFIX, RECORD_SUFFIX):
                 (Path(run_dir) / f"node{node}" / "step_00000006" / f"rank1{suffix}").unlink()
     dist.barrier()
     restored = tier.restore(lambda: _blank(rank), fsx_step)
@@ -114,12 +122,26 @@ def _run(tmp_path: Path, plan: str) -> tuple[dict, list[dict]]:
     return results, events
 
 
+def _restores(events: list[dict]) -> dict[int, dict]:
+    return {e["rank"]: e for e in events if e["event"] == "local_restore"}
+
+
 def test_each_node_holds_its_rank_and_the_other_nodes_replica_with_retention(tmp_path):
-    results, _ = _run(tmp_path, "own")
+    results, events = _run(tmp_path, "own")
     for rank in (0, 1):
         # keep=2: steps 4 and 6, the rank's own copy and the other node's replica.
         assert copies_in(tmp_path / f"node{rank}") == [(6, 1), (6, 0), (4, 1), (4, 0)]
         assert results[rank] == {"step": 6, "source": "local", "w": [6.0 + rank] * 4, "cursor": 48}
+        # The same process restores: from the host copy of its last save, no file read.
+        assert _restores(events)[rank]["from_memory"] is True
+
+
+def test_a_new_process_restores_the_same_state_from_its_files(tmp_path):
+    results, events = _run(tmp_path, "new-process")
+    for rank in (0, 1):
+        assert results[rank] == {"step": 6, "source": "local", "w": [6.0 + rank] * 4, "cursor": 48}
+        assert _restores(events)[rank]["from_memory"] is False
+    assert not [e for e in events if e["event"] == "local_copy_skipped"]
 
 
 def test_a_damaged_own_copy_is_replaced_by_the_replica_on_the_other_node(tmp_path):
@@ -130,8 +152,9 @@ def test_a_damaged_own_copy_is_replaced_by_the_replica_on_the_other_node(tmp_pat
     assert [(e["rank"], e["step"], e["origin_rank"], e["reason"]) for e in skipped] == [
         (1, 6, 1, "does not match its recorded SHA-256")
     ]
-    restore = [e for e in events if e["event"] == "local_restore" and e["rank"] == 1]
-    assert restore[0]["source"] == "replica" and restore[0]["from_rank"] == 0
+    restores = _restores(events)
+    assert restores[1]["source"] == "replica" and restores[1]["from_rank"] == 0
+    assert restores[1]["from_memory"] is False and restores[0]["from_memory"] is True
 
 
 def test_the_newest_step_complete_for_every_rank_wins_and_newer_partial_steps_go(tmp_path):
@@ -154,12 +177,80 @@ def test_corrupt_local_needs_the_local_tier():
     TrainConfig.from_dict({"steps": 10, "faults": "corrupt-local@5:1", "checkpoint": {"local": {"interval_steps": 2}}})
 
 
-def test_read_copy_names_an_incomplete_copy_and_one_of_another_run(tmp_path):
+def test_copy_record_names_an_incomplete_copy_one_of_another_run_and_a_torch_save_one(tmp_path):
     identity = {"world_size": 2, "preset": "tiny"}
-    assert read_copy(tmp_path, 2, 0, "run-a", identity) == (None, "incomplete (no record)")
-    write_copy(tmp_path, 2, 0, b"x", "run-a", identity)
-    assert read_copy(tmp_path, 2, 0, "run-a", identity) == (bytearray(b"x"), None)
-    assert read_copy(tmp_path, 2, 0, "run-b", identity) == (
+    assert copy_record(tmp_path, 2, 0, "run-a", identity) == (None, "incomplete (no record)")
+    write_own_copy(tmp_path, 2, 0, {"w": torch.ones(3)}, {"step": 2}, "run-a", identity)
+    record, reason = copy_record(tmp_path, 2, 0, "run-a", identity)
+    assert reason is None and record is not None and record["format"] == "flat-1"
+    assert copy_record(tmp_path, 2, 0, "run-b", identity) == (
         None,
         "written by another run (run-a), not this one (run-b)",
     )
+    data, record_path = copy_paths(tmp_path, 2, 0)
+    record_path.write_text(json.dumps({k: v for k, v in record.items() if k != "format"}))
+    assert copy_record(tmp_path, 2, 0, "run-a", identity) == (
+        None,
+        "written in another format (torch.save), this run reads flat-1",
+    )
+    record_path.write_text(json.dumps(record))
+    data.write_bytes(data.read_bytes()[:-1])
+    assert copy_record(tmp_path, 2, 0, "run-a", identity) == (
+        None,
+        f"has {record['bytes'] - 1} bytes, its record says {record['bytes']}",
+    )
+
+
+def test_open_copy_refuses_a_damaged_copy_by_its_sha256_and_reads_a_sound_one_as_views(tmp_path):
+    identity = {"world_size": 1, "preset": "tiny"}
+    path, sha256 = write_own_copy(tmp_path, 4, 0, {"w": torch.arange(6.0)}, {"step": 4}, "run", identity)
+    record, _ = copy_record(tmp_path, 4, 0, "run", identity)
+    assert record is not None and record["sha256"] == sha256
+    data, reason = open_copy(path, record, hashed=True)
+    assert reason is None and data is not None
+    tensors, meta = copy_format.read(data)
+    assert torch.equal(tensors["w"], torch.arange(6.0)) and meta == {"step": 4}
+    raw = bytearray(path.read_bytes())
+    raw[-4:] = b"\xde\xad\xbe\xef"  # inside w's bytes; the size stays
+    path.write_bytes(raw)
+    assert open_copy(path, record, hashed=True) == (None, "does not match its recorded SHA-256")
+
+
+def _copy_bytes(tensors: dict, meta: dict) -> bytearray:
+    written = io.BytesIO()
+    copy_format.write(written, tensors, meta)
+    return bytearray(written.getvalue())
+
+
+def test_the_copy_format_round_trips_every_dtype_and_refuses_crafted_headers():
+    tensors = {
+        "f32": torch.randn(3, 4),
+        "bf16": torch.ones(5, dtype=torch.bfloat16),
+        "i64": torch.arange(7),
+        "bool": torch.tensor([True, False]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+    }
+    read, meta = copy_format.read(_copy_bytes(tensors, {"loss": 1.5}))
+    assert meta == {"loss": 1.5}
+    for key, tensor in tensors.items():
+        assert read[key].dtype == tensor.dtype and torch.equal(read[key], tensor), key
+    sound = _copy_bytes({"w": torch.ones(4)}, {})
+    prefix = len(copy_format.MAGIC) + 8
+
+    def crafted(entries: list) -> bytearray:
+        header = json.dumps({"tensors": entries, "meta": {}}).encode()
+        return bytearray(copy_format.MAGIC + len(header).to_bytes(8, "little") + header) + sound[prefix:]
+
+    refusals = {
+        "not a copy": bytearray(b"PK\x03\x04" + bytes(60)),
+        "header past the end": bytearray(copy_format.MAGIC + (1 << 40).to_bytes(8, "little")),
+        "not a dtype": crafted([["w", "system", [4], 64, 16]]),
+        "beyond the data": crafted([["w", "float32", [4], 1 << 20, 16]]),
+        "size against shape": crafted([["w", "float32", [400], 64, 16]]),
+        "unaligned": crafted([["w", "float32", [4], 65, 16]]),
+    }
+    for name, data in refusals.items():
+        with pytest.raises(copy_format.MalformedCopy):
+            copy_format.read(data)
+            pytest.fail(name)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from nvrx_eks.facts.errors import ConfigError
 from workloads.checkpoint.errors import CheckpointIncompatible
-from workloads.checkpoint.local_tier import LocalTier, step_dir
+from workloads.checkpoint.local_tier import LocalTier, drop_host_copy, step_dir
 from workloads.config import TrainConfig
 from workloads.events import EventLog, load_run
 
@@ -72,6 +72,7 @@ def test_a_copy_of_another_identity_ends_the_run_with_the_setting_named(single_r
 def test_a_copy_that_records_no_identity_is_skipped_and_the_same_run_restores(single_rank, tmp_path):
     _saved(tmp_path, tmp_path / "local", 4)
     assert _tier(tmp_path, tmp_path / "local").restore(lambda: _state(0.0), fsx_step=-1).step == 4
+    drop_host_copy()  # as in a new process: the files are all there is
     record_path = step_dir(tmp_path / "local", 4) / "rank0.json"
     record = json.loads(record_path.read_text())
     del record["identity"]  # as written before copies carried one

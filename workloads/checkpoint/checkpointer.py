@@ -180,7 +180,7 @@ class Checkpointer:
         local, local_every = self.local_tier, self.cfg.checkpoint.local.interval_steps
         if local is not None and local_every is not None and step % local_every == 0:
             with self.ft.section("checkpointing"):
-                local.save(step, self.state_dict())
+                local.save(step, self.state_dict(), ping=self.ping)
 
     def poll_in_flight(self) -> None:
         """Before a step: commit the save in flight if every rank finished writing it."""
@@ -195,7 +195,7 @@ class Checkpointer:
                 self.save(step, self.state_dict())
             self.close()
             if self.local_tier is not None:
-                self.local_tier.wait()
+                self.local_tier.wait(ping=self.ping)
 
     def restore(self) -> int | None:
         """Load the newest state complete for every rank into the stateful objects; returns its
@@ -494,9 +494,12 @@ class Checkpointer:
             failed = torch.tensor([0 if reason is None else 1], device=self.device)
             dist.all_reduce(failed, op=dist.ReduceOp.MAX)
             state: dict[str, Any] | None = None
+            build_s = 0.0  # of load_s: the empty state to load into, the same work for either tier
             planner = TensorsOnlyLoadPlanner(self._optional_keys())
             if not int(failed.item()):
+                building = time.monotonic()
                 state = build_state()
+                build_s = time.monotonic() - building
                 try:
                     dcp.load(
                         state,
@@ -541,6 +544,7 @@ class Checkpointer:
                 step=manifest["step"],
                 path=str(path),
                 load_s=time.monotonic() - started,
+                build_s=build_s,
                 trusted_files=self._trusted_files,
             )
             return LoadResult(step=manifest["step"], path=path, state=state)

@@ -1,26 +1,41 @@
 """The node-local checkpoint tier: each rank's own shards, saved every checkpoint.local.interval_steps
-to node-local storage and replicated to a rank on another node; the FSx tier
+to host memory and node-local storage and replicated to a rank on another node; the FSx tier
 (workloads.checkpoint) stays the durable one at its longer interval.
 
 Save: the rank's local shards (FSDP2 DTensors' `to_local()`, never the DTensors) and every other
 tensor of the state are copied to CPU on the training thread, into the buffers of the previous
 save once its writer is done (the copy floor: the optimizer may change them as soon as the save
-returns); a writer thread then serializes them, writes the copy
-under `<root>/step_<N>/rank<R>.pt` (+ `rank<R>.json`, written last, carrying size, SHA-256 and
-the run's identity: a copy without it is incomplete) and exchanges copies with the peers over its own gloo group: rank
+returns). Those buffers are the host-memory copy: the newest save, kept for the life of the
+process, across in-process restarts. A writer thread then streams them to
+`<root>/step_<N>/rank<R>.bin` (workloads.checkpoint.copy_format: a JSON header and the tensors'
+raw bytes) while hashing them, writes `rank<R>.json` last (size, SHA-256 and the run's identity: a
+copy without it is incomplete), and exchanges copies with the peers over its own gloo group: rank
 R sends to R + nproc_per_node and receives from R - nproc_per_node, i.e. always to another node.
-Non-tensor state (step, scheduler, data position, optimizer hyper-parameters) travels as JSON inside
-the copy; copies are read back with `torch.load(weights_only=True)`, so nothing is unpickled.
+The SHA-256 travels with the bytes, so the holder's record vouches for what the origin wrote, not
+for what arrived. Nothing in a copy is unpickled: its header is JSON and its tensors are views.
 
-Restore (collective): every rank reports the copies whose SHA-256 verifies in its root (its own
-and those it holds for a peer; a damaged or incomplete copy is reported in the event log with the
-reason), the reports are gathered, and every rank picks the same step: the newest one for which
-every rank's copy exists somewhere, and only if it is not older than the newest committed FSx
-checkpoint. A rank whose own copy is missing or damaged gets it from the rank holding the replica.
-Otherwise the caller falls back to FSx, with a warning (event `local_tier_skipped`) saying why.
-A copy of this run whose identity (world size, model.preset, distributed.shard, ranks per node)
-differs from this run's ends the run as FSx's commit records do (CheckpointIncompatible, exit 93):
-the copy cannot fill this run's tensors, and restarting would meet it again.
+Restore (collective): every rank lists the copies whose records fit this run (its own and those it
+holds for a peer; a copy that does not fit is reported in the event log with the reason), the
+lists are gathered, and every rank picks the same step: the newest one for which every rank's copy
+exists somewhere, and only if it is not older than the newest committed FSx checkpoint. Only then
+are the chosen step's copies checked, where they are needed: each rank its own, and when one fails
+the ranks holding its replica theirs; a copy that fails is skipped with the reason and the choice is
+made again without it. A rank whose own copy is missing or damaged gets it from the rank holding
+the replica. Otherwise the caller falls back to FSx, with a warning (event `local_tier_skipped`)
+saying why. A copy of this run whose identity (world size, model.preset, distributed.shard, ranks
+per node) differs from this run's ends the run as FSx's commit records do (CheckpointIncompatible,
+exit 93): the copy cannot fill this run's tensors, and restarting would meet it again.
+
+Where a rank's own copy is read from, fastest first (the restore is on every restart's critical
+path, and a tier slower to read than the file system it backs is no tier):
+- host memory, after an in-process restart: the save's buffers, copied into the model; no disk,
+  no hash (they never left this process: as trusted as the model they are copied into);
+- its file (a new process after ft_launcher's restart, or no host copy): memory-mapped and hashed
+  against its record before a byte is used, one pass over the page cache, then viewed, not
+  decoded. File metadata is not trusted here as the FSx tier trusts its own commits: the
+  `corrupt-local` fault damages a copy within milliseconds of its write, inside one tick of the
+  file times, and the host copy already covers the restarts that trust would speed up.
+A peer's replica is always hashed by the rank holding it before it is sent.
 
 The tier is a cache: when its root cannot be created (read-only, not permitted, full), it is off
 for the iteration, with one `local_tier_disabled` event and log line naming checkpoint.local.dir,
@@ -35,12 +50,13 @@ exchange here is a plain gloo send/recv of the copy's bytes, the same on CPU and
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
+import mmap
 import os
 import re
 import shutil
+import struct
 import threading
 import time
 import uuid
@@ -54,6 +70,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from nvrx_eks.facts.checkpoint_layout import LAYOUT_FIELDS, atomic_write, incompatibility, local_copy_identity
+from workloads.checkpoint import copy_format
 from workloads.checkpoint.errors import CheckpointIncompatible
 from workloads.config import TrainConfig
 from workloads.events import EventLog
@@ -66,8 +83,14 @@ log = logging.getLogger(__name__)
 #: directory); a copy from another run is never restored.
 RUN_ID_FILE = "local-tier-run-id"
 
+#: A copy's data and its record, in `step_<N>/`: rank<R>.bin, rank<R>.json.
+DATA_SUFFIX, RECORD_SUFFIX = ".bin", ".json"
+#: Recorded in every copy's record: copies of another format (torch.save ones, before this one)
+#: are skipped, and the FSx checkpoint loads instead.
+COPY_FORMAT = "flat-1"
+
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
-_COPY = re.compile(r"^rank(\d+)\.json$")
+_COPY = re.compile(rf"^rank(\d+){re.escape(RECORD_SUFFIX)}$")
 
 #: The fix for a node-local copy of another identity when the operator means to start over.
 _START_OVER = "point checkpoint.dir and checkpoint.local.dir at empty directories to start a new run"
@@ -75,12 +98,43 @@ _START_OVER = "point checkpoint.dir and checkpoint.local.dir at empty directorie
 #: Nice value of the writer thread (0-19; higher yields more CPU to the training thread).
 WRITER_NICENESS = 10
 
-#: A copy's bytes: read from a file (bytearray), serialized (memoryview) or received from a peer.
-Buffer = bytes | bytearray | memoryview
+#: A copy's bytes: a memory map of its file, or what a peer sent.
+Buffer = bytearray | memoryview | mmap.mmap
+
+#: How often a wait for the writer reports progress to the in-process watchdog.
+_PING_EVERY_S = 0.05
+
+
+def _no_ping() -> None:
+    return None
+
 
 # The writer thread of the previous in-process iteration, if any: a new iteration waits for it
 # before reading the root, so the copy it was finishing counts.
 _previous_writer: threading.Thread | None = None
+
+
+@dataclass
+class HostCopy:
+    """The newest save, in host memory: the staging buffers it was copied into, and whose it is.
+    Outlives the in-process iteration that saved it (a module global), not the process."""
+
+    step: int
+    rank: int
+    run: str
+    identity: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+
+
+_host_copy: HostCopy | None = None
+
+
+def drop_host_copy() -> None:
+    """Forget the host-memory copy: the next restore reads the node-local files, as a new process
+    would."""
+    global _host_copy
+    _host_copy = None
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -152,19 +206,6 @@ def fill_state(
     return tuple(value) if isinstance(template, tuple) else value
 
 
-def encode_copy(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> memoryview:
-    """The copy's bytes, as a view of the serializer's own buffer: at hundreds of MB per rank and
-    save, every extra copy is CPU time the training step does not get."""
-    buf = io.BytesIO()
-    torch.save({"tensors": tensors, "meta": json.dumps(meta)}, buf)
-    return buf.getbuffer()
-
-
-def decode_copy(data: Buffer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    loaded = torch.load(io.BytesIO(data), weights_only=True)
-    return loaded["tensors"], json.loads(loaded["meta"])
-
-
 def run_id(run_dir: Path) -> str:
     """This run's identity, created on first use (collective: rank 0 decides, all ranks learn)."""
     ident: list[str | None] = [None]
@@ -180,42 +221,80 @@ def run_id(run_dir: Path) -> str:
     return run
 
 
-def write_copy(root: Path, step: int, rank: int, data: Buffer, run: str, identity: dict[str, Any]) -> Path:
-    """Write one rank's copy of `step` under `root`: the data, then its record (size, SHA-256,
-    run and identity), each atomically, so a copy interrupted half way has no record and is
-    never read."""
+def copy_paths(root: Path, step: int, rank: int) -> tuple[Path, Path]:
+    """(data, record) of rank `rank`'s copy of `step` under `root`."""
     directory = step_dir(root, step)
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"rank{rank}.pt"
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, target)
+    return directory / f"rank{rank}{DATA_SUFFIX}", directory / f"rank{rank}{RECORD_SUFFIX}"
+
+
+def _write_record(
+    root: Path, step: int, rank: int, nbytes: int, sha256: str, run: str, identity: dict[str, Any]
+) -> None:
+    """The record, written atomically after the data: a copy interrupted half way has none and is
+    never read."""
     atomic_write(
-        directory / f"rank{rank}.json",
+        copy_paths(root, step, rank)[1],
         json.dumps(
             {
                 "step": step,
                 "rank": rank,
                 "run": run,
                 "identity": identity,
-                "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
+                "format": COPY_FORMAT,
+                "bytes": nbytes,
+                "sha256": sha256,
             }
         ),
     )
-    return target
 
 
-def read_copy(
+def _temporary(target: Path) -> Path:
+    return target.with_name(f".{target.name}.tmp-{os.getpid()}")
+
+
+def write_own_copy(
+    root: Path,
+    step: int,
+    rank: int,
+    tensors: dict[str, torch.Tensor],
+    meta: dict[str, Any],
+    run: str,
+    identity: dict[str, Any],
+) -> tuple[Path, str]:
+    """Write this rank's copy of `step` under `root`, hashed as it is written; returns (its data
+    file, SHA-256)."""
+    target, _ = copy_paths(root, step, rank)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(target)
+    with open(tmp, "wb") as f:
+        nbytes, sha256 = copy_format.write(f, tensors, meta)
+    os.replace(tmp, target)
+    _write_record(root, step, rank, nbytes, sha256, run, identity)
+    return target, sha256
+
+
+def write_replica(
+    root: Path, step: int, rank: int, data: Buffer, sha256: str, run: str, identity: dict[str, Any]
+) -> None:
+    """Write the copy of rank `rank` a peer sent, under the SHA-256 the peer computed as it wrote
+    its own: what arrived is checked against what was written when the replica is used."""
+    target, _ = copy_paths(root, step, rank)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(target)
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, target)
+    _write_record(root, step, rank, len(data), sha256, run, identity)
+
+
+def copy_record(
     root: Path, step: int, rank: int, run: str, identity: dict[str, Any]
-) -> tuple[bytearray | None, str | None]:
-    """(data, None) when the copy is complete and verifies, else (None, reason). A copy of this
-    run of another model raises CheckpointIncompatible: skipping it would only move the mismatch
-    to FSx, or to a fresh start over the run's checkpoints. A copy of another layout (LAYOUT_FIELDS)
-    is skipped: the FSx checkpoint is resharded onto this run's."""
-    directory = step_dir(root, step)
-    record_path = directory / f"rank{rank}.json"
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(record, None) when the copy is complete and fits this run, else (None, reason); reads no
+    data. A copy of this run of another model raises CheckpointIncompatible: skipping it would
+    only move the mismatch to FSx, or to a fresh start over the run's checkpoints. A copy of another
+    layout (LAYOUT_FIELDS) is skipped: the FSx checkpoint is resharded onto this run's."""
+    data_path, record_path = copy_paths(root, step, rank)
     try:
         record = json.loads(record_path.read_text())
     except FileNotFoundError:
@@ -234,16 +313,29 @@ def read_copy(
     if layout:
         # Another layout (a resume on another world size): the FSx checkpoint is resharded instead.
         return None, f"laid out for {layout}, this run for { {key: identity.get(key) for key in layout} }"
+    if record.get("format") != COPY_FORMAT:
+        return None, f"written in another format ({record.get('format', 'torch.save')}), this run reads {COPY_FORMAT}"
     try:
-        with open(directory / f"rank{rank}.pt", "rb") as f:
-            # Read into a writable buffer: sent to a peer as is, without another copy.
-            data = bytearray(os.fstat(f.fileno()).st_size)
-            f.readinto(data)
+        size = data_path.stat().st_size
     except OSError as err:
+        return None, f"unreadable: {err}"
+    if size != record.get("bytes"):
+        return None, f"has {size} bytes, its record says {record.get('bytes')}"
+    return record, None
+
+
+def open_copy(path: Path, record: dict[str, Any], *, hashed: bool) -> tuple[mmap.mmap | None, str | None]:
+    """(the copy's bytes, None), memory-mapped, or (None, reason). `hashed`: check the SHA-256
+    against the record first. The mapping is private: views of it may be written (torch.frombuffer
+    needs writable memory) without touching the file."""
+    try:
+        with open(path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError) as err:  # ValueError: an empty file cannot be mapped
         return None, f"unreadable: {err}"
     if len(data) != record.get("bytes"):
         return None, f"has {len(data)} bytes, its record says {record.get('bytes')}"
-    if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+    if hashed and hashlib.sha256(data).hexdigest() != record.get("sha256"):
         return None, "does not match its recorded SHA-256"
     return data, None
 
@@ -270,8 +362,7 @@ def corrupt_newest_copy(root: Path, rank: int) -> str | None:
     steps = [s for s, r in copies_in(root) if r == rank]
     if not steps:
         return None
-    target = step_dir(root, steps[0]) / f"rank{rank}.pt"
-    return damage_in_place(target)
+    return damage_in_place(copy_paths(root, steps[0], rank)[0])
 
 
 @dataclass
@@ -281,17 +372,25 @@ class LocalRestore:
     source: str  # "local" (own copy) or "replica" (received from the rank that held it)
 
 
-def _exchange(group: Any, send_to: int | None, payload: Buffer | None, recv_from: int | None) -> memoryview | None:
-    """Send `payload` to one rank and receive one from another, without ordering deadlocks:
-    sizes first, then the bytes, all as non-blocking pairs."""
+#: What precedes a copy on the wire: its size and the SHA-256 its origin recorded.
+_WIRE_HEADER = struct.Struct("<Q32s")
+
+
+def _exchange(
+    group: Any, send_to: int | None, payload: Buffer | None, recv_from: int | None, sha256: str | None = None
+) -> tuple[memoryview | None, str | None]:
+    """Send `payload` (with its SHA-256, when given) to one rank and receive one from another,
+    without ordering deadlocks: sizes and digests first, then the bytes, all as non-blocking pairs.
+    Returns what was received: (bytes, SHA-256 hex), or (None, None)."""
     # isend/irecv return None only on a rank outside the group; every rank here is in it.
     works: list[Any] = []
-    size_in = torch.zeros(1, dtype=torch.int64)
+    header_in = torch.zeros(_WIRE_HEADER.size, dtype=torch.uint8)
     if send_to is not None:
         assert payload is not None
-        works.append(dist.isend(torch.tensor([len(payload)], dtype=torch.int64), send_to, group=group))
+        header = _WIRE_HEADER.pack(len(payload), bytes.fromhex(sha256) if sha256 else b"")
+        works.append(dist.isend(torch.frombuffer(bytearray(header), dtype=torch.uint8), send_to, group=group))
     if recv_from is not None:
-        works.append(dist.irecv(size_in, recv_from, group=group))
+        works.append(dist.irecv(header_in, recv_from, group=group))
     for w in works:
         w.wait()
     works = []
@@ -300,11 +399,14 @@ def _exchange(group: Any, send_to: int | None, payload: Buffer | None, recv_from
         assert payload is not None
         works.append(dist.isend(torch.frombuffer(payload, dtype=torch.uint8), send_to, group=group))
     if recv_from is not None:
-        data_in = torch.empty(int(size_in.item()), dtype=torch.uint8)
+        size, digest = _WIRE_HEADER.unpack(header_in.numpy().tobytes())
+        data_in = torch.empty(size, dtype=torch.uint8)
         works.append(dist.irecv(data_in, recv_from, group=group))
     for w in works:
         w.wait()
-    return data_in.numpy().data if data_in is not None else None
+    if data_in is None:
+        return None, None
+    return data_in.numpy().data, digest.hex()
 
 
 class LocalTier:
@@ -327,13 +429,17 @@ class LocalTier:
         # the step's collectives on the default group.
         self._group = dist.new_group(backend="gloo")
         self._writer: threading.Thread | None = None
-        self._staging: dict[str, torch.Tensor] = {}
         self._error: BaseException | None = None
         self.last_saved_step = -1
         global _previous_writer
+        stuck = False
         if _previous_writer is not None:
             _previous_writer.join(timeout=cfg.resolved_pg_timeout_s("gloo"))
-            _previous_writer = None
+            stuck, _previous_writer = _previous_writer.is_alive(), None
+        # The host copy's buffers take the next save (no allocation, no page faults), whoever's
+        # they were (split_state allocates wherever a shape or dtype differs); not while a writer
+        # that outlived its timeout may still read them.
+        self._staging: dict[str, torch.Tensor] = _host_copy.tensors if _host_copy is not None and not stuck else {}
         #: Why the tier is off for this iteration (None: on). Every rank agrees: a step needs
         #: every rank's copy, so one rank without a root leaves the others' copies useless.
         self.disabled = self._agree_on(self._root_problem())
@@ -363,16 +469,28 @@ class LocalTier:
 
     # -- saving ----------------------------------------------------------------------------------
 
-    def save(self, step: int, state: dict[str, Any]) -> float:
-        """Copy the rank's share of `state` and hand it to the writer thread; returns the stall."""
-        global _previous_writer
+    def save(self, step: int, state: dict[str, Any], ping: Callable[[], None] = _no_ping) -> float:
+        """Copy the rank's share of `state` and hand it to the writer thread; returns the stall.
+        `ping`: progress for the in-process watchdog while a busy writer is waited for."""
+        global _previous_writer, _host_copy
         if self.disabled is not None:
             return 0.0
         started = time.monotonic()
-        self.wait()  # one save in flight: a writer still busy shows up as stall
-        # The previous copy's buffers are free again (its writer finished): copy into them.
+        self.wait(ping)  # one save in flight: a writer still busy shows up as stall
+        # The previous copy's buffers are free again (its writer finished): copy into them. Until
+        # the copy is whole they hold no step, so a restart in between reads the files instead.
+        _host_copy = None
         tensors, meta = split_state(state, self._staging)
         self._staging = tensors
+        try:
+            # Through JSON, as the file's header: a restore from memory sets the same values as
+            # one from the file, and later changes to the live objects do not reach the copy.
+            meta = json.loads(json.dumps(meta))
+        except (TypeError, ValueError) as err:
+            self._error = err  # reported at once by wait(): no save of this state can be written
+            self.wait()
+            return time.monotonic() - started
+        _host_copy = HostCopy(step, self.rank, self.run, self.identity, tensors, meta)
         stall = time.monotonic() - started
         nbytes = sum(t.nbytes for t in tensors.values())
         self.events.emit("local_save", step=step, stall_s=stall, bytes=nbytes)
@@ -385,38 +503,45 @@ class LocalTier:
 
     def _write_and_replicate(self, step: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         # Below the training thread's priority (Linux: the nice value of this thread alone): on
-        # cores the step needs, serializing, hashing and writing the copy waits.
+        # cores the step needs, writing and hashing the copy waits.
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
         except OSError:
             pass
         try:
             started = time.monotonic()
-            data = encode_copy(tensors, meta)
-            write_copy(self.root, step, self.rank, data, self.run, self.identity)
+            path, sha256 = write_own_copy(self.root, step, self.rank, tensors, meta, self.run, self.identity)
             written = time.monotonic()
-            replica = None
+            nbytes = path.stat().st_size
             if self.peer is not None and self.source is not None:  # both or neither
-                replica = _exchange(self._group, self.peer, data, self.source)
-                assert replica is not None
-                write_copy(self.root, step, self.source, replica, self.run, self.identity)
+                # The file just written, from the page cache: no serialized copy in memory.
+                own, reason = open_copy(path, {"bytes": nbytes}, hashed=False)
+                if own is None:
+                    raise OSError(f"{path}: {reason}")
+                replica, replica_sha256 = _exchange(self._group, self.peer, own, self.source, sha256)
+                assert replica is not None and replica_sha256 is not None
+                write_replica(self.root, step, self.source, replica, replica_sha256, self.run, self.identity)
             self._retain()
             self.events.emit(
                 "local_saved",
                 step=step,
                 write_s=written - started,
                 replicate_s=time.monotonic() - written,
-                bytes=len(data),
+                bytes=nbytes,
                 replica_of=self.source,
             )
         except BaseException as err:  # noqa: BLE001 - reported by wait(); the thread must end
             self._error = err
 
-    def wait(self) -> None:
-        """Wait for the writer thread. A failed local save is logged, not raised: the tier is a
-        shortcut, the FSx tier still holds the run."""
+    def wait(self, ping: Callable[[], None] = _no_ping) -> None:
+        """Wait for the writer thread, calling `ping` meanwhile: under load a writer takes seconds
+        (200 MB written, sent and received at nice 10), longer than the in-process soft timeout
+        allows a rank to go without progress. A failed local save is logged, not raised: the tier
+        is a shortcut, the FSx tier still holds the run."""
         if self._writer is not None:
-            self._writer.join()
+            while self._writer.is_alive():
+                self._writer.join(timeout=_PING_EVERY_S)
+                ping()
             self._writer = None
         if self._error is not None:
             log.warning("local checkpoint save failed: %s: %s", type(self._error).__name__, self._error)
@@ -435,20 +560,138 @@ class LocalTier:
     def _drop(self, step: int) -> None:
         directory = step_dir(self.root, step)
         for r in self._mine():
-            for suffix in (".json", ".pt"):
-                (directory / f"rank{r}{suffix}").unlink(missing_ok=True)
+            data, record = copy_paths(self.root, step, r)
+            record.unlink(missing_ok=True)
+            data.unlink(missing_ok=True)
+            # What a writer killed half way left (this process's own writer is done by now).
+            for partial in directory.glob(f".{data.name}.tmp-*"):
+                partial.unlink(missing_ok=True)
         with_contents = directory.is_dir() and any(directory.iterdir())
         if directory.is_dir() and not with_contents:
             shutil.rmtree(directory, ignore_errors=True)
 
     def corrupt_newest(self) -> str | None:
-        """The `corrupt-local` fault's target: this rank's newest own copy, finished first."""
+        """The `corrupt-local` fault's target: this rank's newest own copy, finished first. The
+        host-memory copy is dropped with it: the fault is there to show that the restore refuses a
+        damaged copy and takes the replica, and an in-process restart would otherwise restore
+        from memory without reading the damaged file (as a new process would read it)."""
         if self.disabled is not None:
             return None
         self.wait()
+        drop_host_copy()
         return corrupt_newest_copy(self.root, self.rank)
 
     # -- restoring -------------------------------------------------------------------------------
+
+    def _own_host_copy(self) -> HostCopy | None:
+        """The host-memory copy when it is this rank's, of this run and identity (a restart with
+        spare nodes may give this process another rank)."""
+        host = _host_copy
+        if host is None or (host.rank, host.run, host.identity) != (self.rank, self.run, self.identity):
+            return None
+        return host
+
+    def _skipped(self, step: int, origin: int, reason: str) -> None:
+        log.warning("local checkpoint: skipping rank %d's copy of step %d in %s: %s", origin, step, self.root, reason)
+        self.events.emit("local_copy_skipped", step=step, origin_rank=origin, own=origin == self.rank, reason=reason)
+
+    def _candidates(self, host: HostCopy | None) -> tuple[dict[tuple[int, int], dict[str, Any] | None], str | None]:
+        """The copies this rank could provide, by (step, origin): their records (None: the host
+        copy), read without touching any data; and the refusal of a copy of another identity."""
+        candidates: dict[tuple[int, int], dict[str, Any] | None] = {}
+        incompatible: str | None = None
+        for step, origin in copies_in(self.root):
+            if origin not in self._mine():
+                continue
+            try:
+                record, reason = copy_record(self.root, step, origin, self.run, self.identity)
+            except CheckpointIncompatible as err:
+                incompatible = incompatible or str(err)
+                continue
+            if record is None:
+                self._skipped(step, origin, reason or "")
+                continue
+            candidates[(step, origin)] = record
+        if host is not None:
+            candidates[(host.step, self.rank)] = None
+        return candidates, incompatible
+
+    def _check(
+        self,
+        step: int,
+        origin: int,
+        candidates: dict[tuple[int, int], dict[str, Any] | None],
+        opened: dict[int, Buffer],
+    ) -> bool:
+        """Check this rank's copy of (step, origin) against its SHA-256 before it is used, keeping
+        its bytes in `opened`. The host copy needs neither: it never left this process."""
+        record = candidates[(step, origin)]
+        if record is None:
+            return True
+        data, reason = open_copy(copy_paths(self.root, step, origin)[0], record, hashed=True)
+        if data is None:
+            self._skipped(step, origin, reason or "")
+            return False
+        opened[origin] = data
+        return True
+
+    def _sources(
+        self,
+        step: int,
+        holders: dict[tuple[int, int], list[int]],
+        candidates: dict[tuple[int, int], dict[str, Any] | None],
+        in_memory: list[int | None],
+        opened: dict[int, Buffer],
+    ) -> dict[int, int] | None:
+        """Collective. Which rank provides each rank's copy of `step`: the rank itself when its own
+        copy checks out, else the lowest rank whose replica does. Copies that fail are taken out
+        of `holders`; None when some rank's copy is left nowhere (choose again). `in_memory`: the
+        step of each rank's host copy; when every rank holds `step` there, nothing is read or
+        exchanged (the restart after an in-process fault)."""
+        own_ok: list[bool | None] = [True] * self.world
+        if any(held != step for held in in_memory):
+            mine = self._check(step, self.rank, candidates, opened) if (step, self.rank) in candidates else None
+            dist.all_gather_object(own_ok, mine)
+        needed = [r for r in range(self.world) if not own_ok[r]]
+        for r in range(self.world):
+            if own_ok[r] is False:
+                holders[(step, r)].remove(r)
+        replicas_ok: list[dict[int, bool]] = [{} for _ in range(self.world)]
+        if needed:
+            checked = {
+                r: self._check(step, r, candidates, opened)
+                for r in needed
+                if r != self.rank and (step, r) in candidates
+            }
+            dist.all_gather_object(replicas_ok, checked)
+            for holder, results in enumerate(replicas_ok):
+                for r, ok in results.items():
+                    if not ok:
+                        holders[(step, r)].remove(holder)
+        sources: dict[int, int] = {}
+        for r in range(self.world):
+            if own_ok[r]:
+                sources[r] = r
+                continue
+            verified = [holder for holder, results in enumerate(replicas_ok) if results.get(r)]
+            if not verified:
+                return None
+            sources[r] = min(verified)
+        return sources
+
+    def _choose(self, holders: dict[tuple[int, int], list[int]], fsx_step: int) -> tuple[int | None, str]:
+        """The newest step every rank's copy is held for, if not older than `fsx_step`; else
+        (None, why)."""
+        held = {key for key, ranks in holders.items() if ranks}
+        complete = sorted({s for s, _ in held if all((s, r) in held for r in range(self.world))}, reverse=True)
+        if complete and complete[0] >= fsx_step:
+            return complete[0], ""
+        newest = max((s for s, _ in held), default=None)
+        if newest is None:
+            return None, "no local copies"
+        if complete:
+            return None, f"newest complete local step {complete[0]} is older than FSx step {fsx_step}"
+        return None, f"newest local step {newest} lacks some rank's copy and no older step is complete"
 
     def restore(self, build_state: Callable[[], dict[str, Any]], fsx_step: int) -> LocalRestore | None:
         """Collective. The newest step every rank's copy is available for, if not older than
@@ -457,29 +700,21 @@ class LocalTier:
         with another identity."""
         if self.disabled is not None:
             return None
-        verified: dict[tuple[int, int], Buffer] = {}
-        incompatible: str | None = None
-        for step, origin in copies_in(self.root):
-            if origin not in self._mine():
-                continue
-            try:
-                copy, reason = read_copy(self.root, step, origin, self.run, self.identity)
-            except CheckpointIncompatible as err:
-                incompatible = incompatible or str(err)
-                continue
-            if copy is None:
-                log.warning(
-                    "local checkpoint: skipping rank %d's copy of step %d in %s: %s", origin, step, self.root, reason
-                )
-                self.events.emit(
-                    "local_copy_skipped", step=step, origin_rank=origin, own=origin == self.rank, reason=reason
-                )
-                continue
-            verified[(step, origin)] = copy
+        host = self._own_host_copy()
+        candidates, incompatible = self._candidates(host)
         reports: list[Any] = [None] * self.world
         dist.all_gather_object(
-            reports, {"copies": sorted(verified), "fsx_step": fsx_step, "incompatible": incompatible}
+            reports,
+            {
+                "copies": sorted(candidates),
+                "in_memory": host.step if host is not None else None,
+                "fsx_step": fsx_step,
+                "incompatible": incompatible,
+            },
         )
+        # Timed from here, where the ranks agree on what exists, as checkpoint_load is timed from
+        # the broadcast of the committed checkpoints: before it, a rank waits for the slowest.
+        started = time.monotonic()
         refusals = [report["incompatible"] for report in reports if report["incompatible"]]
         if refusals:
             raise CheckpointIncompatible(refusals[0])
@@ -488,46 +723,52 @@ class LocalTier:
         for holder, report in enumerate(reports):
             for step, origin in report["copies"]:
                 holders.setdefault((step, origin), []).append(holder)
-        complete = sorted({s for s, _ in holders if all((s, r) in holders for r in range(self.world))}, reverse=True)
-        chosen = complete[0] if complete and complete[0] >= fsx_step else None
-        if chosen is None:
-            newest = max((s for s, _ in holders), default=None)
-            reason = (
-                "no local copies"
-                if newest is None
-                else f"no step has every rank's copy newer than FSx step {fsx_step}"
-                if complete
-                else f"newest local step {newest} lacks some rank's copy and no older step is complete"
-            )
-            if complete and complete[0] < fsx_step:
-                reason = f"newest complete local step {complete[0]} is older than FSx step {fsx_step}"
-            if self.rank == 0:
-                log.warning("local checkpoint tier skipped: %s; loading from FSx", reason)
-            self.events.emit("local_tier_skipped", reason=reason, fsx_step=fsx_step)
-            return None
-        started = time.monotonic()
-        # Each rank's copy comes from the rank itself when it verified, else from the lowest
-        # rank holding a verified replica.
-        source_of = {r: (r if r in holders[(chosen, r)] else min(holders[(chosen, r)])) for r in range(self.world)}
-        data: Buffer | None = verified.get((chosen, self.rank)) if source_of[self.rank] == self.rank else None
-        for origin, holder in source_of.items():
+        # Choose, then check what the choice needs; a copy that fails is out and the choice is
+        # made again (each round removes a holder, so this ends).
+        opened: dict[int, Buffer] = {}
+        while True:
+            chosen, reason = self._choose(holders, fsx_step)
+            if chosen is None:
+                if self.rank == 0:
+                    log.warning("local checkpoint tier skipped: %s; loading from FSx", reason)
+                self.events.emit("local_tier_skipped", reason=reason, fsx_step=fsx_step)
+                drop_host_copy()  # not the state the run goes on from
+                return None
+            opened.clear()
+            sources = self._sources(chosen, holders, candidates, [r["in_memory"] for r in reports], opened)
+            if sources is not None:
+                break
+        data: Buffer | None = opened.get(self.rank) if sources[self.rank] == self.rank else None
+        for origin, holder in sources.items():
             if holder == origin:
                 continue
             if self.rank == holder:
-                _exchange(self._group, origin, verified[(chosen, origin)], None)
+                _exchange(self._group, origin, opened[origin], None)
             elif self.rank == origin:
-                data = _exchange(self._group, None, None, holder)
-        assert data is not None  # its own verified copy, or the replica just received
-        tensors, meta = decode_copy(data)
-        state = fill_state(build_state(), tensors, meta)
-        via = "local" if source_of[self.rank] == self.rank else "replica"
+                data, _ = _exchange(self._group, None, None, holder)
+        from_memory = sources[self.rank] == self.rank and candidates[(chosen, self.rank)] is None
+        if from_memory:
+            assert host is not None  # the candidate without a record is the host copy
+            tensors, meta = host.tensors, host.meta
+        else:
+            assert data is not None  # its own checked copy, or the replica just received
+            tensors, meta = copy_format.read(data)
+        building = time.monotonic()
+        template = build_state()  # of load_s: the same work for either tier (build_s)
+        build_s = time.monotonic() - building
+        state = fill_state(template, tensors, meta)
+        if not from_memory or host is None or host.step != chosen:
+            drop_host_copy()
+        via = "local" if sources[self.rank] == self.rank else "replica"
         self.events.emit(
             "local_restore",
             step=chosen,
             source=via,
-            from_rank=source_of[self.rank],
+            from_rank=sources[self.rank],
+            from_memory=from_memory,
             fsx_step=fsx_step,
             load_s=time.monotonic() - started,
+            build_s=build_s,
         )
         # Copies newer than the chosen step belong to a timeline this restore abandons.
         for step in sorted({s for s, r in copies_in(self.root) if s > chosen and r in self._mine()}):
