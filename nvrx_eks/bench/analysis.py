@@ -23,6 +23,14 @@ noticed (NVRx `restart_begin`, in-process path) or new processes started (`run_s
 not seen before the fault: ft_launcher restart or a relaunch of the whole job), when every rank
 was ready to train again (`setup_end`), and the first step completed after that.
 
+Restores (P5): per restore (an in-process iteration or new processes that loaded a state), where
+it came from (every rank's `local_restore`: the node-local tier; `checkpoint_load`: FSx), its
+duration (`load_s` of the slowest rank: the restore is collective, the job waits for the last
+rank), the part of it that reads the tier (`load_s - build_s`: without building the empty state
+that is loaded into, the same work whichever tier fills it; the optimizer's state is initialized
+there) and the whole setup of that iteration (`setup_end`), which also holds the process group,
+the model and, for the local tier, waiting for the previous iteration's writer.
+
 Goodput (P4) is `workloads.goodput`'s split, read through `workloads.events.summarize`: productive
 step time (each step's last execution) over wall time from the first `run_start`, the same
 numbers `nvrx-eks report` and the trainer's summary.json print.
@@ -287,3 +295,43 @@ def goodput(run: RunEvents, rank: int = 0) -> Goodput:
         lost_steps=split.lost_steps,
         saves=split.saves,
     )
+
+
+# ----- P5: restores ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Restore:
+    source: str  # "local" (the node-local tier: host memory, own file or a replica) or "fsx"
+    step: int
+    load_s: float  # the slowest rank's
+    read_s: float | None  # the slowest rank's load_s - build_s (None: an event without build_s)
+    from_memory: bool  # every rank from its host copy (the local tier only)
+    setup_s: float | None  # the iteration's setup, slowest rank
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def restores(run: RunEvents) -> list[Restore]:
+    """Every restore of the run, in order: one per (cycle, iteration) that loaded a state."""
+    loads: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for event in run.of("local_restore", "checkpoint_load"):
+        loads.setdefault((event["cycle"], event["iteration"]), []).append(event)
+    setups: dict[tuple[int, int], list[float]] = {}
+    for event in run.of("setup_end"):
+        setups.setdefault((event["cycle"], event["iteration"]), []).append(event["setup_s"])
+    found = []
+    for key, events in sorted(loads.items()):
+        local = all(e["event"] == "local_restore" for e in events)
+        found.append(
+            Restore(
+                source="local" if local else "fsx",
+                step=events[0]["step"],
+                load_s=max(e["load_s"] for e in events),
+                read_s=max(e["load_s"] - e["build_s"] for e in events) if all("build_s" in e for e in events) else None,
+                from_memory=local and all(e.get("from_memory", False) for e in events),
+                setup_s=max(setups[key]) if key in setups else None,
+            )
+        )
+    return found

@@ -20,7 +20,8 @@ P4  a seeded schedule of exception/hang/sigkill over the same steps: the layered
     (sync checkpoints, in-process restart off, every fault ends the job and it is relaunched).
 P5  checkpoint tiers: two simulated nodes, the same FSx interval and the same exception / hang /
     sigkill schedule, with the node-local tier (replicated to the other node) and without it;
-    plus the copy floor, against which the local tier's stall per save is measured.
+    plus the copy floor, against which the local tier's stall per save is measured, and every
+    restore's duration by where it came from (the node-local tier on one side, FSx on the other).
 P6  hot spares: 2 active simulated nodes of one rank, the same `sigkill` of node 1 recovered by
     (a) a spare node in process (3 nodes, 1 spare), (b) ft_launcher restarting every node's
     workers, (c) a full relaunch; and `node-loss` of node 1 (launcher and ranks) recovered by (a)
@@ -41,11 +42,13 @@ from typing import Any
 
 from nvrx_eks.bench.analysis import (
     CheckpointCost,
+    Restore,
     checkpoint_cost,
     fault_recoveries,
     goodput,
     median,
     recovery_medians,
+    restores,
     summarize_backends,
 )
 from nvrx_eks.bench.launcher import BenchRunFailed, Launcher
@@ -202,6 +205,24 @@ def run_p4(launcher: Launcher, settings: BenchSettings) -> dict:
     return result
 
 
+def _restore_medians(found: list[Restore]) -> dict[str, Any]:
+    """Each restore, and per source ("local", "fsx") the median restore, its reading part and the
+    restarted iteration's setup."""
+    return {
+        "restores": [r.as_dict() for r in found],
+        "restore_s": {src: median([r.load_s for r in found if r.source == src]) for src in ("local", "fsx")},
+        "restore_read_s": {
+            src: median([r.read_s for r in found if r.source == src and r.read_s is not None])
+            for src in ("local", "fsx")
+        },
+        "restore_setup_s": {
+            src: median([r.setup_s for r in found if r.source == src and r.setup_s is not None])
+            for src in ("local", "fsx")
+        },
+        "from_memory": sum(r.from_memory for r in found),
+    }
+
+
 def run_p5(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict]) -> dict:
     """The same faults with and without the node-local tier: `nproc` ranks as that many simulated
     nodes of one rank each, so every replica crosses a node."""
@@ -243,6 +264,7 @@ def run_p5(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict
                 src: len([e for e in run.of("local_restore") if e["source"] == src]) for src in ("local", "replica")
             },
             "fsx_loads": len(run.of("checkpoint_load")),
+            **_restore_medians(restores(run)),
         }
         launcher.drop_checkpoints(run_dir)
         shutil.rmtree(run_dir / "local-node0", ignore_errors=True)
@@ -250,6 +272,7 @@ def run_p5(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict
     launcher.progress("P5 checkpoint tiers: one in-memory copy of a rank's shard")
     copy = floor()
     stall = sides["tiers"]["local_stall_s"]
+    local_read, fsx_read = sides["tiers"]["restore_read_s"]["local"], sides["fsx_only"]["restore_read_s"]["fsx"]
     return {
         "preset": settings.preset,
         "batch_size": settings.batch_size,
@@ -261,6 +284,9 @@ def run_p5(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict
         **sides,
         "floor": copy,
         "local_stall_floor_ratio": stall / copy["copy_s"] if stall and copy["copy_s"] else None,
+        # The same run's restores side by side, the local tier's against FSx's, by what differs
+        # between them: reading the tier (building the empty state is the same on both sides).
+        "restore_read_ratio": fsx_read / local_read if fsx_read and local_read else None,
         "bit_identical": sides["tiers"]["state_sha256"] == sides["fsx_only"]["state_sha256"],
     }
 

@@ -118,22 +118,15 @@ def print_result(result: dict[str, Any], console: Console) -> None:
         )
     if "p5" in result:
         p5 = result["p5"]
+        sides = (("tiers", "local + FSx", "local"), ("fsx_only", "FSx only", "fsx"))
         table = _table(
             f"P5 checkpoint tiers: {p5['steps']} steps of the {p5['preset']} preset on {p5['nodes']} "
             f"simulated nodes, FSx every {p5['fsx_interval']} steps, faults {p5['schedule']}",
-            [
-                "config",
-                "goodput",
-                "wall",
-                "replayed steps",
-                "first step after fault",
-                "local stall/save",
-                "restores: own / replica / FSx",
-            ],
+            ["config", "goodput", "wall", "replayed steps", "first step after fault", "restores"],
             caption=f"local tier every {p5['local_interval']} steps, replicated to the other node; "
-            f"copy floor {format_ms(p5['floor']['copy_s'])} per save",
+            "restores = by rank: own copy / replica / FSx",
         )
-        for name, label in (("tiers", "local + FSx"), ("fsx_only", "FSx only")):
+        for name, label, _ in sides:
             g = p5[name]
             restores = g["local_restores"]
             table.add_row(
@@ -142,8 +135,28 @@ def print_result(result: dict[str, Any], console: Console) -> None:
                 _s(g["wall_s"]),
                 str(g["lost_steps"]),
                 _s(g["medians"]["first_step_s"]),
-                format_ms(g["local_stall_s"]),
                 f"{restores['local']} / {restores['replica']} / {g['fsx_loads']}",
+            )
+        console.print(table)
+        table = _table(
+            f"P5 restores and saves, medians: the local tier's restores ({p5['tiers']['from_memory']} "
+            "from host memory) against FSx's",
+            ["config", "restores", "read", "restore", "setup", "stall/save", "/floor"],
+            caption="restore = the slowest rank's load of the state, read = its part reading the tier "
+            "(restore less building the empty state, the same on both sides); setup = the restarted "
+            f"iteration's whole setup; stall/save = the local tier's copy, floor {format_ms(p5['floor']['copy_s'])}",
+        )
+        for name, label, source in sides:
+            g = p5[name]
+            floor_ratio = p5["local_stall_floor_ratio"] if name == "tiers" else None
+            table.add_row(
+                label,
+                str(len([r for r in g["restores"] if r["source"] == source])),
+                format_ms(g["restore_read_s"][source]),
+                format_ms(g["restore_s"][source]),
+                _s(g["restore_setup_s"][source]),
+                format_ms(g["local_stall_s"]),
+                f"{floor_ratio:.2f}x" if floor_ratio else "-",
             )
         console.print(table)
     if "p6" in result:

@@ -15,8 +15,10 @@ from nvrx_eks.bench.analysis import (
     fault_recoveries,
     goodput,
     recovery_medians,
+    restores,
     summarize_backends,
 )
+from nvrx_eks.bench.checks import acceptance_checks
 from nvrx_eks.bench.schedules import seeded_schedule, spaced_schedule
 from tests.support.cli_process import cli_process
 from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair, processes_mentioning
@@ -146,6 +148,71 @@ def test_a_fault_nobody_recovered_from_is_an_incomplete_run():
     log.at(1.0, 0, "fault_injected", kind="sigkill", step=3, target_rank=0)
     with pytest.raises(IncompleteRun, match="not every rank was ready"):
         fault_recoveries(log.run())
+
+
+def test_restores_are_timed_by_their_slowest_rank_and_sorted_by_source():
+    log = Log()
+    for rank in (0, 1):  # a fresh start: nothing restored
+        log.at(1.0, rank, "setup_end", resumed_from_step=0, setup_s=3.0)
+    # In process, rank 1 from its file; rank 0 spent longer building the empty state.
+    for rank, load_s, build_s in ((0, 0.25, 0.22), (1, 0.2, 0.1)):
+        log.at(10.0, rank, "local_restore", iteration=1, step=4, source="local", from_memory=rank == 0,
+               load_s=load_s, build_s=build_s)  # fmt: skip
+        log.at(10.5, rank, "setup_end", iteration=1, resumed_from_step=4, setup_s=1.0 + rank)
+    for rank in (0, 1):  # new processes, from FSx
+        log.at(20.0, rank, "checkpoint_load", pid=200, cycle=1, step=2, path="x", load_s=0.9, build_s=0.5)
+        log.at(21.0, rank, "setup_end", pid=200, cycle=1, resumed_from_step=2, setup_s=4.0)
+    for rank in (0, 1):  # an event log written before build_s was recorded
+        log.at(30.0, rank, "checkpoint_load", pid=300, cycle=2, step=2, path="x", load_s=0.7)
+    local, fsx, older = restores(log.run())
+    assert (local.source, local.step, local.from_memory) == ("local", 4, False)
+    assert local.load_s == pytest.approx(0.25) and local.setup_s == pytest.approx(2.0)
+    assert local.read_s == pytest.approx(0.1)  # the slowest rank at reading: rank 1
+    assert (fsx.source, fsx.step, fsx.load_s, fsx.setup_s) == ("fsx", 2, 0.9, 4.0)
+    assert fsx.read_s == pytest.approx(0.4)
+    assert (older.load_s, older.read_s, older.setup_s) == (0.7, None, None)
+
+
+def _p5(local_read_s: float, fsx_read_s: float, stall_s: float) -> dict:
+    side = {"lost_steps": 1, "goodput": 0.5, "state_sha256": "ab" * 32}
+    return {
+        "p5": {
+            "fsx_interval": 10,
+            "floor": {"copy_s": 0.1},
+            "tiers": {
+                **side,
+                "local_stall_s": stall_s,
+                "restore_s": {"local": local_read_s + 0.2, "fsx": None},
+                "restore_read_s": {"local": local_read_s, "fsx": None},
+            },
+            "fsx_only": {
+                **side,
+                "local_stall_s": None,
+                "restore_s": {"local": None, "fsx": fsx_read_s + 0.2},
+                "restore_read_s": {"local": None, "fsx": fsx_read_s},
+            },
+            "local_stall_floor_ratio": stall_s / 0.1,
+            "restore_read_ratio": fsx_read_s / local_read_s,
+            "bit_identical": True,
+        },
+        "processes": {"alive_after": [], "killed_after_exit": []},
+    }
+
+
+@pytest.mark.parametrize(
+    ("local_s", "fsx_s", "stall_s", "restore_ok", "stall_ok"),
+    [(0.1, 0.25, 0.14, True, True), (0.2, 0.3, 0.16, False, False)],
+)
+def test_p5_accepts_reads_2x_faster_than_fsx_and_stalls_within_1_5x_the_floor(
+    local_s, fsx_s, stall_s, restore_ok, stall_ok
+):
+    checks = {c["condition"]: c for c in acceptance_checks(_p5(local_s, fsx_s, stall_s))}
+    restore = checks["P5: restores read the local tier at least 2x faster than FSx"]
+    assert restore["ok"] is restore_ok and restore["measured"].startswith(f"median {local_s * 1000:.0f} ms vs")
+    assert restore["measured"].endswith(
+        f"whole restore {(local_s + 0.2) * 1000:.0f} ms vs {(fsx_s + 0.2) * 1000:.0f} ms"
+    )
+    assert checks["P5: local-tier stall per save within 1.5x the copy floor"]["ok"] is stall_ok
 
 
 def test_goodput_splits_the_wall_time():
