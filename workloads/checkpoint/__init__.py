@@ -34,7 +34,8 @@ new save first waits for the previous commit.
 
 Modules: checkpointer (the Checkpointer: save policy, commit, load), writers (one class per
 backend), nvrx_worker (the NVRx worker process across in-process restarts), train_state (the
-training progress and RNG as stateful objects), local_tier (the node-local tier), files (file
+training progress and RNG as stateful objects), local_tier (the node-local tier), copy_format
+(the node-local copies' file format), files (file
 digests and the commit-time trust), digest (the state's SHA-256), errors (what a save or a load
 can fail with).
 """
