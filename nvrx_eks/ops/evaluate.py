@@ -16,14 +16,14 @@ import torch
 
 from nvrx_eks.facts import checkpoint_layout as layout
 from nvrx_eks.facts.errors import ConfigError
-from nvrx_eks.ops.hf_export import (
+from nvrx_eks.ops.checkpoint_read import (
     RUN_CONFIG_FILE,
-    _committed_step,
-    _find_run,
-    _model_tensors,
-    _OneMetadataReader,
-    _read_tensor,
-    _verified_commit,
+    OneMetadataReader,
+    committed_step,
+    find_run,
+    model_tensors,
+    read_tensor,
+    verified_commit,
 )
 from workloads.config import TrainConfig
 from workloads.evaluation import HeldOutShare
@@ -41,7 +41,7 @@ class Evaluation:
 
 
 def evaluate_checkpoint(run: Path, *, step: int | None = None, train_config: Path | None = None) -> Evaluation:
-    found = _find_run(run)
+    found = find_run(run)
     if train_config is not None:
         cfg = TrainConfig.from_yaml(train_config)
     elif found.config is not None:
@@ -50,20 +50,20 @@ def evaluate_checkpoint(run: Path, *, step: int | None = None, train_config: Pat
         raise ConfigError(
             f"RUN: no {RUN_CONFIG_FILE} in {run} to say what data and model the run used; give --train-config"
         )
-    path = _committed_step(found.checkpoint_dir, step)
-    manifest = _verified_commit(path)
+    path = committed_step(found.checkpoint_dir, step)
+    manifest = verified_commit(path)
     if manifest.get("preset") != cfg.model.preset:
         raise ConfigError(
             f"RUN: {path / layout.COMMIT_FILE} is a checkpoint of preset {manifest.get('preset')!r}, the config "
             f"says {cfg.model.preset!r}; give the run's own --train-config"
         )
     shape = cfg.model.shape
-    reader = _OneMetadataReader(str(path))
-    dtypes = _model_tensors(reader.read_metadata(), shape, cfg.model.preset, path)
+    reader = OneMetadataReader(str(path))
+    dtypes = model_tensors(reader.read_metadata(), shape, cfg.model.preset, path)
     model = Transformer(shape, cfg.model.rope_scaling_settings)
     # Initialization computes the RoPE tables; every parameter is then replaced by the checkpoint's.
     model.init_weights(cfg.seed, torch.device("cpu"))
-    tensors = {name: _read_tensor(reader, name, size, dtypes[name]) for name, size in parameter_shapes(shape).items()}
+    tensors = {name: read_tensor(reader, name, size, dtypes[name]) for name, size in parameter_shapes(shape).items()}
     model.load_state_dict(tensors)
     share = HeldOutShare(cfg, rank=0, world=1)
     loss = share.mean_loss(model, torch.device("cpu"), ping=lambda: None)

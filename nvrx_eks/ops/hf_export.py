@@ -7,10 +7,9 @@ time, each read from the rank shards holding its pieces (a DCP load of that one 
 to Hugging Face's layout (workloads.hf_format). Memory is bounded by the largest tensor (a few
 copies of it: the read pieces, the assembled tensor, its converted form), not by the model.
 
-The checkpoint is untrusted input (FSx is writable by every pod): its metadata is read by the
-restricted unpickler of workloads.checkpoint.safe_load and its tensors by torch.load with
-weights_only, and each file is checked against the commit record first. The output appears under
-DIR only once complete: it is written beside DIR and renamed into place.
+The checkpoint is untrusted input, read as nvrx_eks.ops.checkpoint_read reads it (every file
+checked against the commit record, restricted loaders). The output appears under DIR only once
+complete: it is written beside DIR and renamed into place.
 """
 
 from __future__ import annotations
@@ -18,21 +17,25 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from nvrx_eks.data.prepare import BYTE_TOKENIZER, END_OF_DOCUMENT_TOKENS
 from nvrx_eks.facts import checkpoint_layout as layout
 from nvrx_eks.facts.errors import ConfigError
-from workloads.checkpoint.files import file_digest
-from workloads.checkpoint.safe_load import SafeFileSystemReader, TensorsOnlyLoadPlanner
-from workloads.config import TrainConfig
+from nvrx_eks.ops.checkpoint_read import (
+    RUN_CONFIG_FILE,
+    OneMetadataReader,
+    RunCheckpoints,
+    committed_step,
+    find_run,
+    model_tensors,
+    read_tensor,
+    verified_commit,
+)
 from workloads.hf_format import (
     CONFIG_FILE,
     SAFETENSORS_DTYPES,
@@ -51,10 +54,6 @@ from workloads.presets import MODEL_PRESETS, ModelShape
 
 #: Hugging Face's own default shard size for save_pretrained: files of at most 5 GB.
 DEFAULT_MAX_FILE_BYTES = 5 * 10**9
-#: The config.yaml a run directory holds (written by `nvrx-eks local` and the rehearsals).
-RUN_CONFIG_FILE = "config.yaml"
-#: Where the model's tensors sit in a checkpoint (workloads.training's state keys).
-MODEL_KEY = "model"
 
 
 @dataclass(frozen=True)
@@ -68,96 +67,10 @@ class Exported:
     notes: list[str]
 
 
-@dataclass(frozen=True)
-class _Run:
-    checkpoint_dir: Path
-    config: TrainConfig | None
-
-
-def _find_run(run: Path) -> _Run:
-    """RUN is a run directory (its config.yaml says where the checkpoints are, else
-    RUN/checkpoints) or a checkpoint directory itself (it holds the pointer or step directories)."""
-    if not run.is_dir():
-        raise ConfigError(f"RUN: {run} is not a directory; give a run directory or its checkpoint directory")
-    if (run / layout.POINTER_FILE).exists() or layout.checkpoint_dirs(run):
-        return _Run(run, None)
-    config = TrainConfig.from_yaml(run / RUN_CONFIG_FILE) if (run / RUN_CONFIG_FILE).is_file() else None
-    # An explicit checkpoint.dir is where the run wrote; the default one is relative to the run
-    # directory, which may since have been copied or moved (run_dir in the config is its old place).
-    explicit = config.checkpoint.dir if config is not None else None
-    return _Run(Path(explicit) if explicit else run / "checkpoints", config)
-
-
-def _committed_step(ckpt_dir: Path, step: int | None) -> Path:
-    state = layout.commit_state(ckpt_dir)
-    if state.source == "lost":
-        raise ConfigError(f"RUN: {state.warning}")
-    if not state.committed:
-        raise ConfigError(f"RUN: no committed checkpoint under {ckpt_dir}; export needs a run that saved one")
-    if step is None:
-        return ckpt_dir / state.committed[0]
-    for name in state.committed:
-        if layout.step_of(name) == step:
-            return ckpt_dir / name
-    steps = ", ".join(str(layout.step_of(n)) for n in state.committed)
-    raise ConfigError(f"--step {step}: no committed checkpoint of that step under {ckpt_dir}; committed: {steps}")
-
-
-def _verified_commit(path: Path) -> dict[str, Any]:
-    """The commit record, after checking every file it lists (sizes, and the SHA-256 recorded)."""
-    manifest = layout.verified_commit(path)
-    if manifest is None:
-        raise ConfigError(f"RUN: {path} has no valid {layout.COMMIT_FILE} or a file is missing or truncated")
-    for name, (size, sha) in manifest["files"].items():
-        if sha is not None and file_digest(path / name, with_sha=True) != [size, sha]:
-            raise ConfigError(f"RUN: {path / name} does not match its commit record (damaged); export another --step")
-    return manifest
-
-
-class _OneMetadataReader(SafeFileSystemReader):
-    """SafeFileSystemReader that unpickles the metadata once for the many one-tensor loads."""
-
-    _metadata: Metadata | None = None
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if self._metadata is None:
-            self._metadata = super().read_metadata(*args, **kwargs)
-        return self._metadata
-
-
-def _model_tensors(metadata: Metadata, shape: ModelShape, preset: str, path: Path) -> dict[str, torch.dtype]:
-    """Our parameter name -> its dtype in the checkpoint, after checking every shape."""
-    stored = metadata.state_dict_metadata
-    dtypes = {}
-    for name, size in parameter_shapes(shape).items():
-        entry = stored.get(f"{MODEL_KEY}.{name}")
-        if not isinstance(entry, TensorStorageMetadata):
-            raise ConfigError(
-                f"RUN: {path} holds no tensor {MODEL_KEY}.{name}; not a checkpoint of the {preset} preset"
-            )
-        if tuple(entry.size) != size:
-            raise ConfigError(
-                f"RUN: {path}: tensor {MODEL_KEY}.{name} has shape {list(entry.size)}, the {preset} preset "
-                f"has {list(size)}"
-            )
-        dtypes[name] = entry.properties.dtype
-    return dtypes
-
-
-def _read_tensor(reader: _OneMetadataReader, name: str, size: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """One full parameter, assembled from the rank shards that hold its pieces."""
-    tensor = torch.empty(size, dtype=dtype)
-    with warnings.catch_warnings():
-        # no_dist is the intent: one process reads what every rank wrote; DCP warns about it.
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        dcp.load({f"{MODEL_KEY}.{name}": tensor}, storage_reader=reader, planner=TensorsOnlyLoadPlanner(), no_dist=True)
-    return tensor
-
-
 def _write_weights(
     path: Path,
     tensors: list[PlannedTensor],
-    reader: _OneMetadataReader,
+    reader: OneMetadataReader,
     shape: ModelShape,
     dtypes: dict[str, torch.dtype],
     dtype: torch.dtype,
@@ -168,7 +81,7 @@ def _write_weights(
         f.write(header_bytes(tensors))
         for planned in tensors:
             name = our_names[planned.name]
-            converted = to_hf(name, _read_tensor(reader, name, planned.shape, dtypes[name]), shape).to(dtype)
+            converted = to_hf(name, read_tensor(reader, name, planned.shape, dtypes[name]), shape).to(dtype)
             f.write(converted.contiguous().reshape(-1).view(torch.uint8).numpy().data)
             del converted  # before the next tensor is read: one at a time
 
@@ -236,7 +149,7 @@ def _write_tokenizer(spec: str, out: Path, shape: ModelShape) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
 
 
-def _run_tokenizer(run: _Run, notes: list[str]) -> str:
+def _run_tokenizer(run: RunCheckpoints, notes: list[str]) -> str:
     """The tokenizer the run's data was prepared with (its manifest), else the byte tokenizer."""
     from workloads.shards import read_manifest
 
@@ -266,9 +179,9 @@ def export_hf(
         raise ConfigError(f"--dtype {dtype}: use one of {', '.join(SAFETENSORS_DTYPES)}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} exists and is not an empty directory; give a new or empty one")
-    found = _find_run(run)
-    path = _committed_step(found.checkpoint_dir, step)
-    manifest = _verified_commit(path)
+    found = find_run(run)
+    path = committed_step(found.checkpoint_dir, step)
+    manifest = verified_commit(path)
     preset = manifest.get("preset")
     if preset not in MODEL_PRESETS:
         raise ConfigError(f"RUN: {path / layout.COMMIT_FILE} names model preset {preset!r}, which this version lacks")
@@ -277,8 +190,8 @@ def export_hf(
     rope_scaling = found.config.model.rope_scaling_settings if found.config is not None else None
     if found.config is None:
         notes.append(f"no {RUN_CONFIG_FILE} beside the checkpoints: config.json states no RoPE scaling")
-    reader = _OneMetadataReader(str(path))
-    dtypes = _model_tensors(reader.read_metadata(), shape, preset, path)
+    reader = OneMetadataReader(str(path))
+    dtypes = model_tensors(reader.read_metadata(), shape, preset, path)
     planned = [
         PlannedTensor(hf_name(n), SAFETENSORS_DTYPES[dtype], size) for n, size in parameter_shapes(shape).items()
     ]
