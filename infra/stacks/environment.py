@@ -13,6 +13,7 @@ from infra.config import DeploymentConfig
 from infra.stacks.cluster import TrainingClusterStack
 from infra.stacks.network import NetworkStack
 from infra.stacks.storage import StorageStack
+from nvrx_eks.facts.errors import ConfigError
 
 
 @dataclass
@@ -27,6 +28,12 @@ class TrainingEnvironment:
 
 
 def build_environment(app: App, config: DeploymentConfig) -> TrainingEnvironment:
+    if config.cluster is not None:
+        # Deploying it would create a whole second environment beside the cluster it names.
+        raise ConfigError(
+            "cluster: names a cluster this project did not create, for the job commands only; the stacks "
+            "create one: synthesize or deploy a profile without a cluster: section"
+        )
     env = Environment(account=config.account, region=config.region)
     prefix = config.name
     network = NetworkStack(

@@ -151,6 +151,12 @@ def test_a_wrong_cluster_section_names_the_field(tmp_path, changes, message):
     assert "Traceback" not in result.output
 
 
+def test_synth_refuses_a_config_that_names_an_existing_cluster(tmp_path):
+    result = run_cli("synth", "-c", _config(tmp_path))
+    assert result.code == 2 and "cluster: names a cluster this project did not create" in result.stderr, result.output
+    assert "Traceback" not in result.output
+
+
 def test_live_and_s3_data_are_refused_for_an_existing_cluster(tmp_path):
     config = _config(tmp_path)
     live = run_cli("render", "-c", config, "--live")
