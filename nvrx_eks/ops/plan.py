@@ -12,13 +12,18 @@ Two strategies are compared for the profile's job: synchronous checkpoints with 
 restart after every fault (the baseline), and the layered NVRx configuration (async checkpoints,
 in-process restart). Stalls are estimated from the model's state size unless measured ones are
 given (`nvrx-eks bench` measures them); every assumption is printed next to the result.
+
+That table charges every fault its strategy's restart. The fault model (fault_classes) splits
+faults by kind and node class (node 0, the other nodes, the job's coordinator), each with its rate
+and recovered by its layer; the tables at scale read it (Plan.goodput_by_layer, plan_spares.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.measure import Measurement
@@ -53,6 +58,31 @@ DEFAULT_D2H_GBPS = 10.0
 #: Sustained bf16 throughput per H100 for a Llama-8B FSDP run: 40% MFU of the dense peak.
 DEFAULT_EFFECTIVE_TFLOPS_PER_GPU = 0.40 * PEAK_BF16_DENSE_TFLOPS["H100"]
 
+#: Interruptions by kind, as shares of all unexpected ones: Llama 3 (sec. 3.3.4, Table 5: 419 in
+#: 54 days), this project's grouping of its categories by the layer that recovers them:
+#:   soft      software bugs, NCCL watchdog timeouts, dependencies (54 + 7 + 2 of 419)
+#:   network   network switch/cable and NIC failures (35 + 7): an NCCL/EFA error on every rank
+#:   hardware  GPUs (faulty GPU 148, HBM3 72, SRAM 19, GPU system processor 17, silent data
+#:             corruption 6, thermal 6) and hosts (unplanned maintenance 32, SSD, power supply,
+#:             chassis, IO board, CPU, memory: 14): the node is gone
+#: (The paper's own "~78% hardware" groups the categories differently.) Pass other shares where
+#: a function takes a mix.
+DEFAULT_FAULT_MIX = {"soft": 63 / 419, "network": 42 / 419, "hardware": 314 / 419}
+#: The coordinator's fault rate relative to a GPU node's. It is one CPU host (no GPU, no EFA), so
+#: of Llama 3's categories only the host ones reach it: unplanned host maintenance (32) and the
+#: other host parts (SSD, power supply, chassis, IO board, CPU, memory: 14) of the 419
+#: interruptions. An assumption: a CPU host fails as often as a GPU node's host parts do.
+COORDINATOR_FAULT_SHARE = (32 + 14) / 419
+#: Share of faults that take a node with them (the hardware faults above), so that the node's
+#: local checkpoint tier is gone and the restore falls back to FSx. Conservative for this
+#: project's tier: a lost node's shards survive as replicas on a peer node (a spare restores from
+#: them, tests/trainer/test_trainer_spares.py), so only a fault that takes both copies forces FSx;
+#: the two-tier planner charges every hardware fault to FSx.
+DEFAULT_NODE_LOSS_SHARE = DEFAULT_FAULT_MIX["hardware"]
+#: Read bandwidth of one node's instance-store RAID0 when every rank reloads its local shard. An
+#: assumption (p5: 8 NVMe drives; not measured here), stated so it can be replaced.
+DEFAULT_LOCAL_READ_GBPS_PER_NODE = 10.0
+
 
 def inprocess_recovery_s(state_bytes: int, fsx_bytes_per_s: float) -> float:
     """In-process restart: the fixed part plus every rank reading its shard of the newest
@@ -86,6 +116,94 @@ def expected_goodput(interval: float, delta: float, mtbf: float, recovery: float
     return max(0.0, interval / (interval + delta) * (1 - (recovery + (interval + delta) / 2) / mtbf))
 
 
+#: The layers that recover a fault, as the plan names them.
+INPROCESS_FROM_FSX = "in process, from FSx"
+INPROCESS_FROM_LOCAL = "in process, from the local tier"
+SPARE_IN_PROCESS = "a spare, in process"
+POD_RELAUNCH = "pod relaunch"
+
+
+@dataclass(frozen=True)
+class FaultClass:
+    """One fault kind on one class of node, and the layer that recovers it without hot spares and
+    with them (and the node-local tier)."""
+
+    kind: str
+    node_class: str
+    #: How many of the job's nodes are of this class.
+    nodes: int
+    #: Mean hours between faults of this kind on one node of the class.
+    node_mtbf_h: float
+    layer: str
+    recovery_s: float
+    spare_layer: str
+    spare_recovery_s: float
+    #: The fault takes a GPU node, so a hot spare is used up (a pod relaunch restores them all).
+    takes_a_spare: bool
+
+    @property
+    def rate_per_s(self) -> float:
+        return self.nodes / (self.node_mtbf_h * 3600)
+
+
+def fault_classes(
+    nodes: int,
+    node_mtbf_hours: float,
+    inprocess_fsx_s: float,
+    inprocess_local_s: float,
+    mix: dict[str, float] = DEFAULT_FAULT_MIX,
+) -> list[FaultClass]:
+    """Every fault kind of `mix` on node 0 and on the other nodes, and the coordinator's host faults.
+    Node 0 hosts nothing since the job has a coordinator (the rendezvous and in-process restart
+    stores), so its rows are the other nodes' rows. Soft and network faults reach every rank as an
+    exception: an in-process restart. A hardware fault takes its node: a pod relaunch, or a spare
+    in process. The coordinator's loss ends every rank's store: JobSet recreates every pod."""
+    rows = []
+    for node_class, count in (("node 0", 1), ("other nodes", nodes - 1)):
+        for kind, share in mix.items():
+            if not count or not share:
+                continue
+            takes_node = kind == "hardware"
+            rows.append(
+                FaultClass(
+                    kind=kind,
+                    node_class=node_class,
+                    nodes=count,
+                    node_mtbf_h=node_mtbf_hours / share,
+                    layer=POD_RELAUNCH if takes_node else INPROCESS_FROM_FSX,
+                    recovery_s=POD_RESTART_RECOVERY_S if takes_node else inprocess_fsx_s,
+                    spare_layer=SPARE_IN_PROCESS if takes_node else INPROCESS_FROM_LOCAL,
+                    # A spare restores the lost node's shards from the replicas its peers hold:
+                    # each node reads its share, as for a soft fault.
+                    spare_recovery_s=inprocess_local_s,
+                    takes_a_spare=takes_node,
+                )
+            )
+    rows.append(
+        FaultClass(
+            kind="coordinator host",
+            node_class="coordinator",
+            nodes=1,
+            node_mtbf_h=node_mtbf_hours / COORDINATOR_FAULT_SHARE,
+            layer=POD_RELAUNCH,
+            recovery_s=POD_RESTART_RECOVERY_S,
+            spare_layer=POD_RELAUNCH,
+            spare_recovery_s=POD_RESTART_RECOVERY_S,
+            takes_a_spare=False,
+        )
+    )
+    return rows
+
+
+def goodput_by_layer(classes: list[FaultClass], stall_s: float, recovery_s: Callable[[FaultClass], float]) -> float:
+    """Goodput at the optimal interval when faults of every class arrive at their summed rate and
+    each costs `recovery_s(its class)`: the model's R is the rate-weighted mean recovery."""
+    rate = sum(c.rate_per_s for c in classes)
+    mtbf = 1 / rate
+    recovery = sum(c.rate_per_s * recovery_s(c) for c in classes) / rate
+    return expected_goodput(daly_interval(stall_s, mtbf), stall_s, mtbf, recovery)
+
+
 @dataclass(frozen=True)
 class Strategy:
     name: str
@@ -116,6 +234,11 @@ class Plan:
     memory: MemoryEstimate | None = None
     #: The FSx file system's throughput: how fast a checkpoint can be written at best.
     fsx_bytes_per_s: float = 0.0
+    #: Each fault kind on each node class (the coordinator's included) and the layer recovering it.
+    fault_classes: list[FaultClass] = field(default_factory=list)
+    #: Each strategy's goodput at its optimal interval over fault_classes: the sync strategy pays a
+    #: pod restart for every fault, the NVRx one recovers each by its layer (no spares).
+    goodput_by_layer: dict[str, float] = field(default_factory=dict)
 
     def lost_cost_per_day(self, plan: StrategyPlan, at_optimal: bool = True) -> float | None:
         if self.usd_per_hour is None:
@@ -153,14 +276,12 @@ def make_plan(
         async_stall_s = state_bytes / gpus / (DEFAULT_D2H_GBPS * 1e9)
     job_mtbf_s = node_mtbf_hours * 3600 / nodes
     configured_s = interval_steps * step_time_s
-    strategies = [
-        Strategy("sync + pod restart", sync_stall_s, POD_RESTART_RECOVERY_S),
-        Strategy(
-            "NVRx async + in-process",
-            async_stall_s,
-            inprocess_recovery_s(state_bytes, config.fsx.throughput_mbps * 1e6),
-        ),
-    ]
+    sync = Strategy("sync + pod restart", sync_stall_s, POD_RESTART_RECOVERY_S)
+    layered = Strategy(
+        "NVRx async + in-process", async_stall_s, inprocess_recovery_s(state_bytes, config.fsx.throughput_mbps * 1e6)
+    )
+    strategies = [sync, layered]
+    classes = fault_classes(nodes, node_mtbf_hours, layered.recovery_s, local_recovery_s(state_bytes, nodes))
     plans = []
     for s in strategies:
         tau = daly_interval(s.stall_s, job_mtbf_s)
@@ -185,6 +306,11 @@ def make_plan(
         strategies=plans,
         memory=memory,
         fsx_bytes_per_s=config.fsx.throughput_mbps * 1e6,
+        fault_classes=classes,
+        goodput_by_layer={
+            sync.name: goodput_by_layer(classes, sync.stall_s, lambda _: POD_RESTART_RECOVERY_S),
+            layered.name: goodput_by_layer(classes, layered.stall_s, lambda c: c.recovery_s),
+        },
     )
 
 
@@ -303,7 +429,8 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
         f"{DEFAULT_D2H_GBPS:g} GB/s host copy) unless "
         "given with --sync-stall-s/--async-stall-s; recoveries are the published ~270 s pod restart and "
         f"an in-process restart of ~{INPROCESS_FIXED_S:g} s plus reading the checkpoint from FSx. Measure yours "
-        "with `nvrx-eks bench`.[/]"
+        "with `nvrx-eks bench`. This table charges every fault its strategy's restart; the tables at scale "
+        "below recover each fault by its layer.[/]"
     )
 
 
@@ -325,43 +452,26 @@ def print_memory(memory: MemoryEstimate, config: DeploymentConfig, train, world_
 
 
 def print_scaling(config: DeploymentConfig, plan_for_nodes, node_counts: list[int], console: Console) -> None:
-    """Goodput at each strategy's optimal interval as the job grows: failures scale with nodes."""
+    """Goodput at each strategy's optimal interval as the job grows: failures scale with nodes, each
+    fault kind recovered by its layer (Plan.goodput_by_layer)."""
     table = Table(title="The same job at scale (optimal interval per strategy)")
     table.add_column("nodes", justify="right")
     table.add_column("job MTBF", justify="right")
     plans = [plan_for_nodes(n) for n in node_counts]
-    for p in plans[0].strategies:
-        table.add_column(p.strategy.name, justify="right")
+    for name in plans[0].goodput_by_layer:
+        table.add_column(name, justify="right")
     for n, plan in zip(node_counts, plans, strict=True):
-        table.add_row(str(n), duration_text(plan.job_mtbf_s), *[f"{p.goodput_at_optimal:.2%}" for p in plan.strategies])
+        table.add_row(
+            str(n), duration_text(plan.job_mtbf_s), *[f"{goodput:.2%}" for goodput in plan.goodput_by_layer.values()]
+        )
     print_table(console, table)
     console.print(
-        "[dim]  The in-process column credits every fault with an in-process restart: an upper bound, since a "
-        "hardware fault takes its node; the next table splits faults by kind, each recovered by its layer. "
-        "Where a fixed global batch (data.global_batch_tokens) has fewer micro-batches than GPUs, a row takes "
-        "one micro-batch per GPU per step.[/]"
+        "[dim]  Each fault recovered by its layer (the fault table above): the sync column pays a pod restart "
+        "for every fault, the NVRx one restarts soft and network faults in process and a hardware fault (its "
+        "node gone) by a pod restart; both count the coordinator's host faults, recovered by a relaunch (job "
+        "MTBF: the GPU nodes'). Where a fixed global batch (data.global_batch_tokens) has fewer micro-batches "
+        "than GPUs, a row takes one micro-batch per GPU per step.[/]"
     )
-
-
-#: Interruptions by kind, as shares of all unexpected ones: Llama 3 (sec. 3.3.4, Table 5: 419 in
-#: 54 days), this project's grouping of its categories by the layer that recovers them:
-#:   soft      software bugs, NCCL watchdog timeouts, dependencies (54 + 7 + 2 of 419)
-#:   network   network switch/cable and NIC failures (35 + 7): an NCCL/EFA error on every rank
-#:   hardware  GPUs (faulty GPU 148, HBM3 72, SRAM 19, GPU system processor 17, silent data
-#:             corruption 6, thermal 6) and hosts (unplanned maintenance 32, SSD, power supply,
-#:             chassis, IO board, CPU, memory: 14): the node is gone
-#: (The paper's own "~78% hardware" groups the categories differently.) Pass other shares where
-#: a function takes a mix.
-DEFAULT_FAULT_MIX = {"soft": 63 / 419, "network": 42 / 419, "hardware": 314 / 419}
-#: Share of faults that take a node with them (the hardware faults above), so that the node's
-#: local checkpoint tier is gone and the restore falls back to FSx. Conservative for this
-#: project's tier: a lost node's shards survive as replicas on a peer node (a spare restores from
-#: them, tests/trainer/test_trainer_spares.py), so only a fault that takes both copies forces FSx;
-#: the two-tier planner charges every hardware fault to FSx.
-DEFAULT_NODE_LOSS_SHARE = DEFAULT_FAULT_MIX["hardware"]
-#: Read bandwidth of one node's instance-store RAID0 when every rank reloads its local shard. An
-#: assumption (p5: 8 NVMe drives; not measured here), stated so it can be replaced.
-DEFAULT_LOCAL_READ_GBPS_PER_NODE = 10.0
 
 
 @dataclass(frozen=True)
@@ -515,8 +625,9 @@ def run(
     print_two_tier(result, two_tier_plan(result, node_loss_share), console)
     assert result.memory is not None  # plan_for_job always estimates the job's memory
     print_memory(result.memory, config, train, result.gpus, console)
-    print_scaling(config, plan_for, [result.nodes, 16, 128, 1024, 2048], console)
-    from nvrx_eks.ops.plan_spares import print_spares, spares_table  # it builds on this module
+    from nvrx_eks.ops.plan_spares import print_fault_classes, print_spares, spares_table  # it builds on this module
 
+    print_fault_classes(result, console)
+    print_scaling(config, plan_for, [result.nodes, 16, 128, 1024, 2048], console)
     print_spares(spares_table(plan_for, [2, 8, 32, 128, 512, 1024]), console)
     return result

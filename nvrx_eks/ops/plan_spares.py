@@ -1,8 +1,9 @@
-"""Goodput at scale with faults split by kind, each recovered by the layer that really handles it,
-and the number of hot spare nodes that maximizes goodput per dollar. No torch.
+"""Goodput at scale with faults split by kind and node class, each recovered by the layer that
+really handles it, and the number of hot spare nodes that maximizes goodput per dollar. No torch.
 
-Fault kinds and their shares: nvrx_eks.ops.plan.DEFAULT_FAULT_MIX (Llama 3's Table 5, grouped by
-the layer that recovers them: soft, network, hardware); pass other shares to `spares_table`.
+Fault kinds, node classes and their rates: nvrx_eks.ops.plan.fault_classes (Llama 3's Table 5,
+grouped by the layer that recovers them: soft, network, hardware on node 0 and the other nodes,
+and the coordinator's host faults); pass other shares to `spares_table`.
 
 Recovery per kind and configuration:
     k8s-restart only             every fault: a pod restart of the whole job (POD_RESTART_RECOVERY_S)
@@ -16,6 +17,7 @@ Recovery per kind and configuration:
                                  spare is left: after S such faults the next one takes a pod
                                  restart, which restores the spares, so a share 1/(S+1) of the
                                  hardware faults still pays the pod restart
+    every configuration          the coordinator's loss: JobSet recreates every pod, a pod restart
 Goodput per dollar counts the spares' price: goodput x N / (N + S).
 """
 
@@ -24,17 +26,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rich.table import Table
+
 from nvrx_eks.ops.plan import (
+    COORDINATOR_FAULT_SHARE,
     DEFAULT_FAULT_MIX,
     POD_RESTART_RECOVERY_S,
+    FaultClass,
     Plan,
-    daly_interval,
-    expected_goodput,
+    duration_text,
+    fault_classes,
+    goodput_by_layer,
     local_recovery_s,
     print_table,
 )
 
 SPARE_CHOICES = range(0, 9)
+#: Where the layer each fault on each node class reaches is measured end to end (on CPU, in
+#: simulated nodes): `python -m nvrx_eks.bench.fault_matrix`.
+FAULT_MATRIX_SOURCE = 'BENCHMARKS.md, "Fault x node: every fault recovered"'
 
 
 @dataclass(frozen=True)
@@ -47,29 +57,25 @@ class SparesRow:
     per_dollar_gain: float  # goodput per dollar with best_spares over layered without spares
 
 
-def _goodput(stall_s: float, job_mtbf_s: float, recovery_s: float) -> float:
-    tau = daly_interval(stall_s, job_mtbf_s)
-    return expected_goodput(tau, stall_s, job_mtbf_s, recovery_s)
-
-
 def spares_row(plan: Plan, mix: dict[str, float] = DEFAULT_FAULT_MIX) -> SparesRow:
     """Goodput of each configuration for `plan`'s job (its nodes, stalls and recovery times)."""
-    nodes, job_mtbf_s = plan.nodes, plan.job_mtbf_s
+    nodes = plan.nodes
     sync, layered_strategy = plan.strategies[0].strategy, plan.strategies[1].strategy
-    soft_net = mix["soft"] + mix["network"]
-    inprocess_fsx = layered_strategy.recovery_s
-    inprocess_local = local_recovery_s(plan.state_bytes, nodes)
-    k8s_only = _goodput(sync.stall_s, job_mtbf_s, POD_RESTART_RECOVERY_S)
-    layered = _goodput(
-        layered_strategy.stall_s, job_mtbf_s, soft_net * inprocess_fsx + mix["hardware"] * POD_RESTART_RECOVERY_S
+    classes = fault_classes(
+        nodes, plan.node_mtbf_h, layered_strategy.recovery_s, local_recovery_s(plan.state_bytes, nodes), mix
     )
+    k8s_only = goodput_by_layer(classes, sync.stall_s, lambda _: POD_RESTART_RECOVERY_S)
+    layered = goodput_by_layer(classes, layered_strategy.stall_s, lambda c: c.recovery_s)
     best = (0, layered, layered)
     for spares in SPARE_CHOICES:
         to_pod = 1 / (spares + 1)
-        hardware = to_pod * POD_RESTART_RECOVERY_S + (1 - to_pod) * inprocess_local
-        goodput = _goodput(
-            layered_strategy.stall_s, job_mtbf_s, soft_net * inprocess_local + mix["hardware"] * hardware
-        )
+
+        def with_spares(c: FaultClass, to_pod: float = to_pod) -> float:
+            if not c.takes_a_spare:
+                return c.spare_recovery_s
+            return to_pod * POD_RESTART_RECOVERY_S + (1 - to_pod) * c.spare_recovery_s
+
+        goodput = goodput_by_layer(classes, layered_strategy.stall_s, with_spares)
         per_dollar = goodput * nodes / (nodes + spares)
         if per_dollar > best[2]:
             best = (spares, goodput, per_dollar)
@@ -91,13 +97,53 @@ def spares_table(
     return [spares_row(plan_for_nodes(n), mix) for n in node_counts]
 
 
-def print_spares(rows: list[SparesRow], console) -> None:
-    from rich.table import Table
+def print_fault_classes(plan: Plan, console) -> None:
+    """The plan's fault model: each fault kind on each node class, its rate and the layer that
+    recovers it, with its cost, without spares and with them."""
+    table = Table(title=f"Each fault kind on each node class ({plan.nodes} GPU nodes and the coordinator)")
+    for column in (
+        "fault",
+        "node class",
+        "nodes",
+        "MTBF per node",
+        "no spares",
+        "cost",
+        "with spares + tiers",
+        "cost with spares",
+    ):
+        table.add_column(column, justify="left" if column in ("fault", "node class") else "right")
+    for c in plan.fault_classes:
+        table.add_row(
+            c.kind,
+            c.node_class,
+            str(c.nodes),
+            f"{c.node_mtbf_h:,.0f} h",
+            c.layer,
+            duration_text(c.recovery_s),
+            c.spare_layer,
+            duration_text(c.spare_recovery_s),
+        )
+    print_table(console, table)
+    console.print(
+        "[dim]  Node 0 hosts nothing since the coordinator (the rendezvous and in-process restart stores), so "
+        "its faults are the other nodes' (the default JobSet; with --api pytorchjob the stores ride the master "
+        "pod and node 0's hardware faults also take the coordinator). A hardware fault on a GPU node uses up a "
+        "spare; once none is left, a pod relaunch (which restores them). The coordinator is one CPU host: its "
+        "MTBF assumes it fails as often as a GPU node's host parts "
+        f"({COORDINATOR_FAULT_SHARE:.1%} of a node's faults: Llama 3 Table 5, unplanned maintenance 32 + other "
+        "host parts 14 of 419); its loss ends every rank's store and JobSet recreates every pod. Costs are "
+        "EKS-scale: the published pod restart and in-process restart plus the checkpoint read; which layer "
+        f"recovers each fault on each node class is measured end to end on CPU: {FAULT_MATRIX_SOURCE}, which "
+        "also times ft_launcher restarting a killed rank on its node (no EKS-scale figure is published for it, "
+        "so no kind here is charged it).[/]"
+    )
 
+
+def print_spares(rows: list[SparesRow], console) -> None:
     table = Table(
         title="Faults by kind, each recovered by its layer (Llama 3 mix: "
         + ", ".join(f"{k} {v:.0%}" for k, v in DEFAULT_FAULT_MIX.items())
-        + "); goodput at each one's optimal interval",
+        + ", and the coordinator's host faults); goodput at each one's optimal interval",
         title_justify="left",
     )
     for column in (

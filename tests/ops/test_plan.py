@@ -98,6 +98,20 @@ def test_plan_as_json_is_the_plan_as_data():
     assert plan["nodes"] == 2 and plan["gpus"] == 16
     assert [s["strategy"]["name"] for s in plan["strategies"]] == ["sync + pod restart", "NVRx async + in-process"]
     assert 0 < plan["strategies"][1]["goodput_at_optimal"] <= 1
+    # The fault table: every kind on node 0 and the other node, and the coordinator's host faults.
+    classes = [(c["kind"], c["node_class"], c["layer"]) for c in plan["fault_classes"]]
+    assert classes == [
+        ("soft", "node 0", "in process, from FSx"),
+        ("network", "node 0", "in process, from FSx"),
+        ("hardware", "node 0", "pod relaunch"),
+        ("soft", "other nodes", "in process, from FSx"),
+        ("network", "other nodes", "in process, from FSx"),
+        ("hardware", "other nodes", "pod relaunch"),
+        ("coordinator host", "coordinator", "pod relaunch"),
+    ]
+    by_layer = plan["goodput_by_layer"]
+    assert list(by_layer) == ["sync + pod restart", "NVRx async + in-process"]
+    assert by_layer["NVRx async + in-process"] < plan["strategies"][1]["goodput_at_optimal"]
 
 
 def test_plan_at_80_columns_cuts_no_header():
@@ -106,4 +120,5 @@ def test_plan_at_80_columns_cuts_no_header():
     assert result.returncode == 0, result.stderr
     assert "…" not in result.stdout
     assert "    optimal interval: " in result.stdout
+    assert "    node class: coordinator" in result.stdout and "    cost with spares: " in result.stdout
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
