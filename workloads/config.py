@@ -272,6 +272,31 @@ class DistributedConfig(_Strict):
         "reduce-scatters stay on NVLink, only a gradient all-reduce crosses EFA, and "
         "each GPU holds 1/local-ranks of the state instead of 1/world",
     )
+    precision: Literal["bf16", "fp32", "auto"] = Field(
+        default="auto",
+        description="compute precision. bf16: bf16 compute with fp32 master weights and fp32 "
+        "gradient reduction, on nccl (GPUs) only. fp32: fp32 throughout. auto: bf16 on nccl, fp32 "
+        "on gloo (CPU); the render writes bf16 for GPU nodes",
+    )
+
+    @model_validator(mode="after")
+    def _precision_on_its_backend(self) -> DistributedConfig:
+        if self.precision == "bf16" and self.backend == "gloo":
+            raise ValueError(
+                "distributed.precision: bf16 needs distributed.backend=nccl (GPUs); set precision fp32 or auto on gloo"
+            )
+        return self
+
+    def resolved_precision(self, backend: str) -> Literal["bf16", "fp32"]:
+        """The precision a run on `backend` ("gloo" or "nccl", already resolved) computes in."""
+        if self.precision == "auto":
+            return "bf16" if backend == "nccl" else "fp32"
+        if self.precision == "bf16" and backend != "nccl":
+            raise ConfigError(
+                f"distributed.precision: bf16 needs nccl (GPUs), but the backend resolved to {backend}; "
+                "set distributed.precision=fp32 or auto, or run where CUDA is visible"
+            )
+        return self.precision
 
 
 class InProcessConfig(_Strict):

@@ -1,10 +1,12 @@
 """Device, backend and precision: decided here and nowhere else.
 
-Backend nccl: one GPU per rank (LOCAL_RANK), NCCL, bf16 compute with fp32 master weights and fp32
-gradient reduction. Backend gloo: CPU, fp32. `auto` picks nccl when CUDA is visible, else gloo;
-it serves laptops and CI. Manifests for GPU nodes always say nccl (nvrx_eks/jobs/spec.py), so a pod
-that cannot see its GPUs fails at start-up with exit 93 instead of training on CPU: the CPU shims
-(workloads.cuda_compat) follow the resolved backend, never the mere absence of CUDA.
+Backend nccl: one GPU per rank (LOCAL_RANK), NCCL. Backend gloo: CPU. `auto` picks nccl when CUDA
+is visible, else gloo; it serves laptops and CI. The precision is distributed.precision resolved
+against that backend (DistributedConfig.resolved_precision): auto is bf16 compute with fp32 master
+weights and fp32 gradient reduction on nccl, fp32 on gloo. Manifests for GPU nodes always say nccl
+and bf16 (nvrx_eks/jobs/spec.py), so a pod that cannot see its GPUs fails at start-up with exit 93
+instead of training on CPU: the CPU shims (workloads.cuda_compat) follow the resolved backend,
+never the mere absence of CUDA.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class GpusMissing(ConfigError):
 class Runtime:
     device: torch.device
     backend: str  # "gloo" | "nccl"
-    bf16: bool
+    bf16: bool  # distributed.precision resolved against the backend
     pg_timeout_s: float
 
     @property
@@ -62,6 +64,8 @@ def check_gpus_visible(local_rank: int, local_world_size: int) -> None:
 
 def resolve_runtime(cfg: TrainConfig) -> Runtime:
     backend = resolved_backend(cfg)
+    # Before any device set-up: a precision the backend cannot run is a config error, not a restart.
+    precision = cfg.distributed.resolved_precision(backend)
     if backend == "nccl":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         check_gpus_visible(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
@@ -72,5 +76,5 @@ def resolve_runtime(cfg: TrainConfig) -> Runtime:
     else:
         device = torch.device("cpu")
     return Runtime(
-        device=device, backend=backend, bf16=device.type == "cuda", pg_timeout_s=cfg.resolved_pg_timeout_s(backend)
+        device=device, backend=backend, bf16=precision == "bf16", pg_timeout_s=cfg.resolved_pg_timeout_s(backend)
     )

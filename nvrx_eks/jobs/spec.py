@@ -461,11 +461,15 @@ def for_gpu_nodes(train: TrainConfig) -> TrainConfig:
     """Every instance type this project deploys has GPUs: the pod's trainer must use them. An
     explicit `backend: nccl` (rather than auto) makes a pod that cannot see its GPUs (device
     plugin, driver, NVIDIA_VISIBLE_DEVICES) fail at start-up instead of silently training on
-    CPU with gloo; an explicitly chosen backend is kept."""
-    if train.distributed.backend != "auto":
+    CPU with gloo; an explicitly chosen backend is kept. The precision is written out too (bf16
+    on nccl unless chosen), so the ConfigMap states what the pods compute in."""
+    distributed = train.distributed
+    if distributed.backend != "auto" and distributed.precision != "auto":
         return train
+    backend = "nccl" if distributed.backend == "auto" else distributed.backend
     data = train.model_dump(mode="json")
-    data["distributed"]["backend"] = "nccl"
+    data["distributed"]["backend"] = backend
+    data["distributed"]["precision"] = distributed.resolved_precision(backend)
     return TrainConfig.from_dict(data, source="the trainer config for GPU nodes")
 
 

@@ -32,7 +32,8 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
         else "grows with the node count; set data.global_batch_tokens to fix it"
     )
     lines = [
-        f"job {spec.name}: {spec.nodes}{spares} x {spec.instance_type}, world {world}, model {train.model.preset}",
+        f"job {spec.name}: {spec.nodes}{spares} x {spec.instance_type}, world {world}, model {train.model.preset}, "
+        f"precision {train.distributed.precision}",
         f"batch: {world} ranks x {data.batch_size} x {data.seq_len} tokens x {accumulation} micro-batches "
         f"= {tokens:,} tokens per step ({fixed})",
     ]
