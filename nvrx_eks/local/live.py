@@ -1,0 +1,172 @@
+"""A run as it happens, for `nvrx-eks local` and `rehearse`: one line per fault, restart,
+checkpoint and the run's end, read from the run's events (workloads.events) while it trains.
+
+The monitor loops re-read every event at each poll, so `EventLines` remembers which events it
+has described and returns only the new ones. Restarts, checkpoints and the run's end are rank
+0's view (every rank records each restart; events name the rank the process held then); a fault
+is one line however many ranks recorded it (a node-loss is recorded by each rank of its node).
+`LiveView` prints those lines with the run's progress: above a spinner on a terminal, and as
+plain lines (progress at most every PROGRESS_EVERY_S) in a log or a pipe.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
+from rich.status import Status
+
+from workloads.events import RunEvents, fault_label, load_run
+
+#: Without a terminal, the progress (step, loss) is a plain line at most this often: a log of a
+#: long run stays readable, and the event lines still come as they happen.
+PROGRESS_EVERY_S = 10.0
+
+#: How each restart layer is named in a line.
+LAYER_NAMES = {"inprocess": "in-process", "launcher": "launcher", "kubernetes": "JobSet"}
+
+#: A restart's reason is an exception's repr, up to 500 characters: the line keeps its start.
+REASON_CHARS = 100
+
+
+def clock(t: float) -> str:
+    """An event's wall-clock time as the line shows it (local time)."""
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def _short(reason: str) -> str:
+    first = reason.strip().splitlines()[0] if reason.strip() else ""
+    return first if len(first) <= REASON_CHARS else first[: REASON_CHARS - 1] + "…"
+
+
+class EventLines:
+    """The lines of a run's events not yet returned, oldest first."""
+
+    def __init__(self) -> None:
+        self._described: set[tuple[Any, ...]] = set()
+        #: Lines that stand for several events: a fault every rank of a node recorded, an error
+        #: each rank met.
+        self._once: set[tuple[str, str]] = set()
+
+    def new_lines(self, run: RunEvents) -> list[str]:
+        """From all the run's events so far (a poll reads them all again)."""
+        lines = []
+        step: int | None = None  # rank 0's step at the event: the line's context
+        for event in run.events:
+            if event["rank"] == 0 and event["event"] == "step_start":
+                step = event["step"]
+            identity = (event.get("host"), event["pid"], event["rank"], event["t"], event["event"])
+            if identity in self._described:
+                continue
+            text = self._describe(event, run)
+            if text is None:
+                continue
+            self._described.add(identity)
+            at = f"step {step}  " if step is not None else ""
+            lines.append(f"{clock(event['t'])} {at}{text}")
+        return lines
+
+    def _describe(self, event: dict[str, Any], run: RunEvents) -> str | None:
+        """The line for an event, or None for one that gets no line (or had its line already)."""
+        name = event["event"]
+        if name in ("fault_injected", "unrecoverable"):
+            key = fault_label(event) if name == "fault_injected" else event["reason"]
+            if (name, key) in self._once:
+                return None
+            self._once.add((name, key))
+            if name == "fault_injected":
+                return f"fault {key} injected"
+            return f"cannot continue (rank {event['rank']}): {_short(key)}"
+        if event["rank"] != 0:
+            return None
+        if name == "restart_begin":
+            layer = LAYER_NAMES.get(event.get("layer", "inprocess"), event.get("layer"))
+            return f"restart ({layer}) began: {_short(event.get('reason', ''))}"
+        if name == "restart_end":
+            layer = LAYER_NAMES.get(event["layer"], event["layer"])
+            # The restart's length as the report computes it (a launcher restart has no begin event).
+            took = [r.latency_s for r in run.restarts(rank=0) if r.end_t == event["t"] and r.pids[1] == event["pid"]]
+            length = f", {took[0]:.1f} s" if took else ""
+            return f"resumed from step {event['resumed_from_step']} ({layer}{length})"
+        if name == "checkpoint_commit":
+            return f"checkpoint step {event['step']} committed"
+        if name == "local_save":
+            return f"local checkpoint step {event['step']} saved"
+        if name == "checkpoint_fallback":
+            return f"checkpoint {Path(event['path']).name} not used: {_short(event['reason'])}"
+        if name == "run_end":
+            loss = event.get("final_loss")
+            at_loss = f", loss {loss:.3f}" if isinstance(loss, (int, float)) else ""
+            status = "completed" if event.get("status") == "completed" else "stopped"
+            return f"run {status} at step {event.get('final_step')}{at_loss}"
+        return None
+
+
+def progress_text(run: RunEvents) -> str | None:
+    """Rank 0's latest step (of the run's total) and loss; None before its first step."""
+    ends = run.of("step_end", rank=0)
+    if not ends:
+        return None
+    starts = run.of("run_start", rank=0)
+    total = f"/{starts[-1]['steps']}" if starts and isinstance(starts[-1].get("steps"), int) else ""
+    return f"step {ends[-1]['step']}{total}  loss {ends[-1]['loss']:.3f}"
+
+
+class LiveView:
+    """A run's event lines and progress while it trains. Enter it around a monitor loop that
+    calls `poll()`; it may be entered again (a relaunch) and keeps what it printed. Leaving it
+    prints the lines of the events written since the last poll."""
+
+    def __init__(
+        self,
+        console: Console,
+        run_dir: Path,
+        since: float,
+        *,
+        now: Callable[[], float] = time.monotonic,
+    ):
+        self.console = console
+        self.run_dir = run_dir
+        self.since = since  # the run's start: a resumed directory's earlier runs are not replayed
+        self.lines = EventLines()
+        self._now = now
+        self._status: Status | None = None
+        self._progress: str | None = None
+        self._progress_printed_at: float | None = None
+
+    def __enter__(self) -> LiveView:
+        if self.console.is_terminal:
+            self._status = self.console.status(self._progress or "starting")
+            self._status.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self.poll()
+        finally:
+            if self._status is not None:
+                self._status.stop()
+                self._status = None
+
+    def poll(self, run: RunEvents | None = None) -> RunEvents:
+        """Print the new event lines and the progress, from `run` (the run's events, read by the
+        caller) or from the run directory; returns the events read."""
+        run = load_run(self.run_dir) if run is None else run
+        mine = run.started_since(self.since)
+        for line in self.lines.new_lines(mine):
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        progress = progress_text(mine)
+        if progress is not None and progress != self._progress:
+            self._progress = progress
+            if self._status is not None:
+                self._status.update(progress)
+            elif self._progress_printed_at is None or self._now() - self._progress_printed_at >= PROGRESS_EVERY_S:
+                self.console.print(progress, markup=False, highlight=False)
+                self._progress_printed_at = self._now()
+        return run
