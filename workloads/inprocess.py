@@ -22,8 +22,10 @@ Composition:
                Compose runs right to left. NCCL needs no socket release: NVRx aborts its
                communicators.
   finalize     RestartFinalize: records restart_begin, closes ft sections, drops the failed
-               iteration's objects, and on CUDA drains the rank's own GPU in a thread with a
-               timeout (NVRx's ThreadedFinalize refuses to run without CUDA).
+               iteration's objects and the finalize functions of its saves still in flight (they
+               would keep its model and optimizer allocated into the next iteration), and on CUDA
+               drains the rank's own GPU in a thread with a timeout (NVRx's ThreadedFinalize
+               refuses to run without CUDA).
   health_check CudaHealthCheck with the nccl backend only; the GPU/NVLink/NIC checks NVRx adds when
                LOCAL_RANK is set are kept with nccl and suppressed with gloo (see cuda_compat).
                NVRx's NIC check reads /sys/class/infiniband/<nic>/ports/1/counters/link_downed
@@ -54,6 +56,7 @@ import torch
 from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.inprocess.abort import AbortTorchDistributed
 
+from workloads.checkpoint.writers import abandon_in_flight_saves
 from workloads.config import InProcessConfig
 from workloads.coordinator import CoordinatorStore
 from workloads.cuda_compat import local_rank_hidden_on_cpu
@@ -109,6 +112,7 @@ class RestartFinalize(inprocess.finalize.Finalize):
         self.events.emit("restart_begin", layer="inprocess", reason=reason[:500])
         self.ft.end_all_sections()
         self.drop_iteration_state()
+        abandon_in_flight_saves()  # an NVRx save in flight would hold the model and optimizer
         gc.collect()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             # The current device is per thread and a new thread starts on GPU 0: without this,

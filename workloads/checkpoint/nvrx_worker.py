@@ -41,6 +41,7 @@ import queue
 import signal
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,20 @@ class CheckpointWorker:
         self.handing_off = True
         self.queue.schedule_async_request(request)
         self.handing_off = False
+
+    def abandon_in_flight(self) -> None:
+        """At an in-process restart: forget what the failed iteration's saves would have run at
+        their finalize. The queue outlives the iteration, and a request's finalize functions (the
+        DCP finalize with its planner, the Checkpointer's commit) reach the Checkpointer and the
+        model and optimizer it saves: on a GPU, the failed iteration's parameters and moments
+        would stay allocated while the next iteration allocates its own. Nothing finalizes these
+        saves any more; one empty request per save stays in the queue, for `_drained` to count."""
+        if self.queue is None:
+            return
+        self.queue.async_calls = deque(
+            call._replace(async_request=AsyncRequest(None, (), [], call_idx=call.async_request.call_idx))
+            for call in self.queue.async_calls
+        )
 
     def close(self) -> None:
         """Normal end: the queue finishes what it holds and stops the worker."""

@@ -272,3 +272,14 @@ def stop_checkpoint_workers() -> None:
     from workloads.checkpoint.nvrx_worker import checkpoint_worker
 
     checkpoint_worker.stop()
+
+
+def abandon_in_flight_saves() -> None:
+    """At an in-process restart: the NVRx queue drops the failed iteration's finalize functions,
+    so its model and optimizer can be freed (CheckpointWorker.abandon_in_flight). A process that
+    never imported NVRx's checkpointing has no queue, and does not import it now."""
+    if "workloads.checkpoint.nvrx_worker" not in sys.modules:
+        return
+    from workloads.checkpoint.nvrx_worker import checkpoint_worker
+
+    checkpoint_worker.abandon_in_flight()

@@ -1,0 +1,102 @@
+"""An in-process restart frees the failed iteration's model and optimizer before the next
+iteration builds its own, also while an NVRx save of theirs is still in flight (world size 1,
+gloo, in one process).
+
+The save's finalize functions (the DCP finalize and the Checkpointer's commit) sit in the NVRx
+queue, which outlives the iteration (workloads.checkpoint.nvrx_worker); through the commit they
+reach the Checkpointer and the stateful objects it was built with. On a GPU that is the failed
+iteration's parameters and optimizer moments, 12-16 bytes per parameter and rank, still allocated
+while the next iteration allocates the same again."""
+
+from __future__ import annotations
+
+import gc
+import time
+import types
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from nvrx_eks.facts.checkpoint_layout import DIGESTS_FILE
+from workloads.checkpoint.checkpointer import Checkpointer
+from workloads.checkpoint.nvrx_worker import checkpoint_worker
+from workloads.checkpoint.train_state import ModelState, OptimizerState
+from workloads.config import TrainConfig
+from workloads.events import EventLog
+from workloads.faults import FaultInjector
+from workloads.ft_integration import FaultToleranceReporter
+from workloads.inprocess import RestartFinalize
+
+
+@pytest.fixture
+def single_rank():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    checkpoint_worker.stop()
+    dist.destroy_process_group()
+
+
+def _config(tmp_path: Path) -> TrainConfig:
+    return TrainConfig.from_dict({}, "x", [f"run_dir={tmp_path}", "checkpoint.backend=nvrx"])
+
+
+def _iteration(cfg: TrainConfig, events: EventLog, tmp_path: Path) -> dict:
+    """What Trainer.setup builds and hands ProcessState.iteration_objects: a model, its optimizer
+    with its moments allocated (one step taken), and a Checkpointer built with both."""
+    model = torch.nn.Linear(256, 256)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 256)).sum().backward()
+    optimizer.step()
+    checkpointer = Checkpointer(
+        cfg,
+        events=events,
+        faults=FaultInjector((), 0, tmp_path / "faults", events.emit),
+        device=torch.device("cpu"),
+        identity={"world_size": 1, "preset": cfg.model.preset},
+        states={"model": ModelState(model), "optim": OptimizerState(model, optimizer)},
+    )
+    return {"model": model, "optimizer": optimizer, "checkpointer": checkpointer}
+
+
+def _restart_finalize(cfg: TrainConfig, events: EventLog, iteration_objects: dict) -> None:
+    """The Wrapper's finalize step, then its own collection (`while gc.collect(): pass`)."""
+    finalize = RestartFinalize(
+        events, FaultToleranceReporter(cfg.fault_tolerance), iteration_objects.clear, cfg.inprocess.cuda_timeout_s
+    )
+    finalize(types.SimpleNamespace(fn_exception=RuntimeError("injected")))
+    while gc.collect():
+        pass
+
+
+def test_a_restart_with_a_save_in_flight_frees_the_failed_iterations_model_and_optimizer(single_rank, tmp_path):
+    cfg, events = _config(tmp_path), EventLog(tmp_path, 0)
+    failed = _iteration(cfg, events, tmp_path)
+    failed["checkpointer"].maybe_save(1, force=True)  # handed off; the fault hits before a poll commits it
+    assert failed["checkpointer"].pending is not None and checkpoint_worker.queue.async_calls
+    failed_path = failed["checkpointer"].pending.path
+    alive = {name: weakref.ref(obj) for name, obj in failed.items()}
+    moment = weakref.ref(failed["optimizer"].state[failed["model"].weight]["exp_avg"])
+
+    _restart_finalize(cfg, events, failed)
+
+    still_alive = sorted(name for name, ref in alive.items() if ref() is not None)
+    assert still_alive == [] and moment() is None, f"the failed iteration still holds {still_alive}"
+
+    # The next iteration gets the worker the abandoned save was handed to, and saves and loads.
+    # The worker finished writing the abandoned save (its digests are its last file), so the
+    # next iteration reuses it, and must not take that save's completion for its own.
+    digests = failed_path / DIGESTS_FILE.format(rank=0)
+    deadline = time.monotonic() + 60
+    while not digests.exists():
+        assert time.monotonic() < deadline, "the NVRx worker never wrote the abandoned save"
+        time.sleep(0.05)
+    following = _iteration(cfg, events, tmp_path)
+    assert following["checkpointer"].writer.worker_start == "reused"
+    following["checkpointer"].maybe_save(2, force=True)
+    following["checkpointer"].wait()
+    loaded = following["checkpointer"].load_latest(following["checkpointer"].state_dict)
+    assert loaded is not None and loaded.step == 2
+    following["checkpointer"].close()
