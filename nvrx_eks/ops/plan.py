@@ -55,8 +55,17 @@ INPROCESS_FIXED_S = 10.0
 #: pageable shared memory (not a pinned DMA, filesystem_async.py), with a device sync every 8
 #: tensors: a conservative 10 GB/s, half of the ~20 GB/s a pinned copy reaches in practice.
 DEFAULT_D2H_GBPS = 10.0
-#: Sustained bf16 throughput per H100 for a Llama-8B FSDP run: 40% MFU of the dense peak.
-DEFAULT_EFFECTIVE_TFLOPS_PER_GPU = 0.40 * PEAK_BF16_DENSE_TFLOPS["H100"]
+#: The model FLOPs utilisation assumed where no step time is given: 40% of an H100's dense bf16
+#: peak. Llama 3 405B pre-training reached 43%, 41% and 38% BF16 MFU (430, 400 and 380 TFLOPs per
+#: GPU) on 8,192 to 16,384 H100s ("The Llama 3 Herd of Models", https://arxiv.org/abs/2407.21783,
+#: Table 4). torchtitan's Llama 3.1 8B with FSDP2 on 8 H100s reaches 5,762 tokens/s per GPU eager
+#: (~33% MFU) and 6,667 with torch.compile (~39%), selective activation checkpointing
+#: (https://github.com/pytorch/torchtitan/blob/main/docs/performance.md, Table 1): this eager
+#: trainer with full activation checkpointing may step slower than assumed; give a measured
+#: --step-time-s once one exists.
+ASSUMED_MFU = 0.40
+MFU_SOURCE = "Llama 3 405B pre-training: 38-43% BF16 MFU on H100s (arXiv 2407.21783, Table 4)"
+DEFAULT_EFFECTIVE_TFLOPS_PER_GPU = ASSUMED_MFU * PEAK_BF16_DENSE_TFLOPS["H100"]
 
 #: Interruptions by kind, as shares of all unexpected ones: Llama 3 (sec. 3.3.4, Table 5: 419 in
 #: 54 days), this project's grouping of its categories by the layer that recovers them:
@@ -230,6 +239,9 @@ class Plan:
     step_time_s: float
     usd_per_hour: float | None
     strategies: list[StrategyPlan]
+    #: The MFU the step time assumes (None: the step time was given) and where that figure is from.
+    assumed_mfu: float | None = None
+    step_time_source: str = "given"
     #: Per-GPU training memory of the job (workloads.memory), when the job is known.
     memory: MemoryEstimate | None = None
     #: The FSx file system's throughput: how fast a checkpoint can be written at best.
@@ -265,6 +277,7 @@ def make_plan(
     gpus = nodes * facts.gpus
     params = parameter_count(MODEL_PRESETS[preset])
     state_bytes = params * CHECKPOINT_BYTES_PER_PARAM
+    assumed_mfu = None if step_time_s is not None else ASSUMED_MFU
     if step_time_s is None:
         # 6 FLOPs per parameter per token (forward + backward), spread over every GPU.
         step_time_s = 6 * params * tokens_per_step / (gpus * DEFAULT_EFFECTIVE_TFLOPS_PER_GPU * 1e12)
@@ -304,6 +317,8 @@ def make_plan(
         step_time_s=step_time_s,
         usd_per_hour=None if price is None else price * nodes,
         strategies=plans,
+        assumed_mfu=assumed_mfu,
+        step_time_source="given" if assumed_mfu is None else MFU_SOURCE,
         memory=memory,
         fsx_bytes_per_s=config.fsx.throughput_mbps * 1e6,
         fault_classes=classes,
@@ -387,6 +402,12 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
         f"[bold]{config.name}[/]: {plan.nodes}x {facts.instance_type} ({plan.gpus} GPUs), model preset {preset}: "
         f"{plan.state_bytes / 1e9:.0f} GB of checkpointed state, ~{plan.step_time_s:.2f} s per step"
     )
+    if plan.assumed_mfu is not None:
+        console.print(
+            f"Step time: 6 FLOPs per parameter per token at an assumed {plan.assumed_mfu:.0%} MFU of an "
+            f"H100's {PEAK_BF16_DENSE_TFLOPS['H100']:g} TFLOP/s dense bf16 peak. Source: {plan.step_time_source}. "
+            "Give a measured one with --step-time-s"
+        )
     console.print(
         f"Failures: node MTBF {plan.node_mtbf_h:,.0f} h -> job MTBF {duration_text(plan.job_mtbf_s)} "
         f"over {plan.nodes} nodes"
