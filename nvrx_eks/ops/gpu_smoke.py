@@ -45,6 +45,12 @@ GPU_OVERRIDES = (
 )
 
 
+#: The launcher's log in a run directory (nvrx_eks.local.runner writes node 0's there).
+LAUNCHER_LOG = "launcher.log"
+#: How much of it a report holds when no rank started.
+LOG_TAIL_LINES = 50
+
+
 @dataclass(frozen=True)
 class SmokePlan:
     nproc: int
@@ -139,9 +145,20 @@ def smoke(
         plan, faulted_dir, steps=plan.steps, faults=plan.faults, backend="nvrx", resume=False, console=console
     )
     run = faulted["run"]
+    starts = run.of("run_start", rank=0)
+    if not starts:
+        # An import, CUDA or NCCL error before the trainer ran: the later phases would fail the
+        # same way, so the report ends here, with what the launcher saw.
+        checks["faults"] = {
+            "ok": False,
+            "exit_code": faulted["exit_code"],
+            "error": "no rank started training (no run_start event); see launcher_log_tail",
+            "launcher_log_tail": _log_tail(faulted_dir / LAUNCHER_LOG),
+        }
+        return _report(plan, checks, out_dir, console)
+    start = starts[0]
     restarts = [r for r in run.restarts(0) if r.layer == "inprocess"]
     same_pids = all(r.pids[0] == r.pids[1] for r in restarts)
-    start = run.of("run_start", rank=0)[0]
     checks["faults"] = {
         "ok": faulted["exit_code"] == 0 and len(restarts) == 2 and same_pids,
         "exit_code": faulted["exit_code"],
@@ -195,6 +212,18 @@ def smoke(
         # On CPU there is no GPU memory to measure: the check is the estimate's presence.
         "ok": measured is None if not plan.gpu else measured is not None and measured <= estimate.total,
     }
+    return _report(plan, checks, out_dir, console)
+
+
+def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last `lines` lines of `path`; none when it was never written."""
+    if not path.is_file():
+        return []
+    return path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+
+
+def _report(plan: SmokePlan, checks: dict[str, Any], out_dir: Path, console: Console) -> dict[str, Any]:
+    """The result of `checks`, written to out_dir/gpu_smoke.json and printed."""
     result = {
         "mode": "gpu" if plan.gpu else "dry-run (cpu, gloo)",
         "nproc": plan.nproc,
@@ -223,9 +252,14 @@ def _print(result: dict[str, Any], console: Console) -> None:
     table.add_column("result")
     table.add_column("numbers")
     for name, check in result["checks"].items():
-        numbers = ", ".join(f"{k}={v}" for k, v in check.items() if k not in ("ok", "estimate_components_gib"))
+        shown = (k for k in check if k not in ("ok", "estimate_components_gib", "launcher_log_tail"))
+        numbers = ", ".join(f"{k}={check[k]}" for k in shown)
         table.add_row(name, "[green]ok[/]" if check["ok"] else "[red]FAILED[/]", numbers)
     console.print(table)
+    for check in result["checks"].values():
+        if check.get("launcher_log_tail"):
+            console.print("launcher log, last lines:", markup=False)
+            console.print("\n".join(check["launcher_log_tail"]), markup=False, highlight=False)
 
 
 def main(argv: list[str] | None = None) -> int:
