@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -30,6 +31,8 @@ from rich.markup import escape
 
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from nvrx_eks.local.launcher_command import ft_launcher_command
+from nvrx_eks.local.live import LiveView
 from nvrx_eks.local.outcome import print_report, stop_reason
 from workloads import do_not_requeue
 from workloads.config import TrainConfig
@@ -293,15 +296,19 @@ def run_local(
         def launcher_argvs(port: int) -> list[list[str]]:
             """One launcher argv per node, for a launch on rendezvous port `port`."""
             rendezvous = local_rendezvous(port)
+            # argv[0], the launcher's name, becomes how this interpreter starts it (a script or
+            # `python -m`): the ranks then run in this interpreter's environment.
             return [
-                build_ft_launcher_argv(
-                    node_cfg,
-                    config_path=str(run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")),
-                    nnodes=nnodes,
-                    nproc_per_node=nproc,
-                    launcher=str(Path(sys.executable).parent / "ft_launcher"),
-                    **rendezvous,
-                )
+                [
+                    *ft_launcher_command(),
+                    *build_ft_launcher_argv(
+                        node_cfg,
+                        config_path=str(run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")),
+                        nnodes=nnodes,
+                        nproc_per_node=nproc,
+                        **rendezvous,
+                    )[1:],
+                ]
                 for n, node_cfg in enumerate(configs)
             ]
 
@@ -345,6 +352,7 @@ def run_local(
         completed_at = None  # with a lost node: when the survivors completed the run
         released = 0  # with a lost node: how many nodes were lost when the survivors were released
         relaunch = 0
+        view = LiveView(console, run_dir, started_at)  # one for every launch: no line twice
         stop = StopSignals()
         with stop:
             while True:
@@ -357,7 +365,7 @@ def run_local(
                 coordinator, launchers = start_launch(nnodes, launcher_argvs(port), env, run_dir, port, tracker)
                 lost_infrastructure = False
                 try:
-                    with console.status("starting") as status:
+                    with view:
                         while any(p.poll() is None for p in launchers):
                             for p in launchers:
                                 tracker.sample(p.pid)
@@ -382,9 +390,7 @@ def run_local(
                                 lost_infrastructure = True
                                 for p in launchers:
                                     _kill_tree(p.pid)
-                            ends = load_run(run_dir).of("step_end", rank=0)
-                            if ends:
-                                status.update(f"step {ends[-1]['step']}/{steps}  loss {ends[-1]['loss']:.3f}")
+                            view.poll()
                             time.sleep(0.5)
                 except KeyboardInterrupt:
                     # Ctrl-C, or SIGTERM/SIGHUP to this command (StopSignals). Like an eviction:
@@ -398,6 +404,7 @@ def run_local(
                             for p in launchers:
                                 tracker.sample(p.pid)
                             time.sleep(0.2)
+                    view.poll()  # the final checkpoint and the run's end
                 stop_coordinator(coordinator)
                 lost_infrastructure = lost_infrastructure or (
                     coordinator.returncode not in (0, None) or any(p.returncode < 0 for p in launchers)
@@ -456,6 +463,12 @@ def run_local(
                 killed,
                 started_at,
                 stopped=do_not_requeue.describe(record) if record else None,
+            )
+            console.print(
+                f"where the time went: nvrx-eks report {shlex.quote(str(run_dir))}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
             )
         elif killed:
             console.print(f"[red]processes had to be killed after the launcher exited: {killed}[/]")
