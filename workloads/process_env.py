@@ -1,9 +1,10 @@
 """Environment the trainer processes need from NCCL and torch for NVRx's in-process restart,
 stated once.
 
-Both places a trainer process can get its environment from carry it: the rendered pod env
-(nvrx_eks/jobs/render.py trainer_env, so a job run with `--image` of another build keeps it) and the
-image's ENV (workloads/Dockerfile, for anything started in the container by hand). ft_launcher
+Every place a trainer process can get its environment from carries it: the rendered pod env
+(nvrx_eks/jobs/render.py trainer_env, so a job run with `--image` of another build keeps it), the
+image's ENV (workloads/Dockerfile, for anything started in the container by hand) and the runs
+started on this machine (nvrx_eks/local/runner.py: `nvrx-eks local`, `gpu-smoke`). ft_launcher
 passes its own environment on to the ranks; a test checks that the Dockerfile's ENV equals this
 table. No torch import: the operator CLI renders from it.
 """

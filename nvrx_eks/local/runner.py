@@ -47,6 +47,7 @@ from workloads.launch import (
     inprocess_store_port_above,
 )
 from workloads.lease import LEASE_FILE, RunLease
+from workloads.process_env import NCCL_RESTART_ENV
 
 # Short timeouts for CPU runs: a hang is noticed in seconds, gloo (which cannot be aborted) gives
 # up on a dead peer at the soft timeout, and ft_launcher's timeouts stay above what the
@@ -317,6 +318,9 @@ def run_local(
         attempt = f"local-{uuid.uuid4().hex}"
         env = {
             **os.environ,
+            # As in the pod (nvrx_eks.jobs.render trainer_env): without it ft_launcher sets
+            # TORCH_NCCL_ASYNC_ERROR_HANDLING=1, and NVLS stays on where NVSwitch has it.
+            **NCCL_RESTART_ENV,
             "TORCH_CPP_LOG_LEVEL": "ERROR",
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
