@@ -59,6 +59,8 @@ class EventLines:
         for event in run.events:
             if event["rank"] == 0 and event["event"] == "step_start":
                 step = event["step"]
+            elif event["event"] == "fault_injected":
+                step = event["step"]  # a fault fires as its step starts, before step_start is written
             identity = (event.get("host"), event["pid"], event["rank"], event["t"], event["event"])
             if identity in self._described:
                 continue

@@ -41,6 +41,7 @@ from nvrx_eks.jobs.options import JobOptions
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import FSX_MOUNT_PATH
 from nvrx_eks.jobs.validate import validate_documents
+from nvrx_eks.local.live import LiveView
 from nvrx_eks.local.outcome import print_report
 from nvrx_eks.local.runner import StopSignals, local_config
 from nvrx_eks.rehearse.image import build_twin
@@ -48,7 +49,7 @@ from nvrx_eks.rehearse.jobset import REASON_BACKOFF_LIMIT, JobState, jobset_acti
 from nvrx_eks.rehearse.pods import NodeDirs, PodIdentity, create_argv
 from nvrx_eks.rehearse.runtime import REHEARSAL_LABEL, Podman
 from workloads import do_not_requeue
-from workloads.events import SCHEMA_VERSION, events_dir, load_run
+from workloads.events import SCHEMA_VERSION, events_dir
 
 POD_FAULT_KINDS = ("pod-kill", "pod-stop")
 #: How often the runner reads the run's progress and the pods' states: a pod fault fires at the
@@ -309,8 +310,9 @@ def execute(prepared: Prepared) -> int:
     job = JobState(run.job_spec)
     names: list[str] = []
     coordinator: str | None = None
+    view = LiveView(console, trainer_dir, started_at)  # the run's lines as they happen, every attempt's
     stop = StopSignals()
-    with stop:
+    with stop, view:
         try:
             while True:
                 names, coordinator = run.start_attempt(attempt, prepared.port)
@@ -321,7 +323,7 @@ def execute(prepared: Prepared) -> int:
                 action = None
                 while running and action is None:
                     time.sleep(POLL_S)
-                    ends = load_run(trainer_dir).of("step_end", rank=0)
+                    ends = view.poll().of("step_end", rank=0)
                     reached = max((e["step"] for e in ends if e.get("attempt", 0) == attempt), default=0)
                     # One fault at a time: the next waits until the pod the last one struck has
                     # ended and the controllers answered, even when the run (polled every POLL_S)

@@ -102,15 +102,15 @@ def test_a_fault_every_rank_of_a_node_recorded_is_one_line_and_other_ranks_resta
     ]
     lines = EventLines()
     assert texts(lines.new_lines(run_of(*events))) == [
-        "fault node-loss@6:1 injected",
-        "cannot continue (rank 1): the checkpoint cannot be loaded",
+        "step 6  fault node-loss@6:1 injected",
+        "step 6  cannot continue (rank 1): the checkpoint cannot be loaded",
     ]
     assert lines.new_lines(run_of(*events)) == []
 
 
-def test_a_launcher_restart_is_timed_from_the_last_event_of_the_previous_cycle():
+def test_a_launcher_restart_is_timed_from_the_last_event_of_the_previous_cycle_and_a_fault_names_its_step():
     events = [
-        event("step_start", 1.0, step=3),
+        event("step_start", 1.0, step=2),  # the fault fires as step 3 starts, before its step_start
         event("fault_injected", 1.5, kind="sigkill", step=3, target_rank=0),
         event("restart_end", 6.0, pid=2000, cycle=1, layer="launcher", resumed_from_step=2),
     ]
@@ -160,9 +160,9 @@ def test_without_a_terminal_events_are_plain_lines_and_progress_is_a_line_at_mos
     assert "\x1b" not in out.getvalue()  # no spinner, no colour codes in a log
     assert [line if line.startswith("step ") else line.split(" ", 1)[1] for line in printed] == [
         "step 1/16  loss 3.250",
-        "fault exception@3:0 injected",
+        "step 3  fault exception@3:0 injected",
         "step 3/16  loss 2.750",
-        "checkpoint step 3 committed",
+        "step 3  checkpoint step 3 committed",
     ]
 
 
