@@ -20,6 +20,16 @@ Sources (checked 2026-11):
   989 dense (https://www.nvidia.com/en-us/data-center/h100/, .../h200/); A100 SXM: 312 dense
   (https://www.nvidia.com/en-us/data-center/a100/). The A10G is an AWS-specific part with no
   published figure: none is stated, and its MFU is reported as n/a rather than guessed.
+- Expected all_reduce bus bandwidth (published_allreduce_busbw_gb_s): nccl-tests all_reduce_perf,
+  out-of-place busbw of the largest message on two nodes. p5.48xlarge: 487.09 GB/s at 16 GiB
+  (aws-samples/awsome-distributed-training, micro-benchmarks/nccl-tests/README.md, "Results",
+  2x p5.48xlarge). No figure is published for p5e, p5en, p4d (the same README's 78.33 GB/s is for
+  p4de.24xlarge at 2 GiB) or any g5 type: for those the expected figure is the nominal network
+  bandwidth in GB/s (network_gbps / 8), the bound a ring all_reduce's busbw reaches when the
+  network is the bottleneck. It is a bound, not a measurement: the two published two-node runs
+  beat it (p5 by 1.22x, p4de by 1.57x), because two nodes send less across the network than the
+  busbw formula counts. g5's EFA has no RDMA (traffic is staged through host memory): that it
+  reaches the pass fraction of its bound on healthy hardware is not measured.
 """
 
 from __future__ import annotations
@@ -29,6 +39,11 @@ from dataclasses import dataclass
 #: Peak dense bf16 tensor-core TFLOP/s of one GPU, by GPU model (sources in the module docstring).
 #: The denominator of MFU (workloads/metrics.py).
 PEAK_BF16_DENSE_TFLOPS: dict[str, float] = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+#: The fabric test passes when the largest all_reduce message reaches this fraction of the
+#: expected bus bandwidth: 20% allows for run-to-run spread and another placement than the
+#: published run's, while a fallback to TCP or a dead EFA device costs far more than that.
+FABRIC_TEST_PASS_FRACTION = 0.8
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,9 @@ class InstanceFacts:
     #: device per switch carries Lustre (the EKS guide's layout: every 4th device). None: the
     #: guide gives no layout, and the first and the last device carry it.
     efa_devices_per_pcie_switch: int | None = None
+    #: nccl-tests all_reduce busbw (GB/s) of the largest message on two nodes, where a run is
+    #: published (source in the module docstring); None: nothing is published for the type.
+    published_allreduce_busbw_gb_s: float | None = None
 
     @property
     def family(self) -> str:
@@ -94,6 +112,18 @@ class InstanceFacts:
     def peak_bf16_tflops(self) -> float | None:
         """Per GPU, dense; None where no figure is published (see the module docstring)."""
         return PEAK_BF16_DENSE_TFLOPS.get(self.gpu_model)
+
+    @property
+    def expected_allreduce_busbw_gb_s(self) -> float:
+        """The published figure, else the nominal network bandwidth in GB/s (module docstring)."""
+        if self.published_allreduce_busbw_gb_s is not None:
+            return self.published_allreduce_busbw_gb_s
+        return self.network_gbps / 8
+
+    @property
+    def fabric_test_min_busbw_gb_s(self) -> float:
+        """The bus bandwidth the fabric test's largest message must reach to pass."""
+        return round(FABRIC_TEST_PASS_FRACTION * self.expected_allreduce_busbw_gb_s, 1)
 
     @property
     def gpus_per_efa(self) -> float:
@@ -112,14 +142,20 @@ class InstanceFacts:
 
 
 def _p5_class(
-    instance_type: str, gpu: str, gpu_memory_gib: int, cards: int, usd: float | None, per_switch: int | None
+    instance_type: str,
+    gpu: str,
+    gpu_memory_gib: int,
+    cards: int,
+    usd: float | None,
+    per_switch: int | None,
+    busbw: float | None = None,
 ) -> InstanceFacts:
     """p5 / p5e / p5en share everything but the GPU and the network card layout."""
     return InstanceFacts(
         instance_type, gpu, gpus=8, gpu_memory_gib=gpu_memory_gib, vcpus=192, memory_gib=2048,
         network_cards=cards, efa_interfaces=cards, network_gbps=3200, nvme_gib=8 * 3576,
         on_demand_usd_per_hour=usd, fsx_efa_client=True, efa_rdma=True, numa_nodes=2,
-        efa_devices_per_pcie_switch=per_switch,
+        efa_devices_per_pcie_switch=per_switch, published_allreduce_busbw_gb_s=busbw,
     )  # fmt: skip
 
 
@@ -127,7 +163,7 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
     f.instance_type: f
     for f in (
         # 8x H100 SXM 80 GB; 32 network cards, EFAv2 at 3200 Gbps in total; 8x 3.84 TB NVMe.
-        _p5_class("p5.48xlarge", "H100", 80, cards=32, usd=55.04, per_switch=4),
+        _p5_class("p5.48xlarge", "H100", 80, cards=32, usd=55.04, per_switch=4, busbw=487.09),
         # 8x H200 141 GB; same network layout as p5; sold as Capacity Blocks only.
         _p5_class("p5e.48xlarge", "H200", 141, cards=32, usd=None, per_switch=4),
         # 8x H200 141 GB; EFAv3 on 16 network cards, 3200 Gbps in total.
