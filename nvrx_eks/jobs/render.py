@@ -279,6 +279,7 @@ def render_job(spec: JobSpec) -> RenderedJob:
 def _render_fabric_test(spec: JobSpec, context: dict) -> list[str]:
     # INFO for INIT and NET prints which network and libfabric provider NCCL chose on each node.
     env = {**fabric_env(spec.facts, debug="INFO"), "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    max_bytes = nccl_max_bytes(spec.facts)
     script = _ENV.get_template("scripts/nccl-tests.sh.j2").render(
         **context,
         env=env,
@@ -289,7 +290,10 @@ def _render_fabric_test(spec: JobSpec, context: dict) -> list[str]:
         pod_host=job_names.jobset_pod_host(spec.name, "$node"),
         pod_dns_name=job_names.jobset_pod_dns_name(spec.name, "$node"),
         mpirun=MPIRUN,
-        max_bytes=nccl_max_bytes(spec.facts),
+        max_bytes=max_bytes,
+        # The verdict finds the largest message's row by its size in bytes ("G" is GiB to nccl-tests).
+        max_message_bytes=int(max_bytes.removesuffix("G")) * 2**30,
+        min_busbw_gb_s=spec.facts.fabric_test_min_busbw_gb_s,
     )
     fabric_context = {
         **context,
@@ -304,6 +308,7 @@ def _render_fabric_test(spec: JobSpec, context: dict) -> list[str]:
         "capabilities": pod_security.FABRIC_TEST_CAPABILITIES,
         "local_checkpoints": None,
         "deadline_s": NCCL_DEADLINE_S,
+        "min_busbw_gb_s": spec.facts.fabric_test_min_busbw_gb_s,
     }
     return [_ENV.get_template("nccl-tests.yaml.j2").render(**fabric_context)]
 
