@@ -53,6 +53,8 @@ class PodStatus:
     last_exit: str
     restart_attempt: str
     gpus: int = 1
+    #: What the container left in its termination-message file, such as the fabric test's verdict.
+    termination_message: str = ""
 
 
 @dataclass
@@ -138,6 +140,7 @@ class JobStatus:
                     "restarts": p.restarts,
                     "last_exit": p.last_exit,
                     "attempt": p.restart_attempt,
+                    "termination_message": p.termination_message,
                     **({"role": self.role_of(p)} if self.roles else {}),
                 }
                 for p in self.pods
@@ -182,6 +185,9 @@ class JobStatus:
             ]
             table.add_row(*row, *([self.role_of(p)] if self.roles else []))
         console.print(table)
+        for p in self.pods:
+            if p.termination_message:
+                console.print(f"node {p.node_rank}: {escape(p.termination_message)}", highlight=False, soft_wrap=True)
 
 
 #: The roles of a node with hot spares, in the order `status` lists them.
@@ -208,7 +214,7 @@ def _node_roles(obj: dict, pods: list[PodStatus], restarts: int | None) -> list[
 
 def _pod_status(pod: k8s.V1Pod) -> PodStatus:
     status = pod.status
-    restarts, last_exit = 0, ""
+    restarts, last_exit, message = 0, "", ""
     for cs in (status.container_statuses or []) if status else []:
         restarts += cs.restart_count or 0
         terminated = (cs.state.terminated if cs.state else None) or (
@@ -216,6 +222,7 @@ def _pod_status(pod: k8s.V1Pod) -> PodStatus:
         )
         if terminated is not None:
             last_exit = f"{terminated.exit_code} ({terminated.reason or 'exited'})"
+            message = (terminated.message or "").strip()
     labels = pod.metadata.labels or {}
     return PodStatus(
         name=pod.metadata.name,
@@ -226,4 +233,5 @@ def _pod_status(pod: k8s.V1Pod) -> PodStatus:
         last_exit=last_exit or "-",
         restart_attempt=labels.get(JOBSET_RESTART_ATTEMPT_LABEL, "-"),
         gpus=gpus_per_pod(pod),
+        termination_message=message,
     )
