@@ -16,11 +16,12 @@ Composition:
   abort        with gloo, ReleaseGlooPeers first (shuts down the gloo pair sockets, so every rank
                blocked in a collective, here and on the peers, is released at once instead of at
                gloo's timeout; workloads.gloo_sockets), then AbortTorchDistributed (destroys the
-               process groups). Not NVRx's AbortPersistentCheckpointProcesses: the checkpoint
+               process groups). With NCCL, AbortTorchDistributed first (NVRx aborts the
+               communicators, which closes their sockets), then ReleaseGlooPeers for the gloo
+               groups of the checkpoint components (workloads.checkpoint.groups). Compose runs
+               right to left. Not NVRx's AbortPersistentCheckpointProcesses: the checkpoint
                worker outlives the restart, and the next iteration reuses it once it finished
                what the failed one handed it, or replaces it (workloads.checkpoint.nvrx_worker).
-               Compose runs right to left. NCCL needs no socket release: NVRx aborts its
-               communicators.
   finalize     RestartFinalize: records restart_begin, closes ft sections, drops the failed
                iteration's objects and the finalize functions of its saves still in flight (they
                would keep its model and optimizer allocated into the next iteration), and on CUDA
@@ -136,8 +137,14 @@ class RestartFinalize(inprocess.finalize.Finalize):
 def abort_chain(cfg: InProcessConfig, backend: str, store_port: int | None) -> list[inprocess.abort.Abort]:
     """The Compose arguments (run right to left) of the in-process abort for `backend`."""
     chain: list[inprocess.abort.Abort] = [AbortTorchDistributed()]
-    if backend == "gloo" and cfg.release_gloo_sockets:
-        chain.append(ReleaseGlooPeers(store_port))
+    if not cfg.release_gloo_sockets:
+        return chain
+    if backend == "gloo":
+        chain.append(ReleaseGlooPeers(store_port))  # first: every group is gloo
+    else:
+        # NCCL runs have gloo groups too (workloads.checkpoint.groups): released after NCCL's
+        # abort, which closes NCCL's own TCP connections, so only gloo pairs and stores remain.
+        chain.insert(0, ReleaseGlooPeers(store_port))
     return chain
 
 

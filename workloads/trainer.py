@@ -142,7 +142,7 @@ class Trainer:
             local_tier = None
             if cfg.checkpoint.local.enabled:
                 nproc_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
-                local_tier = LocalTier(cfg, events=self.events, nproc_per_node=nproc_per_node)
+                local_tier = LocalTier(cfg, events=self.events, nproc_per_node=nproc_per_node, ping=self.ping)
             self.checkpointer = Checkpointer(
                 cfg,
                 events=self.events,

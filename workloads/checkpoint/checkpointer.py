@@ -153,6 +153,7 @@ class Checkpointer:
             with_sha=cfg.checkpoint.verify == "sha256",
             commit=self._commit,
             unguarded=unguarded,
+            group_timeout_s=cfg.checkpoint.finalize_timeout_s,
         )
         if self.writer is not None and self.writer.worker_start is not None:
             events.emit("checkpoint_worker", start=self.writer.worker_start)

@@ -72,6 +72,7 @@ from torch.distributed.tensor import DTensor
 from nvrx_eks.facts.checkpoint_layout import LAYOUT_FIELDS, atomic_write, incompatibility, local_copy_identity
 from workloads.checkpoint import copy_format
 from workloads.checkpoint.errors import CheckpointIncompatible
+from workloads.checkpoint.groups import checkpoint_gloo_group
 from workloads.config import TrainConfig
 from workloads.events import EventLog
 from workloads.faults import damage_in_place
@@ -415,7 +416,9 @@ class LocalTier:
     Collective (every rank, same order): the constructor, restore, and each save (the writer
     threads exchange replicas in the order of the saves)."""
 
-    def __init__(self, cfg: TrainConfig, *, events: EventLog, nproc_per_node: int):
+    def __init__(self, cfg: TrainConfig, *, events: EventLog, nproc_per_node: int, ping: Callable[[], None] = _no_ping):
+        """`ping`: progress for the in-process watchdog while the previous iteration's writer is
+        waited for."""
         self.cfg, self.events = cfg, events
         self.root = Path(cfg.local_checkpoint_dir)
         self.keep = cfg.checkpoint.local.keep
@@ -427,14 +430,20 @@ class LocalTier:
         self.source = (self.rank - nproc_per_node) % self.world if self.peer is not None else None
         # Its own gloo group: replicas move in the writer thread while the training thread runs
         # the step's collectives on the default group.
-        self._group = dist.new_group(backend="gloo")
+        self._group = checkpoint_gloo_group(cfg.checkpoint.finalize_timeout_s)
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_saved_step = -1
         global _previous_writer
         stuck = False
         if _previous_writer is not None:
-            _previous_writer.join(timeout=cfg.resolved_pg_timeout_s("gloo"))
+            # With pings: a thread blocked in join runs no pending calls, so the watchdog's
+            # automatic progress stamps stop, and a writer that takes the soft timeout to finish
+            # would trip it.
+            deadline = time.monotonic() + cfg.resolved_pg_timeout_s("gloo")
+            while _previous_writer.is_alive() and time.monotonic() < deadline:
+                _previous_writer.join(timeout=_PING_EVERY_S)
+                ping()
             stuck, _previous_writer = _previous_writer.is_alive(), None
         # The host copy's buffers take the next save (no allocation, no page faults), whoever's
         # they were (split_state allocates wherever a shape or dtype differs); not while a writer

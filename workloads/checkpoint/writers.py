@@ -35,6 +35,7 @@ import torch.distributed.checkpoint as dcp
 from nvrx_eks.facts.checkpoint_layout import DIGESTS_FILE, atomic_write
 from workloads.checkpoint import files as ckpt_files
 from workloads.checkpoint.errors import CheckpointWriterDied
+from workloads.checkpoint.groups import checkpoint_gloo_group
 
 
 @dataclass
@@ -127,9 +128,9 @@ class SyncWriter(Writer):
 class DcpAsyncWriter(Writer):
     """checkpoint.backend=dcp-async: torch's async_save on its own gloo group."""
 
-    def __init__(self, **kwargs: Any):
+    def __init__(self, *, group_timeout_s: float, **kwargs: Any):
         super().__init__(**kwargs)
-        self._group = dist.new_group(backend="gloo")
+        self._group = checkpoint_gloo_group(group_timeout_s)
 
     def hand_off(self, pending: PendingSave, state: dict[str, Any], first: bool) -> None:
         response = dcp.async_save(state, checkpoint_id=str(pending.path), process_group=self._group)
@@ -251,13 +252,15 @@ def build_writer(
     with_sha: bool,
     commit: Callable[[PendingSave], None],
     unguarded: Callable[[], AbstractContextManager[Any]],
+    group_timeout_s: float,
 ) -> Writer | None:
-    """The writer of checkpoint.backend; None for `none`. Collective."""
+    """The writer of checkpoint.backend; None for `none`. `group_timeout_s` bounds the
+    collectives of a writer's own gloo group (workloads.checkpoint.groups). Collective."""
     common: dict[str, Any] = {"rank": rank, "device": device, "with_sha": with_sha, "commit": commit}
     if backend == "nvrx":
         return NvrxWriter(unguarded=unguarded, **common)
     if backend == "dcp-async":
-        return DcpAsyncWriter(**common)
+        return DcpAsyncWriter(group_timeout_s=group_timeout_s, **common)
     if backend == "sync":
         return SyncWriter(**common)
     return None
