@@ -320,7 +320,9 @@ class InProcessConfig(_Strict):
     # Off only to measure what it saves (bench): without it a gloo peer of a faulting rank waits
     # out the process-group timeout (workloads.gloo_sockets).
     release_gloo_sockets: bool = Field(
-        default=True, description="with gloo, the restart shuts down the gloo pair sockets (never the stores)"
+        default=True,
+        description="the restart shuts down gloo's pair sockets (never the stores): the process group's with gloo, "
+        "the checkpoint groups' with nccl too",
     )
 
     @model_validator(mode="after")

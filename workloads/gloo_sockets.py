@@ -12,7 +12,10 @@ Which sockets: this process's established TCP connections, less every store conn
 torchrun/ft_launcher rendezvous store at MASTER_PORT, the launcher's rendezvous endpoint and the
 in-process store whose prefixes carry the per-iteration process groups: one port, see
 workloads.launch). A store connection must survive: the in-process Wrapper coordinates the restart
-through it. gloo keeps no other TCP connections, and the trainer opens none of its own.
+through it. gloo keeps no other TCP connections, and the trainer opens none of its own. On an NCCL
+run the release runs after NCCL's own abort, for the checkpoint's gloo groups
+(workloads.checkpoint.groups); NVRx's abort is expected to have closed NCCL's own sockets by
+then (not yet seen on a GPU).
 
 The sockets are shut down, not closed: their file descriptors stay gloo's, which closes them when
 the process group is destroyed, so no descriptor is ever reused under gloo's feet.
