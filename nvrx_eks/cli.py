@@ -490,11 +490,16 @@ def gpu_smoke(
     dry_run: bool = typer.Option(False, "--dry-run", help="CPU, gloo, tiny preset: the same code path."),
     preset: str | None = typer.Option(None, "--preset", help="Model preset (default: 1b on GPU, tiny dry)."),
     nproc: int | None = typer.Option(None, "--nproc", min=1, help="Ranks (default: one per visible GPU)."),
+    budget_s: float | None = typer.Option(
+        None,
+        "--budget-s",
+        help="Seconds the smoke may take (default: under 8 minutes); a phase that would not fit is skipped.",
+    ),
 ) -> None:
     """On one GPU machine: NCCL, bf16, async checkpoints, faults recovered in process, resume, stall, memory."""
     from nvrx_eks.ops.gpu_smoke import smoke
 
-    result = smoke(out_dir=out, dry_run=dry_run, preset=preset, nproc=nproc, console=Console())
+    result = smoke(out_dir=out, dry_run=dry_run, preset=preset, nproc=nproc, console=Console(), budget_s=budget_s)
     raise typer.Exit(0 if result["ok"] else 1)
 
 

@@ -10,6 +10,11 @@ with the NCCL backend and bf16 compute, and checks, printing the numbers and wri
 4. memory:  each rank's GPU high-water mark (torch.cuda.max_memory_reserved) against
             workloads.memory's estimate for the same job.
 
+Each phase's numbers include its throughput (tokens/s per rank, and MFU on a GPU with a published
+peak). `--budget-s` bounds the wall time: a phase that would not fit in what is left is recorded as
+skipped for the budget instead of run, and gpu_smoke.json is rewritten after every phase, so a
+smoke killed half way leaves the phases it finished.
+
 `--dry-run` runs the same code path on CPU (gloo, the tiny preset, 2 ranks, no memory figures):
 the test suite runs it, so the script is known to work before a GPU is at hand. No figure in the
 JSON is ever filled in by anything but a measurement of this run.
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +51,42 @@ GPU_OVERRIDES = (
     "fault_tolerance.out_of_section_timeout_s=200",
 )
 
+#: The default wall-clock budget of a smoke, under 8 minutes: a GPU machine rented for a short
+#: slot (its start-up included) runs the whole smoke and has time left to run it again.
+DEFAULT_BUDGET_S = 480.0
+
+
+class Budget:
+    """The smoke's wall-clock budget and the estimate of a launch's length.
+
+    Nothing is known before the first launch, so the faults phase always runs; a later launch
+    runs only if the time left covers the longest launch so far (the faults phase, with its two
+    restarts and a fresh start-up, is the longest of the smoke's launches)."""
+
+    def __init__(self, budget_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget_s = budget_s
+        self._clock = clock
+        self._start = clock()
+        self.longest_launch_s = 0.0
+
+    def left_s(self) -> float:
+        return self.budget_s - (self._clock() - self._start)
+
+    def fits_a_launch(self) -> bool:
+        return self.left_s() >= self.longest_launch_s
+
+    def skipped(self) -> dict[str, Any]:
+        """What a phase that would not fit says instead of its numbers."""
+        return {"ok": None, "skipped": "budget", "left_s": round(self.left_s(), 1), "needed_s": self.longest_launch_s}
+
+    def launch(self, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """`run()`, its wall time recorded (as "wall_s") and remembered for the next estimate."""
+        began = self._clock()
+        result = run()
+        result["wall_s"] = round(self._clock() - began, 1)
+        self.longest_launch_s = max(self.longest_launch_s, result["wall_s"])
+        return result
+
 
 #: The launcher's log in a run directory (nvrx_eks.local.runner writes node 0's there).
 LAUNCHER_LOG = "launcher.log"
@@ -60,10 +103,20 @@ class SmokePlan:
     steps: int
     interval: int
     gpu: bool
+    #: Stated rather than left to auto: the GPU smoke is the check of the bf16 path.
+    precision: str = "fp32"
+    #: The GPU's dense bf16 peak (nvrx_eks/facts/instances.py), for MFU; None: MFU is n/a.
+    peak_tflops: float | None = None
 
     @property
     def overrides(self) -> list[str]:
-        base = [f"data.seq_len={self.seq_len}", f"data.batch_size={self.batch_size}"]
+        base = [
+            f"data.seq_len={self.seq_len}",
+            f"data.batch_size={self.batch_size}",
+            f"distributed.precision={self.precision}",
+        ]
+        if self.peak_tflops is not None:
+            base.append(f"peak_tflops_per_gpu={self.peak_tflops}")
         return base + (list(GPU_OVERRIDES) if self.gpu else [])
 
     @property
@@ -86,9 +139,21 @@ def plan_for(dry_run: bool, preset: str | None, nproc: int | None) -> SmokePlan:
         )
     if nproc is not None and nproc > gpus:
         raise ConfigError(f"--nproc: {nproc} ranks need {nproc} GPUs; this machine has {gpus}")
+    from nvrx_eks.facts.instances import PEAK_BF16_DENSE_TFLOPS
+
+    name = torch.cuda.get_device_name(0)
+    peak = next((tflops for model, tflops in PEAK_BF16_DENSE_TFLOPS.items() if model in name), None)
     # nproc 1 leaves no second rank to hang; the hang then targets rank 0 after its exception.
     return SmokePlan(
-        nproc=nproc or gpus, preset=preset or "1b", seq_len=2048, batch_size=2, steps=30, interval=5, gpu=True
+        nproc=nproc or gpus,
+        preset=preset or "1b",
+        seq_len=2048,
+        batch_size=2,
+        steps=30,
+        interval=5,
+        gpu=True,
+        precision="bf16",
+        peak_tflops=peak,
     )
 
 
@@ -127,8 +192,11 @@ def smoke(
     preset: str | None = None,
     nproc: int | None = None,
     console: Console | None = None,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """Run the checks; returns (and writes to out_dir/gpu_smoke.json) the measured results."""
+    """Run the checks within `budget_s` seconds (None: DEFAULT_BUDGET_S); returns the measured
+    results and writes them to out_dir/gpu_smoke.json after every phase ("complete": false until
+    the last)."""
     from workloads.config import TrainConfig
     from workloads.memory import GIB, estimate_for
 
@@ -137,12 +205,19 @@ def smoke(
     out_dir = out_dir.resolve()
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError(f"--out: {out_dir} is not empty; choose a new directory")
+    budget_s = DEFAULT_BUDGET_S if budget_s is None else budget_s
+    if budget_s <= 0:
+        raise ConfigError(f"--budget-s: {budget_s:g} is not above 0; give the seconds the smoke may take")
+    budget = Budget(budget_s)
+    out_dir.mkdir(parents=True, exist_ok=True)
     checks: dict[str, Any] = {}
 
     # 1. Faults recovered in process, with async checkpoints.
     faulted_dir = out_dir / "faulted"
-    faulted = _run(
-        plan, faulted_dir, steps=plan.steps, faults=plan.faults, backend="nvrx", resume=False, console=console
+    faulted = budget.launch(
+        lambda: _run(
+            plan, faulted_dir, steps=plan.steps, faults=plan.faults, backend="nvrx", resume=False, console=console
+        )
     )
     run = faulted["run"]
     starts = run.of("run_start", rank=0)
@@ -155,7 +230,7 @@ def smoke(
             "error": "no rank started training (no run_start event); see launcher_log_tail",
             "launcher_log_tail": _log_tail(faulted_dir / LAUNCHER_LOG),
         }
-        return _report(plan, checks, out_dir, console)
+        return _report(plan, checks, out_dir, console, budget_s)
     start = starts[0]
     restarts = [r for r in run.restarts(0) if r.layer == "inprocess"]
     same_pids = all(r.pids[0] == r.pids[1] for r in restarts)
@@ -167,41 +242,67 @@ def smoke(
         "same_pids": same_pids,
         "backend": start.get("backend"),
         "commits": len(run.of("checkpoint_commit", rank=0)),
+        "wall_s": faulted["wall_s"],
+        **_throughput(run.of("step_end", rank=0)),
     }
+    _write(out_dir, _result(plan, checks, budget_s, complete=False))
 
     # 2. Resume: a new launch continues from the last committed step.
-    resumed = _run(
-        plan,
-        faulted_dir,
-        steps=plan.steps + plan.interval,
-        faults=plan.faults,
-        backend="nvrx",
-        resume=True,
-        console=console,
-    )
-    cycle_starts = [e for e in resumed["run"].of("setup_end", rank=0) if e["t"] > run.events[-1]["t"]]
-    resumed_from = cycle_starts[0]["resumed_from_step"] if cycle_starts else None
-    checks["resume"] = {
-        "ok": resumed["exit_code"] == 0 and resumed_from == plan.steps,
-        "exit_code": resumed["exit_code"],
-        "resumed_from_step": resumed_from,
-    }
+    if budget.fits_a_launch():
+        resumed = budget.launch(
+            lambda: _run(
+                plan,
+                faulted_dir,
+                steps=plan.steps + plan.interval,
+                faults=plan.faults,
+                backend="nvrx",
+                resume=True,
+                console=console,
+            )
+        )
+        faulted_end_t = run.events[-1]["t"]
+        cycle_starts = [e for e in resumed["run"].of("setup_end", rank=0) if e["t"] > faulted_end_t]
+        resumed_from = cycle_starts[0]["resumed_from_step"] if cycle_starts else None
+        checks["resume"] = {
+            "ok": resumed["exit_code"] == 0 and resumed_from == plan.steps,
+            "exit_code": resumed["exit_code"],
+            "resumed_from_step": resumed_from,
+            "wall_s": resumed["wall_s"],
+            **_throughput([e for e in resumed["run"].of("step_end", rank=0) if e["t"] > faulted_end_t]),
+        }
+    else:
+        checks["resume"] = budget.skipped()
+    _write(out_dir, _result(plan, checks, budget_s, complete=False))
 
     # 3. Stall: async (from the faulted run) against synchronous saves.
-    sync = _run(
-        plan, out_dir / "sync", steps=2 * plan.interval, faults="", backend="sync", resume=False, console=console
-    )
-    async_stall = (faulted["summary"] or {}).get("checkpoints", {}).get("median_stall_s")
-    sync_stall = (sync["summary"] or {}).get("checkpoints", {}).get("median_stall_s")
-    checks["stall"] = {
-        "ok": sync["exit_code"] == 0 and async_stall is not None and sync_stall is not None,
-        "async_median_s": None if async_stall is None else round(async_stall, 4),
-        "sync_median_s": None if sync_stall is None else round(sync_stall, 4),
-    }
+    if budget.fits_a_launch():
+        sync = budget.launch(
+            lambda: _run(
+                plan,
+                out_dir / "sync",
+                steps=2 * plan.interval,
+                faults="",
+                backend="sync",
+                resume=False,
+                console=console,
+            )
+        )
+        async_stall = (faulted["summary"] or {}).get("checkpoints", {}).get("median_stall_s")
+        sync_stall = (sync["summary"] or {}).get("checkpoints", {}).get("median_stall_s")
+        checks["stall"] = {
+            "ok": sync["exit_code"] == 0 and async_stall is not None and sync_stall is not None,
+            "async_median_s": None if async_stall is None else round(async_stall, 4),
+            "sync_median_s": None if sync_stall is None else round(sync_stall, 4),
+            "wall_s": sync["wall_s"],
+            **_throughput(sync["run"].of("step_end", rank=0)),
+        }
+    else:
+        checks["stall"] = budget.skipped()
+    _write(out_dir, _result(plan, checks, budget_s, complete=False))
 
     # 4. Memory: the high-water mark of each rank against the model's estimate.
     train = TrainConfig.from_yaml(faulted_dir / "config.yaml")
-    estimate = estimate_for(train, plan.nproc, bf16=plan.gpu)
+    estimate = estimate_for(train, plan.nproc, bf16=plan.precision == "bf16")
     peaks = [e.get("gpu_peak_reserved_bytes") for e in faulted["run"].of("run_end")]
     measured = max((p for p in peaks if p is not None), default=None)
     checks["memory"] = {
@@ -212,7 +313,19 @@ def smoke(
         # On CPU there is no GPU memory to measure: the check is the estimate's presence.
         "ok": measured is None if not plan.gpu else measured is not None and measured <= estimate.total,
     }
-    return _report(plan, checks, out_dir, console)
+    return _report(plan, checks, out_dir, console, budget_s)
+
+
+def _throughput(step_ends: list[dict[str, Any]]) -> dict[str, Any]:
+    """A phase's median tokens/s per rank and MFU (None on CPU, or without a published peak)."""
+    from workloads.metrics import summarize_throughput
+
+    measured = summarize_throughput(step_ends)
+    per_rank, mfu = measured["tokens_per_s_per_gpu"], measured["mfu"]
+    return {
+        "tokens_per_s_per_rank": None if per_rank is None else round(per_rank),
+        "mfu": None if mfu is None else round(mfu, 3),
+    }
 
 
 def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -222,17 +335,32 @@ def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     return path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
 
 
-def _report(plan: SmokePlan, checks: dict[str, Any], out_dir: Path, console: Console) -> dict[str, Any]:
-    """The result of `checks`, written to out_dir/gpu_smoke.json and printed."""
+def _report(
+    plan: SmokePlan, checks: dict[str, Any], out_dir: Path, console: Console, budget_s: float
+) -> dict[str, Any]:
+    """The final result of `checks`, written to out_dir/gpu_smoke.json and printed."""
+    result = _result(plan, checks, budget_s, complete=True)
+    _write(out_dir, result)
+    _print(result, console)
+    return result
+
+
+def _result(plan: SmokePlan, checks: dict[str, Any], budget_s: float, *, complete: bool) -> dict[str, Any]:
+    """The report of the checks so far; `complete` once no phase is left to run. A phase skipped
+    for the budget proves nothing and fails nothing: it is listed under "skipped"."""
+    ran = {name: c for name, c in checks.items() if not c.get("skipped")}
     result = {
         "mode": "gpu" if plan.gpu else "dry-run (cpu, gloo)",
         "nproc": plan.nproc,
         "preset": plan.preset,
-        "bf16": plan.gpu,
+        "precision": plan.precision,
         "seq_len": plan.seq_len,
         "batch_size": plan.batch_size,
+        "budget_s": budget_s,
+        "complete": complete,
         "checks": checks,
-        "ok": all(c["ok"] for c in checks.values()),
+        "skipped": [name for name in checks if name not in ran],
+        "ok": complete and all(c["ok"] for c in ran.values()),
     }
     if plan.gpu:
         import torch
@@ -240,10 +368,16 @@ def _report(plan: SmokePlan, checks: dict[str, Any], out_dir: Path, console: Con
         result["device"] = torch.cuda.get_device_name(0)
         result["torch"] = torch.__version__
         result["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "gpu_smoke.json").write_text(json.dumps(result, indent=1))
-    _print(result, console)
     return result
+
+
+def _write(out_dir: Path, result: dict[str, Any]) -> None:
+    """out_dir/gpu_smoke.json, replaced atomically: a smoke killed mid-write leaves the previous
+    phase's report whole, never a torn file."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    partial = out_dir / "gpu_smoke.json.tmp"
+    partial.write_text(json.dumps(result, indent=1))
+    os.replace(partial, out_dir / "gpu_smoke.json")
 
 
 def _print(result: dict[str, Any], console: Console) -> None:
@@ -252,9 +386,13 @@ def _print(result: dict[str, Any], console: Console) -> None:
     table.add_column("result")
     table.add_column("numbers")
     for name, check in result["checks"].items():
-        shown = (k for k in check if k not in ("ok", "estimate_components_gib", "launcher_log_tail"))
+        shown = (k for k in check if k not in ("ok", "skipped", "estimate_components_gib", "launcher_log_tail"))
         numbers = ", ".join(f"{k}={check[k]}" for k in shown)
-        table.add_row(name, "[green]ok[/]" if check["ok"] else "[red]FAILED[/]", numbers)
+        if check.get("skipped"):
+            verdict = f"[yellow]skipped: {check['skipped']}[/]"
+        else:
+            verdict = "[green]ok[/]" if check["ok"] else "[red]FAILED[/]"
+        table.add_row(name, verdict, numbers)
     console.print(table)
     for check in result["checks"].values():
         if check.get("launcher_log_tail"):
@@ -274,10 +412,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny preset: the same code path")
     parser.add_argument("--preset", default=None, help="model preset (default: 1b on GPU, tiny dry)")
     parser.add_argument("--nproc", type=int, default=None, help="ranks (default: one per visible GPU)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=DEFAULT_BUDGET_S,
+        help=f"seconds the smoke may take; a phase that would not fit is skipped (default {DEFAULT_BUDGET_S:g})",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
-        result = smoke(out_dir=args.out, dry_run=args.dry_run, preset=args.preset, nproc=args.nproc)
+        result = smoke(
+            out_dir=args.out, dry_run=args.dry_run, preset=args.preset, nproc=args.nproc, budget_s=args.budget_s
+        )
     except ConfigError as err:
         print(f"error: {err}")
         return EXIT_CONFIG_ERROR
