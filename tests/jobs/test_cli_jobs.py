@@ -175,11 +175,7 @@ def test_unreachable_cluster_exits_2(aws):
 # ----- live: submit, status, logs, delete against the test API server ----------------------
 
 
-@pytest.fixture
-def cluster(aws, k8s_server):
-    deploy_fake_environment(k8s_server.url)
-    add_fsx_volume(k8s_server)
-    return k8s_server
+cluster = cli_harness.deployed_cluster
 
 
 def test_submit_dry_runs_on_the_server_then_creates(cluster):

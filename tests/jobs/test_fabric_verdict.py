@@ -16,7 +16,7 @@ from nvrx_eks.facts.instances import FABRIC_TEST_PASS_FRACTION, facts_for
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import build_jobspec
 from tests.support import cli_harness
-from tests.support.cli_harness import add_fsx_volume, add_job_pods, deploy_fake_environment, run_cli
+from tests.support.cli_harness import add_job_pods, run_cli
 
 #: all_reduce_perf on 2x p5.48xlarge, 8 B to 16 GiB: the table rows as published in
 #: aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/README.md (largest rows and
@@ -177,11 +177,7 @@ aws = cli_harness.aws
 k8s_server = cli_harness.k8s_server
 
 
-@pytest.fixture
-def cluster(aws, k8s_server):
-    deploy_fake_environment(k8s_server.url)
-    add_fsx_volume(k8s_server)
-    return k8s_server
+cluster = cli_harness.deployed_cluster
 
 
 def test_status_shows_the_fabric_test_verdict(cluster):

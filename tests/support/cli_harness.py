@@ -220,6 +220,15 @@ def add_fsx_volume(server: KubeApiTestServer) -> None:
     )
 
 
+@pytest.fixture
+def deployed_cluster(aws, k8s_server):
+    """The loopback API server as the cluster our stacks deployed (their outputs in moto), with the
+    FSx volume bound: what submit, status, logs and delete work against."""
+    deploy_fake_environment(k8s_server.url)
+    add_fsx_volume(k8s_server)
+    return k8s_server
+
+
 def add_job_pods(
     server: KubeApiTestServer,
     job: str,

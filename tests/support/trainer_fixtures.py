@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pytest
 from rich.console import Console
 
 from tests.support import REPO_ROOT
@@ -34,6 +35,20 @@ def coordinator_serving(port: int, nnodes: int | str = 1, rdzv_id: str = "nvrx-e
         yield
     finally:
         stop_coordinator(coordinator)
+
+
+@pytest.fixture
+def single_rank() -> Iterator[None]:
+    """A process group of this process alone (gloo), for code that needs one; the NVRx checkpoint
+    worker it may start is stopped after."""
+    import torch.distributed as dist
+
+    from workloads.checkpoint.nvrx_worker import checkpoint_worker
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    checkpoint_worker.stop()
+    dist.destroy_process_group()
 
 
 def port_pair() -> int:

@@ -12,24 +12,17 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 import torch
-import torch.distributed as dist
 
 from nvrx_eks.local.runner import LOCAL_CPU_PROFILE
+from tests.support import trainer_fixtures
 from workloads.checkpoint.checkpointer import Checkpointer
 from workloads.checkpoint.nvrx_worker import DRAIN_S, WRITER_ABORT_GRACE_S, checkpoint_worker
 from workloads.config import TrainConfig
 from workloads.events import EventLog
 from workloads.faults import FaultInjector
 
-
-@pytest.fixture
-def single_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    checkpoint_worker.stop()
-    dist.destroy_process_group()
+single_rank = trainer_fixtures.single_rank
 
 
 def _checkpointer(tmp_path: Path) -> Checkpointer:

@@ -16,11 +16,10 @@ import types
 import weakref
 from pathlib import Path
 
-import pytest
 import torch
-import torch.distributed as dist
 
 from nvrx_eks.facts.checkpoint_layout import DIGESTS_FILE
+from tests.support import trainer_fixtures
 from workloads.checkpoint.checkpointer import Checkpointer
 from workloads.checkpoint.nvrx_worker import checkpoint_worker
 from workloads.checkpoint.train_state import ModelState, OptimizerState
@@ -30,13 +29,7 @@ from workloads.faults import FaultInjector
 from workloads.ft_integration import FaultToleranceReporter
 from workloads.inprocess import RestartFinalize
 
-
-@pytest.fixture
-def single_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    checkpoint_worker.stop()
-    dist.destroy_process_group()
+single_rank = trainer_fixtures.single_rank
 
 
 def _config(tmp_path: Path) -> TrainConfig:
