@@ -230,7 +230,6 @@ def _common_context(spec: JobSpec) -> dict:
             "taint_key": conventions.GPU_TAINT_KEY,
             "taint_value": conventions.GPU_TAINT_VALUE,
             "taint_effect": conventions.GPU_TAINT_EFFECT,
-            "system_label_value": conventions.SYSTEM_NODE_LABEL_VALUE,
         },
         "resources": {"gpu": conventions.GPU_RESOURCE, "efa": conventions.EFA_RESOURCE},
         "security": {"seccomp_profile": pod_security.SECCOMP_PROFILE},

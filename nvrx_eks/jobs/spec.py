@@ -34,7 +34,7 @@ from nvrx_eks.facts.errors import ConfigError, describe_validation_error
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, facts_for
 from nvrx_eks.facts.job_kinds import Api
 from nvrx_eks.facts.job_presets import JOB_PRESETS
-from nvrx_eks.facts.names import FSX_PVC_NAME, TRAINING_NAMESPACE
+from nvrx_eks.facts.names import FSX_PVC_NAME, GPU_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, TRAINING_NAMESPACE
 from nvrx_eks.jobs.backstop import active_deadline_s
 from nvrx_eks.jobs.options import Workload
 from workloads.config import TrainConfig
@@ -85,6 +85,11 @@ class JobSpec(BaseModel):
     #: Node labels the pods select on beyond the GPU pool and the instance type (an existing
     #: cluster's cluster.node_selector).
     node_selector: dict[str, str] = Field(default_factory=dict)
+    #: Where the job's coordinator pod runs: our stacks' system nodes; on an existing cluster, any
+    #: node it schedules on (its GPU nodes are expected to be tainted, so a CPU node).
+    coordinator_node_selector: dict[str, str] = Field(
+        default_factory=lambda: {GPU_NODE_LABEL_KEY: SYSTEM_NODE_LABEL_VALUE}
+    )
     #: Kubernetes-level restarts of the whole job (JobSet maxRestarts / PyTorchJob backoffLimit).
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
     #: Hot spare nodes launched beyond `nodes` (workloads/spares.py); the active world stays `nodes`.
@@ -398,6 +403,7 @@ def build_jobspec(
             pvc_name=pvc_name,
             kubernetes_version=k8s_version,
             node_selector=config.cluster.node_selector if config.cluster else {},
+            **({"coordinator_node_selector": {}} if config.cluster else {}),
             max_restarts=max_restarts,
             max_step_time_s=max_step_time_s,
             spare_nodes=spare_nodes,

@@ -128,6 +128,11 @@ def test_render_takes_namespace_claim_image_and_node_selector_from_the_cluster_s
     assert pod["containers"][0]["image"] == IMAGE
     assert pod["nodeSelector"] == {GPU_NODE_LABEL_KEY: "gpu", INSTANCE_TYPE_LABEL_KEY: "p5.48xlarge", **POOL}
     assert [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v] == [CLAIM]
+    # The coordinator's pod selects no node pool: the user's cluster has no system nodes of ours.
+    coordinator = next(d for d in documents if d["kind"] == "JobSet")["spec"]["replicatedJobs"][1]
+    assert coordinator["name"] == "coordinator"
+    coordinator_pod = coordinator["template"]["spec"]["template"]["spec"]
+    assert "nodeSelector" not in coordinator_pod and coordinator_pod["containers"][0]["image"] == IMAGE
     validated = run_cli("validate", "-c", config, "-", stdin=rendered.stdout)
     assert validated.code == 0, validated.output
 
