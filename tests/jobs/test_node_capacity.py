@@ -34,9 +34,10 @@ def _refused(result, *needles: str) -> str:
 
 
 def _launched_pods(manifest: str) -> int:
-    """Pods the rendered JobSet starts: one per node (parallelism of its one replicated job)."""
+    """GPU pods the rendered JobSet starts: one per node (parallelism of its worker replicated job;
+    the coordinator's pod runs on a system node)."""
     [jobset] = [d for d in yaml.safe_load_all(manifest) if d["kind"] == JOBSET.kind]
-    [replicated] = jobset["spec"]["replicatedJobs"]
+    [replicated] = [rj for rj in jobset["spec"]["replicatedJobs"] if rj["name"] != "coordinator"]
     return replicated["replicas"] * replicated["template"]["spec"]["parallelism"]
 
 
