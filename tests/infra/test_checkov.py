@@ -121,7 +121,8 @@ def test_rendered_pods_are_clean_with_the_reasoned_skips(tmp_path):
     documents = []
     for api in ("jobset", "pytorchjob", "fabric"):
         documents += lifted_jobs(Case("p5", api, 2).render().documents, api)
-    assert sum(d["kind"] == "Job" for d in documents) == 4
+    # The JobSet's workers and coordinator, the PyTorchJob's master and workers, the fabric test.
+    assert sum(d["kind"] == "Job" for d in documents) == 5
     (tmp_path / "pods.yaml").write_text(yaml.safe_dump_all(documents))
     result = _checkov(tmp_path, "kubernetes", config=CONFIG)
     assert _failures(result) == []

@@ -81,11 +81,17 @@ def test_with_two_ranks_per_node_a_killed_rank_takes_its_node_along(tmp_path_fac
     # Rank 2, rank 3's node-mate, joined the restart and was discarded with its node.
     assert [e["rank"] for e in events if e["event"] == "rank_discarded"] == [2]
     assert max(e["cycle"] for e in events) == 0
-    # The spare node's ranks (4, 5) start with an empty local root: their shards come from the
-    # replicas node 0 holds, of the newest local step (12), not from the FSx checkpoint (10).
-    restores = {e["rank"]: e for e in events if e["event"] == "local_restore"}
-    assert {r: (e["source"], e["from_rank"], e["step"]) for r, e in restores.items() if r >= 4} == {
-        4: ("replica", 0, 12),
-        5: ("replica", 1, 12),
+    # The spare node's processes (started as ranks 4 and 5) take the lost node's ranks 2 and 3 and
+    # start with an empty local root: their shards come from the replicas node 0 holds, of the
+    # newest local step (12), not from the FSx checkpoint (10).
+    restores = {
+        started_as: e
+        for started_as in (4, 5)
+        for e in map(json.loads, (run_dir / "events" / f"rank{started_as}.jsonl").read_text().splitlines())
+        if e["event"] == "local_restore"
+    }
+    assert {r: (e["rank"], e["source"], e["from_rank"], e["step"]) for r, e in restores.items()} == {
+        4: (2, "replica", 0, 12),
+        5: (3, "replica", 1, 12),
     }
     assert summary["state_sha256"] == clean["state_sha256"]
