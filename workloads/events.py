@@ -60,6 +60,8 @@ Events and their own fields:
                           state and copying into it; compare checkpoint_load's), build_s (of
                           load_s: building the empty state, the same work whichever tier loads)
     fault_injected        kind, step, target_rank[, damaged][, node (node-loss: the simulated node)]
+    fault_not_applicable  kind, step, reason (a fault this rank cannot carry out where it runs:
+                          coordinator-loss in a pod, which cannot see the coordinator's process)
     restart_begin         layer="inprocess", reason (emitted when NVRx finalizes the failed
                           iteration; the fault itself is usually a fault_injected line earlier)
     restart_end           layer="inprocess"|"launcher"|"kubernetes" (the JobSet recreated the
