@@ -18,13 +18,20 @@ It holds no training state: it runs on a CPU (system) node, and its loss costs o
 job from the newest checkpoint (on EKS, the JobSet recreates every pod; `nvrx-eks local`
 relaunches the same way), never the run.
 
-Unlike `nvrx-control`, whose store goes when its loop ends, the stores stay up until SIGTERM: a
-launcher that leaves on a lost rank (with spare nodes, --max-restarts 0) closes the rendezvous
-for good, which ends the loop, while the survivors train on with a spare and still need both
-stores. The job's end (every launcher gone) is what stops the coordinator: `nvrx-eks local` sends
-SIGTERM, on EKS the JobSet's success ends its pod.
+Unlike `nvrx-control`, whose store goes when its loop ends, the stores stay up until the job
+ends: a launcher that leaves on a lost rank (with spare nodes, --max-restarts 0) closes the
+rendezvous for good, which ends the loop, while the survivors train on with a spare and still need
+both stores.
 
-Run as `python -m workloads.coordinator --nnodes MIN:MAX --rdzv-endpoint HOST:P --rdzv-id ID`.
+SIGTERM (a pod deletion, a node drain, a kill of every process of the job, the job's end) does
+not drop the stores at once: ranks that are saving the step they stop at still read them (their
+NVRx monitors poll the in-process store), and losing them turns each stop-save into a
+broken-pipe restart attempt that hangs until SIGKILL. The coordinator serves on while any other
+process holds a connection to either store, for --stop-grace-s at most (the ranks' own stop
+bound), and exits as soon as none does: at the job's end that is at once.
+
+Run as `python -m workloads.coordinator --nnodes MIN:MAX --rdzv-endpoint HOST:P --rdzv-id ID
+[--stop-grace-s S]`.
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ import os
 import signal
 import sys
 import threading
+import time
 
+import psutil
 import torch.distributed as dist
 from nvidia_resiliency_ext.inprocess.store import StoreMixin
 
@@ -82,6 +91,34 @@ def serve_store(port: int) -> dist.TCPStore:
     )
 
 
+def connected_clients(ports: tuple[int, ...]) -> int:
+    """Connections to the stores on `ports` from other processes (each store server also holds a
+    client of its own, over the loopback: not counted)."""
+    sockets = psutil.Process().net_connections(kind="tcp")
+    own_clients = {s.laddr.port for s in sockets if s.raddr and s.raddr.port in ports}
+    return sum(
+        1
+        for s in sockets
+        if s.status == psutil.CONN_ESTABLISHED and s.laddr.port in ports and s.raddr and s.raddr.port not in own_clients
+    )
+
+
+#: How often the stop grace looks for connected clients, and how many looks in a row must find
+#: none (a rank between two store calls holds its connection; this is a margin, not a need).
+CLIENT_POLL_S = 0.5
+IDLE_POLLS_TO_STOP = 2
+
+
+def serve_while_connected(ports: tuple[int, ...], grace_s: float) -> None:
+    """Return once no other process has been connected to the stores for IDLE_POLLS_TO_STOP
+    polls, or after grace_s."""
+    deadline = time.monotonic() + grace_s
+    idle = 0
+    while time.monotonic() < deadline and idle < IDLE_POLLS_TO_STOP:
+        idle = idle + 1 if connected_clients(ports) == 0 else 0
+        time.sleep(CLIENT_POLL_S)
+
+
 def nvrx_control_argv(args: argparse.Namespace) -> list[str]:
     """nvrx-control's arguments: the rendezvous the launchers join, with no log funnel (each
     launcher writes its own log) and no attribution service."""
@@ -104,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nnodes", required=True, help="MIN[:MAX] launched nodes, as ft_launcher is given")
     parser.add_argument("--rdzv-endpoint", required=True, help="HOST:PORT this coordinator serves")
     parser.add_argument("--rdzv-id", required=True)
+    parser.add_argument(
+        "--stop-grace-s", type=float, default=0.0, help="how long the stores stay up after SIGTERM (see the module doc)"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from nvidia_resiliency_ext.fault_tolerance import control_plane
@@ -114,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stores = [serve_store(split_endpoint(args.rdzv_endpoint)[1]), serve_store(inprocess_store_port(args.rdzv_endpoint))]
+    ports = (split_endpoint(args.rdzv_endpoint)[1], inprocess_store_port(args.rdzv_endpoint))
+    stores = [serve_store(port) for port in ports]
     setup_logger(node_local_tmp_prefix="nvrxcontrol")
     try:
         # NVRx's control-node loop on our rendezvous store (private in NVRx 0.7.0: the public
@@ -124,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print("coordinator: the rendezvous is closed; serving the stores until stopped", flush=True)
         stop.wait()
+        print("coordinator: stopping once no rank or launcher is connected", flush=True)
+        serve_while_connected(ports, args.stop_grace_s)
     finally:
         del stores
     return 0

@@ -6,7 +6,7 @@ Contract:
     build_ft_launcher_argv(cfg, *, config_path, nnodes, nproc_per_node, rdzv_endpoint,
                            rdzv_id="nvrx-eks", launcher="ft_launcher", log_dir=None) -> list[str]
     build_preflight_argv(*, config_path, world_size, python="python") -> list[str]
-    build_coordinator_argv(*, nnodes, rdzv_endpoint, rdzv_id, python="python") -> list[str]
+    build_coordinator_argv(cfg, *, nnodes, rdzv_endpoint, rdzv_id, python="python") -> list[str]
     inprocess_store_port(rdzv_endpoint) -> int
     inprocess_store_endpoint(rdzv_endpoint) -> str
     inprocess_store_port_above(port) -> int
@@ -166,9 +166,12 @@ def build_ft_launcher_argv(
     return argv
 
 
-def build_coordinator_argv(*, nnodes: int | str, rdzv_endpoint: str, rdzv_id: str, python: str = "python") -> list[str]:
+def build_coordinator_argv(
+    cfg: TrainConfig, *, nnodes: int | str, rdzv_endpoint: str, rdzv_id: str, python: str = "python"
+) -> list[str]:
     """The job's coordinator (workloads.coordinator), serving the rendezvous endpoint the launchers
-    of build_ft_launcher_argv join, for the same `nnodes` and `rdzv_id`."""
+    of build_ft_launcher_argv join, for the same `nnodes` and `rdzv_id`. After SIGTERM it keeps
+    the stores up as long as the ranks may take to stop (the launchers' --term-timeout)."""
     return [
         python,
         "-m",
@@ -179,6 +182,8 @@ def build_coordinator_argv(*, nnodes: int | str, rdzv_endpoint: str, rdzv_id: st
         rdzv_endpoint,
         "--rdzv-id",
         rdzv_id,
+        "--stop-grace-s",
+        f"{cfg.launcher_term_timeout_s():g}",
     ]
 
 

@@ -366,7 +366,7 @@ def run_local(
                     env[JOBSET_ATTEMPT_ENV] = str(relaunch)
                     if fixed_port is None and not _port_pair_free(port):
                         port = free_port_pair()
-                coordinator, launchers = start_launch(nnodes, launcher_argvs(port), env, run_dir, port, tracker)
+                coordinator, launchers = start_launch(cfg, nnodes, launcher_argvs(port), env, run_dir, port, tracker)
                 lost_infrastructure = False
                 try:
                     with view:
@@ -566,15 +566,15 @@ def local_rendezvous(port: int) -> dict[str, str]:
 
 
 def start_coordinator(
-    nnodes: int | str, port: int, env: dict[str, str], log: Any, rdzv_id: str | None = None
+    cfg: TrainConfig, nnodes: int | str, port: int, env: dict[str, str], log: Any, rdzv_id: str | None = None
 ) -> subprocess.Popen:
-    """The job's coordinator (workloads.coordinator) for `nnodes` launchers on 127.0.0.1:port
+    """The job's coordinator (workloads.coordinator) of a job of `cfg`, for `nnodes` launchers on 127.0.0.1:port
     (rendezvous `rdzv_id`, default a local launch's), once it serves both stores; `log` is its
     stdout (a file, or subprocess.DEVNULL)."""
     rendezvous = local_rendezvous(port)
     if rdzv_id is not None:
         rendezvous["rdzv_id"] = rdzv_id
-    argv = build_coordinator_argv(nnodes=nnodes, python=sys.executable, **rendezvous)
+    argv = build_coordinator_argv(cfg, nnodes=nnodes, python=sys.executable, **rendezvous)
     coordinator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     _wait_for_listener(port, coordinator)
     _wait_for_listener(inprocess_store_port_above(port), coordinator)
@@ -582,6 +582,7 @@ def start_coordinator(
 
 
 def start_launch(
+    cfg: TrainConfig,
     nnodes: int | str,
     launcher_argvs: list[list[str]],
     env: dict[str, str],
@@ -589,10 +590,10 @@ def start_launch(
     port: int,
     tracker: ProcessTracker,
 ) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
-    """The coordinator, then one launcher per simulated node (node 0 logs to launcher.log, node N
-    to launcher-nodeN.log)."""
+    """The coordinator of a job of `cfg`, then one launcher per simulated node (node 0 logs to
+    launcher.log, node N to launcher-nodeN.log)."""
     with open(run_dir / "coordinator.log", "ab") as log_file:
-        coordinator = start_coordinator(nnodes, port, env, log_file)
+        coordinator = start_coordinator(cfg, nnodes, port, env, log_file)
     (run_dir / "pids").mkdir(exist_ok=True)
     (run_dir / "pids" / COORDINATOR_PIDFILE).write_text(str(coordinator.pid))
     tracker.sample(coordinator.pid)
@@ -616,8 +617,8 @@ def launch_lost(coordinator: subprocess.Popen, launchers: list[subprocess.Popen]
 
 
 def stop_coordinator(coordinator: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """End the coordinator once every launcher has: SIGTERM (it keeps the stores up a few seconds
-    for late readers, then exits), SIGKILL past the grace."""
+    """End the coordinator once every launcher has: SIGTERM (with no client left it exits within
+    a second), SIGKILL past `grace_s`."""
     if coordinator.poll() is None:
         coordinator.send_signal(signal.SIGTERM)
         try:

@@ -26,11 +26,12 @@ def coordinator_serving(port: int, nnodes: int | str = 1, rdzv_id: str = "nvrx-e
     `nvrx-eks local` starts it, for a test that runs ft_launcher itself (with
     build_ft_launcher_argv's default rendezvous id)."""
     from nvrx_eks.local.runner import start_coordinator, stop_coordinator
+    from workloads.config import TrainConfig
     from workloads.launch import MULTI_LAUNCHER_ENV
 
     # Several simulated nodes on this host: the coordinator's rendezvous loop must not close on them.
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), MULTI_LAUNCHER_ENV: "1"}
-    coordinator = start_coordinator(nnodes, port, env, subprocess.DEVNULL, rdzv_id=rdzv_id)
+    coordinator = start_coordinator(TrainConfig(), nnodes, port, env, subprocess.DEVNULL, rdzv_id=rdzv_id)
     try:
         yield
     finally:

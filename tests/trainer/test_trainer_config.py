@@ -179,9 +179,12 @@ def test_store_port_follows_the_rendezvous_endpoint():
 def test_the_coordinator_serves_the_rendezvous_the_launchers_join():
     from workloads.coordinator import main as coordinator_main  # noqa: F401 - importable without a GPU
 
-    argv = build_coordinator_argv(nnodes="2:3", rdzv_endpoint="job-coordinator:29500", rdzv_id="job")
+    cfg = TrainConfig()
+    argv = build_coordinator_argv(cfg, nnodes="2:3", rdzv_endpoint="job-coordinator:29500", rdzv_id="job")
     assert argv[:3] == ["python", "-m", "workloads.coordinator"]
-    assert argv[3:] == ["--nnodes", "2:3", "--rdzv-endpoint", "job-coordinator:29500", "--rdzv-id", "job"]
+    assert argv[3:9] == ["--nnodes", "2:3", "--rdzv-endpoint", "job-coordinator:29500", "--rdzv-id", "job"]
+    # After SIGTERM the stores stay up as long as the ranks may take to stop.
+    assert argv[9:] == ["--stop-grace-s", f"{cfg.launcher_term_timeout_s():g}"]
 
 
 def test_a_rank_without_the_coordinators_store_is_refused_with_the_fix(tmp_path, monkeypatch):
