@@ -111,8 +111,7 @@ def coordinator_context(spec: JobSpec) -> dict:
         "container": job_names.COORDINATOR_CONTAINER,
         "replicated_job": job_names.COORDINATOR_REPLICATED_JOB,
         "argv": build_coordinator_argv(
-            spec.train,
-            nnodes=spec.launched_nodes, rdzv_endpoint=spec.rendezvous_endpoint, rdzv_id=spec.name
+            spec.train, nnodes=spec.launched_nodes, rdzv_endpoint=spec.rendezvous_endpoint, rdzv_id=spec.name
         ),
         "ports": [
             (job_names.RENDEZVOUS_PORT_NAME, job_names.RENDEZVOUS_PORT),

@@ -77,4 +77,3 @@ def test_the_grace_bounds_a_client_that_never_leaves():
     finally:
         coordinator.kill()
         coordinator.wait()
-
