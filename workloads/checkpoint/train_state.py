@@ -63,10 +63,42 @@ class OptimizerState:
         self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict[str, Any]:
+        if not self.optimizer.state:
+            init_adam_state(self.optimizer)
         return get_optimizer_state_dict(self.model, self.optimizer)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not self.optimizer.state:
+            init_adam_state(self.optimizer)
         set_optimizer_state_dict(self.model, self.optimizer, state_dict)
+
+
+def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh Adam/AdamW its per-parameter state (step 0, zero moments), laid out as its own
+    first step lays it out (Adam._init_group: `step` a float32 scalar on the CPU unless capturable
+    or fused, the moments like the parameter), so that a restore has tensors to load into.
+
+    Without it, torch.distributed.checkpoint's state_dict helpers run a whole optimizer step on
+    zero gradients to create the state: the single largest part of building the state a restore
+    fills (0.3-0.6 s of a 195 MiB `small` rank on CPU, against the few ms a restore from host
+    memory then takes). Other optimizers keep torch's way."""
+    if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        return
+    for group in optimizer.param_groups:
+        on_device = group["capturable"] or group["fused"]
+        for param in group["params"]:
+            if not param.requires_grad:
+                continue
+            state = optimizer.state[param]
+            state["step"] = (
+                torch.zeros((), dtype=torch.float32, device=param.device)
+                if on_device
+                else torch.tensor(0.0, dtype=torch.float32)
+            )
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
 
 class RngState:
