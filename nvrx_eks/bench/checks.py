@@ -72,14 +72,15 @@ def acceptance_checks(result: dict[str, Any]) -> list[dict[str, Any]]:
                 + (f" = {ratio:.2f}x" if ratio else ""),
             )
         )
-        read_ratio = p5["restore_read_ratio"]
+        restore_ratio = p5["restore_ratio"]
         checks.append(
             _check(
-                "P5: restores read the local tier at least 2x faster than FSx",
-                read_ratio is not None and read_ratio >= 2,
-                f"median {format_ms(tiers['restore_read_s']['local'])} vs {format_ms(fsx['restore_read_s']['fsx'])}"
-                + (f" = {read_ratio:.1f}x" if read_ratio else "")
-                + f"; whole restore {format_ms(tiers['restore_s']['local'])} vs {format_ms(fsx['restore_s']['fsx'])}",
+                "P5: a restore from the local tier at least 2x faster than from FSx",
+                restore_ratio is not None and restore_ratio >= 2,
+                f"median {format_ms(tiers['restore_s']['local'])} vs {format_ms(fsx['restore_s']['fsx'])}"
+                + (f" = {restore_ratio:.1f}x" if restore_ratio else "")
+                + f"; reading the tier {format_ms(tiers['restore_read_s']['local'])}"
+                + f" vs {format_ms(fsx['restore_read_s']['fsx'])}",
             )
         )
         checks.append(

@@ -192,7 +192,7 @@ def _p5(local_read_s: float, fsx_read_s: float, stall_s: float) -> dict:
                 "restore_read_s": {"local": None, "fsx": fsx_read_s},
             },
             "local_stall_floor_ratio": stall_s / 0.1,
-            "restore_read_ratio": fsx_read_s / local_read_s,
+            "restore_ratio": (fsx_read_s + 0.2) / (local_read_s + 0.2),
             "bit_identical": True,
         },
         "processes": {"alive_after": [], "killed_after_exit": []},
@@ -201,17 +201,18 @@ def _p5(local_read_s: float, fsx_read_s: float, stall_s: float) -> dict:
 
 @pytest.mark.parametrize(
     ("local_s", "fsx_s", "stall_s", "restore_ok", "stall_ok"),
-    [(0.1, 0.25, 0.14, True, True), (0.2, 0.3, 0.16, False, False)],
+    # Reads 2.5x faster are not enough when building the state (0.2 s here) makes the whole
+    # restore less than 2x faster.
+    [(0.05, 0.45, 0.14, True, True), (0.1, 0.25, 0.16, False, False)],
 )
-def test_p5_accepts_reads_2x_faster_than_fsx_and_stalls_within_1_5x_the_floor(
+def test_p5_accepts_whole_restores_2x_faster_than_fsx_and_stalls_within_1_5x_the_floor(
     local_s, fsx_s, stall_s, restore_ok, stall_ok
 ):
     checks = {c["condition"]: c for c in acceptance_checks(_p5(local_s, fsx_s, stall_s))}
-    restore = checks["P5: restores read the local tier at least 2x faster than FSx"]
-    assert restore["ok"] is restore_ok and restore["measured"].startswith(f"median {local_s * 1000:.0f} ms vs")
-    assert restore["measured"].endswith(
-        f"whole restore {(local_s + 0.2) * 1000:.0f} ms vs {(fsx_s + 0.2) * 1000:.0f} ms"
-    )
+    restore = checks["P5: a restore from the local tier at least 2x faster than from FSx"]
+    assert restore["ok"] is restore_ok
+    assert restore["measured"].startswith(f"median {(local_s + 0.2) * 1000:.0f} ms vs {(fsx_s + 0.2) * 1000:.0f} ms")
+    assert restore["measured"].endswith(f"reading the tier {local_s * 1000:.0f} ms vs {fsx_s * 1000:.0f} ms")
     assert checks["P5: local-tier stall per save within 1.5x the copy floor"]["ok"] is stall_ok
 
 
