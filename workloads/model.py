@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,6 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.utils.checkpoint import checkpoint
 
 from workloads.device import Runtime
 from workloads.presets import ModelShape
@@ -128,13 +128,72 @@ class Block(nn.Module):
         return x + F.dropout(h, self.dropout, self.training)
 
 
+#: Slices of the vocabulary the LM head's weight gradient is computed in, per loss chunk: each
+#: slice's fp32 GEMM output is a transient of 1/VOCAB_SLICES of the fp32 weight gradient.
+VOCAB_SLICES = 8
+
+
+def _add_weight_grad(accumulator: torch.Tensor, grad_logits: torch.Tensor, h: torch.Tensor) -> None:
+    """accumulator (fp32, [vocab, dim]) += grad_logits^T @ h, with the products summed in fp32
+    and never rounded to the compute dtype. On CUDA a bf16 GEMM with an fp32 output
+    (`torch.mm(..., out_dtype=torch.float32)`, cuBLAS accumulates in fp32) keeps tensor-core
+    speed; elsewhere the upcast operands give the same sums (a bf16 product is exact in fp32)."""
+    step = -(-accumulator.shape[0] // VOCAB_SLICES)
+    for start in range(0, accumulator.shape[0], step):
+        rows = grad_logits[:, start : start + step].t()
+        if accumulator.is_cuda and rows.dtype != torch.float32:
+            product = torch.mm(rows, h, out_dtype=torch.float32)
+        else:
+            product = rows.float() @ h.float()
+        accumulator[start : start + step].add_(product)
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of `h @ weight^T` over `chunk_tokens` tokens at a time.
+
+    Forward keeps no logits: backward recomputes one chunk's at a time, as a checkpointed chunk
+    would. It differs from checkpointing each chunk in the weight's gradient: autograd would add
+    every chunk's [vocab, dim] gradient into the parameter's in the compute dtype (bf16: a
+    rounding per chunk, 2^-8 relative each); here the chunks sum in fp32, and the one rounding to
+    the weight's dtype is autograd's on return, as one GEMM over all tokens would have. The
+    gradient of `h` needs no such care: the chunks' rows are disjoint."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int) -> Any:
+        ctx.save_for_backward(h, weight, targets)
+        ctx.chunk_tokens = chunk_tokens
+        total = h.new_zeros((), dtype=torch.float32)
+        for start in range(0, h.shape[0], chunk_tokens):
+            end = start + chunk_tokens
+            total += F.cross_entropy(F.linear(h[start:end], weight).float(), targets[start:end], reduction="sum")
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad_total: torch.Tensor) -> Any:
+        h, weight, targets = ctx.saved_tensors
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, h.shape[0], ctx.chunk_tokens):
+            end = start + ctx.chunk_tokens
+            with torch.enable_grad():
+                logits = F.linear(h[start:end], weight).float().detach().requires_grad_()
+                loss = F.cross_entropy(logits, targets[start:end], reduction="sum")
+                (grad_logits,) = torch.autograd.grad(loss, logits, grad_total)
+            grad_logits = grad_logits.to(h.dtype)  # what the upcast's backward would hand the GEMMs
+            if grad_h is not None:
+                grad_h[start:end] = grad_logits @ weight
+            if ctx.needs_input_grad[1]:
+                _add_weight_grad(grad_weight, grad_logits, h[start:end])
+        return grad_h, grad_weight if ctx.needs_input_grad[1] else None, None, None
+
+
 class OutputProjection(nn.Linear):
     """The output layer, which can also compute the loss itself, chunk by chunk.
 
-    `forward(h)` returns logits. `forward(h, targets)` returns the mean cross-entropy: the
-    tokens are split into chunks of `chunk_tokens`; each chunk's logits are projected, upcast to
-    fp32 and reduced to a summed loss under activation checkpointing, so backward keeps only `h`
-    and recomputes one chunk's logits at a time. Peak memory for the loss is one chunk's
+    `forward(h)` returns logits. `forward(h, targets)` returns the mean cross-entropy, computed
+    by _ChunkedCrossEntropy: the tokens are split into chunks of `chunk_tokens`; each chunk's
+    logits are projected, upcast to fp32 and reduced to a summed loss, and backward keeps only
+    `h` and recomputes one chunk's logits at a time. Peak memory for the loss is one chunk's
     [chunk, vocab] logits (bf16 + fp32 + their gradient) instead of the whole batch's. The loss
     lives inside this module's forward so that FSDP unshards the weight once per pass."""
 
@@ -142,18 +201,11 @@ class OutputProjection(nn.Linear):
         super().__init__(dim, vocab_size, bias=False)
         self.chunk_tokens = DEFAULT_LOSS_CHUNK_TOKENS
 
-    def _chunk_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(h, self.weight)
-        return F.cross_entropy(logits.float(), targets, reduction="sum")
-
     def forward(self, h: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if targets is None:
             return F.linear(h, self.weight)
         h, targets = h.flatten(0, 1), targets.flatten()
-        total = h.new_zeros((), dtype=torch.float32)
-        for start in range(0, h.shape[0], self.chunk_tokens):
-            end = start + self.chunk_tokens
-            total = total + checkpoint(self._chunk_loss, h[start:end], targets[start:end], use_reentrant=False)
+        total = _ChunkedCrossEntropy.apply(h, self.weight, targets, self.chunk_tokens)
         return total / targets.numel()
 
 
@@ -233,7 +285,12 @@ def build_model(
         if activation_checkpointing:
             block = model.layers[index] = checkpoint_wrapper(block)
         fully_shard(block, mesh=mesh, mp_policy=block_policy)
-    fully_shard([model.norm, model.output], mesh=mesh, mp_policy=policy)
+    # The last group stays unsharded from forward to backward (torchtitan's choice for it, in
+    # apply_fsdp of torchtitan/models/llama3/infra/parallelize.py): backward needs it first, so
+    # resharding would all-gather the 525 M-parameter LM head of the 8b preset again with nothing to
+    # overlap it. Memory: it is unsharded at the start of backward either way (workloads.memory
+    # item 2 counts it there).
+    fully_shard([model.norm, model.output], mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     model.to_empty(device=runtime.device)
     model.init_weights(seed, runtime.device)

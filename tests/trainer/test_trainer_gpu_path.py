@@ -93,7 +93,8 @@ def test_activation_model_matches_what_autograd_saves(shape):
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["full", "activation-checkpointing"])
 def test_whole_model_activations_match_the_model(single_rank, checkpointing):
     """Everything autograd holds at the end of forward (the storages still allocated then: FSDP
-    has freed its unsharded parameters by that time), against saved_activation_bytes_per_token."""
+    has freed the blocks' unsharded parameters by that time), against
+    saved_activation_bytes_per_token."""
     shape = MODEL_PRESETS["small"]
     model = _build(shape, activation_checkpointing=checkpointing, loss_chunk_tokens=128).train()
     batch, seq = 2, 512
@@ -107,6 +108,13 @@ def test_whole_model_activations_match_the_model(single_rank, checkpointing):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(inputs, targets)
+    # The [norm, output] group stays unsharded for backward (build_model): parameters, counted by
+    # the model's unsharded-groups term, not activations.
+    from torch.distributed.tensor import DTensor
+
+    for param in model.parameters():
+        if not isinstance(param, DTensor):  # registered unsharded
+            storages.pop(param.untyped_storage().data_ptr(), None)
     measured = sum(s.nbytes() for s in storages.values()) / (batch * seq)
     modelled = saved_activation_bytes_per_token(shape, 4, activation_checkpointing=checkpointing, fused_norm=False)
     assert modelled == pytest.approx(measured, rel=ACTIVATION_TOLERANCE)
@@ -208,6 +216,21 @@ def test_only_the_root_group_has_no_parameters(single_rank):
     assert isinstance(model.norm, FSDPModule) and isinstance(model.output, FSDPModule)
     root_params = model._get_fsdp_state()._fsdp_param_group
     assert root_params is None  # nothing stays unsharded between forward and backward
+
+
+def test_the_last_group_stays_unsharded_for_backward_and_the_blocks_do_not(single_rank):
+    from torch.distributed.tensor import DTensor
+
+    shape = MODEL_PRESETS["tiny"]
+    model = _build(shape)
+    tokens = torch.randint(0, shape.vocab_size, (2, 32))
+    loss = model(tokens, tokens)
+    # Registered parameters are DTensors while a group is sharded, plain tensors while unsharded.
+    assert not isinstance(model.output.weight, DTensor) and not isinstance(model.norm.weight, DTensor)
+    assert isinstance(model.layers[0].attention.wq.weight, DTensor)
+    assert isinstance(model.tok_embeddings.weight, DTensor)
+    loss.backward()
+    assert isinstance(model.output.weight, DTensor)  # resharded after its backward
 
 
 # ----- backend and devices ------------------------------------------------------------------------
