@@ -41,12 +41,20 @@ kv = n_kv_heads x head_dim, f = ffn_dim, V = vocab, a = n_heads, c = bytes per c
    gradient (4, none in fp32) and its cast back (c): 20 bytes per logit in bf16, 16 in fp32.
    Llama-3-8B at C = 2048: 2048 x 128256 x 20 = 4.9 GiB. The full logits of 2 x 8192 tokens
    without chunking would take 8x that.
-5. Checkpoint staging: the NVRx backend copies the state into shared host memory (cpu_shm), so it
+5. Optimizer step, 4 P / W bytes: on GPU AdamW takes its foreach path (DTensor is registered as
+   foreach-capable), whose `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)` allocates one fp32
+   temporary per parameter shard, all at once (torch/optim/adam.py `_multi_tensor_adam`; every other
+   foreach op there is in place). It exists only inside `optimizer.step()`, after backward has
+   freed items 2-4, so it adds to the peak only by what it exceeds them: at W = 1 it is the peak
+   (1b: 4.1 GiB against a 2-3 GiB backward working set); at 8b x 16 ranks it adds nothing.
+6. Checkpoint staging: the NVRx backend copies the state into shared host memory (cpu_shm), so it
    costs host memory (12 P / W per rank: fp32 parameters and the two moments), not GPU memory.
-6. Runtime overhead: CUDA context, cuBLAS/cuDNN workspaces and NCCL's buffers, assumed 3 GiB per
-   GPU, plus 5% of the rest for allocator fragmentation (with expandable_segments). These two are
-   assumptions, not measurements: the GPU smoke script (nvrx_eks/ops/gpu_smoke.py) reports the real
-   high-water mark next to this estimate.
+7. Runtime overhead: the CUDA context and NCCL's buffers (plus the small cuBLAS/cuDNN workspaces),
+   assumed 3 GiB per GPU, plus 5% of items 1-5 for allocator fragmentation (with
+   expandable_segments). These two are assumptions, not measurements. The context and NCCL's
+   buffers are allocated outside torch's caching allocator, so `torch.cuda.max_memory_reserved`
+   never counts them: what it measures is `MemoryEstimate.allocator_reserved` (items 1-5 plus
+   fragmentation), which the GPU smoke script (nvrx_eks/ops/gpu_smoke.py) compares it with.
 """
 
 from __future__ import annotations
@@ -61,6 +69,8 @@ GIB = 1 << 30
 SHARDED_BYTES_PER_PARAM = 16
 #: Bytes per parameter that a checkpoint holds: fp32 parameter and the two AdamW moments.
 CHECKPOINT_BYTES_PER_PARAM = 12
+#: Bytes per parameter of AdamW's foreach step temporary (item 5: the fp32 sqrt of exp_avg_sq).
+OPTIMIZER_STEP_BYTES_PER_PARAM = 4
 #: CUDA context, library workspaces and NCCL buffers per GPU (assumed, see the module docstring).
 RUNTIME_OVERHEAD_BYTES = 3 * GIB
 #: Allocator fragmentation on top of everything else (assumed).
@@ -130,27 +140,49 @@ class MemoryEstimate:
     unsharded_groups: int
     activations: int
     loss: int
+    optimizer_step: int  # AdamW's foreach temporary, alive only inside optimizer.step()
     runtime_overhead: int
     host_staging: int  # host memory per rank, not GPU memory
 
     @property
+    def backward_working_set(self) -> int:
+        """Items 2-4: what forward and backward hold beside the sharded state."""
+        return self.unsharded_groups + self.activations + self.loss
+
+    @property
+    def optimizer_step_excess(self) -> int:
+        """What the optimizer step's temporary adds to the peak: the part of it that the memory
+        freed by backward (items 2-4, cached by the allocator) does not cover."""
+        return max(0, self.optimizer_step - self.backward_working_set)
+
+    @property
     def gpu_subtotal(self) -> int:
-        return self.sharded_state + self.unsharded_groups + self.activations + self.loss
+        """The peak of tensors allocated: the sharded state plus the larger of backward's working
+        set and the optimizer step's temporary (they never coexist)."""
+        return self.sharded_state + self.backward_working_set + self.optimizer_step_excess
 
     @property
     def fragmentation(self) -> int:
         return int(self.gpu_subtotal * FRAGMENTATION)
 
     @property
+    def allocator_reserved(self) -> int:
+        """What torch.cuda.max_memory_reserved measures at its peak: the caching allocator's
+        share of `total`, without the CUDA context and NCCL's buffers (item 7)."""
+        return self.gpu_subtotal + self.fragmentation
+
+    @property
     def total(self) -> int:
-        return self.gpu_subtotal + self.fragmentation + self.runtime_overhead
+        return self.allocator_reserved + self.runtime_overhead
 
     def components(self) -> list[tuple[str, int]]:
+        """The lines of `total` (they add up to it)."""
         return [
             ("sharded params + grads + AdamW (fp32)", self.sharded_state),
             ("unsharded FSDP groups (largest + prefetch)", self.unsharded_groups),
             ("activations", self.activations),
             ("loss chunk (logits)", self.loss),
+            ("AdamW step temporary, beyond backward's", self.optimizer_step_excess),
             ("allocator fragmentation", self.fragmentation),
             ("CUDA context, workspaces, NCCL", self.runtime_overhead),
         ]
@@ -188,6 +220,7 @@ def estimate(
         unsharded_groups=unsharded,
         activations=activations,
         loss=loss,
+        optimizer_step=params * OPTIMIZER_STEP_BYTES_PER_PARAM // world_size,
         runtime_overhead=RUNTIME_OVERHEAD_BYTES if bf16 else 0,
         host_staging=params * CHECKPOINT_BYTES_PER_PARAM // world_size,
     )
