@@ -78,3 +78,28 @@ def resolve_runtime(cfg: TrainConfig) -> Runtime:
     return Runtime(
         device=device, backend=backend, bf16=precision == "bf16", pg_timeout_s=cfg.resolved_pg_timeout_s(backend)
     )
+
+
+def to_device(batch: torch.Tensor, runtime: Runtime) -> torch.Tensor:
+    """A host tensor on the runtime's device. On CUDA through pinned memory and without waiting:
+    a pageable host-to-device copy stages through a driver buffer and blocks the host until the
+    GPU has drained its queue, so the host could not enqueue the next forward (and FSDP's first
+    all-gather) under the tail of the previous backward. The pinned block stays reserved until
+    the copy is done (torch's caching host allocator records the copy's stream)."""
+    if not runtime.is_cuda:
+        return batch
+    return batch.pin_memory().to(runtime.device, non_blocking=True)
+
+
+def reset_peak_memory(runtime: Runtime) -> None:
+    """Start the GPU memory high-water mark afresh (CUDA only): at each in-process iteration's
+    setup, so the peak run_end reports is that iteration's, not the process's since start (a
+    failed iteration's memory would otherwise be counted against the next one's estimate)."""
+    if runtime.is_cuda:
+        torch.cuda.reset_peak_memory_stats(runtime.device)
+
+
+def peak_memory_reserved(runtime: Runtime) -> int | None:
+    """Bytes the caching allocator held at most since reset_peak_memory (None off CUDA): what
+    must fit, and what workloads.memory's `allocator_reserved` estimates."""
+    return torch.cuda.max_memory_reserved(runtime.device) if runtime.is_cuda else None

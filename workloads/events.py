@@ -20,7 +20,11 @@ Every line is one JSON object with these common fields:
 
 Events and their own fields:
     run_start             world_size, preset, backend, checkpoint_backend, steps
-    setup_end             resumed_from_step (0 = fresh start), setup_s
+    setup_end             resumed_from_step (0 = fresh start), setup_s[, on CUDA: sdpa_kernel (the
+                          attention kernel torch picks for the model's shapes: "flash_attention",
+                          "cudnn_attention", "efficient_attention", "math"), sdpa_flash_enabled,
+                          sdpa_cudnn_enabled, sdpa_mem_efficient_enabled, sdpa_math_enabled
+                          (workloads.model.attention_kernel)]
     step_start            step
     step_end              step, loss (mean over ranks and micro-batches), lr, step_s,
                           batch_sha256 (this rank's input tokens of all the step's micro-batches,
@@ -71,7 +75,10 @@ Events and their own fields:
     unrecoverable         reason (an error no restart can fix: the job ends in 93)
     rank_discarded        reason (spare nodes: a rank of this node was lost, so this rank left with
                           its node; workloads.spares)
-    run_end               status ("completed"|"terminated"), final_step, final_loss
+    run_end               status ("completed"|"terminated"), final_step, final_loss; when completed
+                          also state_sha256, rank_state_sha256, gpu_peak_reserved_bytes
+                          (torch.cuda.max_memory_reserved since the setup of the iteration the
+                          common `iteration` field names; null off CUDA)
 
 summary.json (rank 0, at completion): final_step, final_loss, state_sha256, world_size, preset,
 restarts {"inprocess": n, "launcher": n}, faults [...], checkpoints {...}, goodput, eval_s,

@@ -101,6 +101,29 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
+def attention_kernel(shape: ModelShape, seq_len: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """Which scaled_dot_product_attention kernel Attention runs with here, and the switches that
+    decide it: torch's own dispatcher asked with Attention's arguments (one sequence of
+    `seq_len`, causal, GQA). The flags are torch.backends.cuda's. Recent torch prefers cuDNN to
+    flash on sm90 with a recent cuDNN (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+    check_prefer_cudnn_attention), so an H100 may not run the kernel the memory and numerics
+    reasoning assumed; this records which one it runs (TORCH_CUDNN_SDPA_DEPRIORITIZED=1 puts
+    flash first again)."""
+    from torch.nn.attention import SDPBackend
+
+    head_dim = shape.dim // shape.n_heads
+    q = torch.empty(1, shape.n_heads, seq_len, head_dim, device=device, dtype=dtype)
+    kv = torch.empty(1, shape.n_kv_heads, seq_len, head_dim, device=device, dtype=dtype)
+    choice = torch._fused_sdp_choice(q, kv, kv, is_causal=True, enable_gqa=shape.n_kv_heads != shape.n_heads)
+    return {
+        "sdpa_kernel": SDPBackend(choice).name.lower(),
+        "sdpa_flash_enabled": torch.backends.cuda.flash_sdp_enabled(),
+        "sdpa_cudnn_enabled": torch.backends.cuda.cudnn_sdp_enabled(),
+        "sdpa_mem_efficient_enabled": torch.backends.cuda.mem_efficient_sdp_enabled(),
+        "sdpa_math_enabled": torch.backends.cuda.math_sdp_enabled(),
+    }
+
+
 class FeedForward(nn.Module):
     def __init__(self, shape: ModelShape):
         super().__init__()

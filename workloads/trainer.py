@@ -8,6 +8,7 @@ import contextlib
 import datetime
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -26,11 +27,12 @@ from workloads.checkpoint.digest import state_digests
 from workloads.checkpoint.local_tier import LocalTier
 from workloads.config import TrainConfig
 from workloads.data import batch_fingerprint
-from workloads.device import Runtime, resolve_runtime
+from workloads.device import Runtime, peak_memory_reserved, reset_peak_memory, resolve_runtime, to_device
 from workloads.evaluation import Evaluator
 from workloads.events import load_run, summarize
 from workloads.live_metrics import for_rank as live_metrics_for_rank
 from workloads.metrics import flops_per_token, format_mfu, step_throughput, summarize_throughput
+from workloads.model import attention_kernel
 from workloads.process_state import ProcessState
 from workloads.training import Training, build_training
 from workloads.transport import require_efa
@@ -79,6 +81,11 @@ def forget_previous_meshes() -> None:
     clear_redistribute_planner_cache()
 
 
+class InvalidStepResult(RuntimeError):
+    """The step's all-reduce returned what no rank sent: a fault, which the in-process layer
+    restarts from the last checkpoint like any other."""
+
+
 @dataclass
 class StepOutcome:
     """What one optimizer step reports, after the single host sync of the step."""
@@ -119,6 +126,7 @@ class Trainer:
         cfg = self.cfg
         with self.ft.section("setup"):
             self.runtime = resolve_runtime(cfg)
+            reset_peak_memory(self.runtime)
             with require_efa(cfg.distributed.require_efa, self.runtime.backend, cfg.run_dir, self.process.rank):
                 init_process_group(self.process, self.runtime, self.iteration)
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -168,7 +176,11 @@ class Trainer:
 
     def _report_start(self, restored: int | None, setup_s: float) -> None:
         start_step = self.training.progress.step
-        self.events.emit("setup_end", resumed_from_step=start_step, setup_s=setup_s)
+        attention: dict[str, Any] = {}
+        if self.runtime.is_cuda:
+            compute = torch.bfloat16 if self.runtime.bf16 else torch.float32
+            attention = attention_kernel(self.cfg.model.shape, self.cfg.data.seq_len, self.runtime.device, compute)
+        self.events.emit("setup_end", resumed_from_step=start_step, setup_s=setup_s, **attention)
         if self.iteration > 0:
             begun = self.process.restart_begin_t
             since = time.time() - begun if begun else None
@@ -230,7 +242,7 @@ class Trainer:
 
     def train_step(self, step: int) -> StepOutcome:
         """One optimizer step over the data config's accumulation of micro-batches."""
-        training, device = self.training, self.runtime.device
+        training = self.training
         accum = self.accumulation
         started = time.monotonic()
         with self.ft.section("step"):
@@ -246,7 +258,7 @@ class Trainer:
                 micro_inputs.append(inputs)
                 # The model computes the loss itself, chunk by chunk (OutputProjection): no full
                 # [tokens, vocab] logits tensor is ever alive here.
-                micro_loss = training.model(inputs.to(device), targets.to(device)) / accum
+                micro_loss = training.model(to_device(inputs, self.runtime), to_device(targets, self.runtime)) / accum
                 micro_loss.backward()
                 loss = micro_loss.detach() if loss is None else loss + micro_loss.detach()
             assert loss is not None  # grad_accum_steps >= 1
@@ -260,14 +272,26 @@ class Trainer:
             # the same step: stop after a SIGTERM, save because the time interval elapsed. The
             # loss stays on the device until the single host sync below (.tolist()).
             flags = torch.tensor([float(self.process.stop_requested), float(self.checkpointer.time_due())])
-            if self.runtime.is_cuda:  # a pageable host-to-device copy would itself wait for the GPU
-                flags = flags.pin_memory().to(device, non_blocking=True)
-            control = torch.cat([loss.detach().float().view(1), flags])
+            control = torch.cat([loss.detach().float().view(1), to_device(flags, self.runtime)])
             dist.all_reduce(control)
             loss_sum, stop_votes, save_votes = control.tolist()
+        self._check_step_result(step, loss_sum, stop_votes, save_votes)
         mean_loss = loss_sum / self.world
         training.progress.step, training.progress.last_loss = step, mean_loss
         return StepOutcome(mean_loss, stop_votes > 0, save_votes > 0, fingerprint, time.monotonic() - started)
+
+    def _check_step_result(self, step: int, loss_sum: float, stop_votes: float, save_votes: float) -> None:
+        """Raise InvalidStepResult unless the all-reduce's result can be one: a finite loss and
+        whole vote counts in [0, world]. An NCCL communicator aborted under the collective (by
+        NVRx's abort, or on its own with TORCH_NCCL_ASYNC_ERROR_HANDLING=2) leaves whatever was in
+        the buffer, and the step would finish on it before the abort's exception arrives (NVRx's
+        usage guide: a few more bytecodes may run first): a step_end with a garbage loss, or a
+        stop the ranks never voted. A non-finite loss is no state to continue from either."""
+        for name, votes in (("stop", stop_votes), ("save", save_votes)):
+            if not (0 <= votes <= self.world and votes == int(votes)):
+                raise InvalidStepResult(f"step {step}: {votes!r} {name} votes from {self.world} ranks")
+        if not math.isfinite(loss_sum):
+            raise InvalidStepResult(f"step {step}: the loss summed over the ranks is {loss_sum}")
 
     def report_step(self, step: int, outcome: StepOutcome) -> None:
         speed = step_throughput(
@@ -317,9 +341,10 @@ class Trainer:
         # taking a large state's digest for a hang (state_digests).
         model_state = {"model": states["model"].state_dict(), "optim": states["optim"].state_dict()}
         digest, rank_digests = state_digests(model_state, digest_progress)
-        # The GPU memory high-water mark (reserved: what the allocator took from the device, which
-        # is what must fit), next to workloads.memory's estimate in the GPU smoke test.
-        peak = torch.cuda.max_memory_reserved(self.runtime.device) if self.runtime.is_cuda else None
+        # The GPU memory high-water mark of this iteration (reserved: what the allocator took from
+        # the device, which is what must fit), next to workloads.memory's estimate in the GPU
+        # smoke test.
+        peak = peak_memory_reserved(self.runtime)
         self.events.emit(
             "run_end",
             status="completed",

@@ -1,0 +1,152 @@
+"""What a step trusts from its one all-reduce (the loss and the stop/save votes), and the GPU-only
+helpers of a step and of its iteration: pinned non-blocking token copies, the per-iteration
+memory high-water mark, the attention kernel recorded at setup."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from workloads.config import TrainConfig
+from workloads.device import Runtime
+
+
+def _single_rank_env(monkeypatch) -> None:
+    from nvrx_eks.local.runner import free_port_pair
+
+    for name, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port_pair()),
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize(
+    ("garbage", "message"),
+    [
+        ((None, 7.0, 0.0), "7.0 stop votes from 1 ranks"),
+        ((None, 0.0, 0.5), "0.5 save votes"),
+        ((math.nan, 0, 0), "nan"),
+    ],
+    ids=["stop-votes-above-world", "fractional-save-votes", "nan-loss"],
+)
+def test_a_step_whose_all_reduce_returns_what_no_rank_sent_raises(tmp_path, monkeypatch, garbage, message):
+    """As after an NCCL abort under the step's all-reduce: the buffer holds what it holds, and
+    the step must not finish on it (no step_end, no stop, no save)."""
+    import workloads.trainer as trainer_module
+    from workloads.events import load_run
+    from workloads.process_state import ProcessState
+    from workloads.train import train_attempt
+
+    bad_step = 3
+    cfg = TrainConfig.from_dict(
+        {},
+        "x",
+        [
+            f"run_dir={tmp_path}",
+            "steps=5",
+            "distributed.backend=gloo",
+            "inprocess.enabled=false",
+            "checkpoint.backend=none",
+        ],
+    )
+    _single_rank_env(monkeypatch)
+    real = dist.all_reduce
+    step_reduces = []
+
+    def aborted_at_bad_step(tensor, *args, **kwargs):
+        work = real(tensor, *args, **kwargs)
+        if tensor.numel() == 3:  # the step's [loss, stop, save]
+            step_reduces.append(1)
+            if len(step_reduces) == bad_step:
+                for index, value in enumerate(garbage):
+                    if value is not None:
+                        tensor[index] = value
+        return work
+
+    monkeypatch.setattr(trainer_module.dist, "all_reduce", aborted_at_bad_step)
+    with pytest.raises(trainer_module.InvalidStepResult, match=f"step {bad_step}: .*{message}"):
+        train_attempt(ProcessState(cfg, 0, 1, None))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    run = load_run(tmp_path)
+    assert [e["step"] for e in run.of("step_end")] == list(range(1, bad_step))
+    assert run.of("sigterm") == [] and run.of("run_end") == []
+
+
+def test_token_batches_reach_a_gpu_pinned_and_without_waiting(monkeypatch):
+    from workloads.device import to_device
+
+    cpu = Runtime(device=torch.device("cpu"), backend="gloo", bf16=False, pg_timeout_s=60.0)
+    batch = torch.arange(6).view(2, 3)
+    assert to_device(batch, cpu) is batch
+    # A CUDA runtime, with the meta device standing in for the GPU (this machine has none).
+    gpu = Runtime(device=torch.device("cuda", 0), backend="nccl", bf16=True, pg_timeout_s=60.0)
+    calls = []
+
+    def pin_memory(self):
+        calls.append("pin")
+        return self
+
+    real_to = torch.Tensor.to
+
+    def to(self, device, non_blocking=False):
+        calls.append(("to", device, non_blocking))
+        return real_to(self, "meta")
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    moved = to_device(batch, gpu)
+    assert moved.device.type == "meta" and moved.shape == batch.shape
+    assert calls == ["pin", ("to", torch.device("cuda", 0), True)]
+
+
+def test_the_memory_high_water_mark_is_reset_per_iteration_on_cuda_only(monkeypatch):
+    from workloads import device as device_module
+
+    class Cuda:
+        def __init__(self):
+            self.calls = []
+
+        def reset_peak_memory_stats(self, device):
+            self.calls.append(("reset", device))
+
+        def max_memory_reserved(self, device):
+            self.calls.append(("peak", device))
+            return 123
+
+    cuda = Cuda()
+    monkeypatch.setattr(device_module.torch, "cuda", cuda)
+    gpu = Runtime(device=torch.device("cuda", 3), backend="nccl", bf16=True, pg_timeout_s=60.0)
+    cpu = Runtime(device=torch.device("cpu"), backend="gloo", bf16=False, pg_timeout_s=60.0)
+    device_module.reset_peak_memory(cpu)
+    assert device_module.peak_memory_reserved(cpu) is None and cuda.calls == []
+    device_module.reset_peak_memory(gpu)
+    assert device_module.peak_memory_reserved(gpu) == 123
+    assert cuda.calls == [("reset", torch.device("cuda", 3)), ("peak", torch.device("cuda", 3))]
+
+
+def test_the_attention_kernel_is_the_one_torch_dispatches_to():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from workloads.model import attention_kernel
+    from workloads.presets import MODEL_PRESETS
+
+    shape = MODEL_PRESETS["small"]
+    recorded = attention_kernel(shape, 256, torch.device("cpu"), torch.float32)
+    assert set(recorded) == {
+        "sdpa_kernel",
+        "sdpa_flash_enabled",
+        "sdpa_cudnn_enabled",
+        "sdpa_mem_efficient_enabled",
+        "sdpa_math_enabled",
+    }
+    assert recorded["sdpa_kernel"] in {name.lower() for name in SDPBackend.__members__}
+    with sdpa_kernel([SDPBackend.MATH]):  # the switches an operator may flip
+        assert attention_kernel(shape, 256, torch.device("cpu"), torch.float32)["sdpa_kernel"] == "math"
