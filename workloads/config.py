@@ -246,6 +246,13 @@ class CheckpointConfig(_Strict):
     finalize_timeout_s: float = Field(
         default=300.0, gt=0, description="the longest one save may take from hand-off to commit before it is a fault"
     )
+    write_threads: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="backend nvrx: threads of the checkpoint worker that write a rank's shards, each "
+        "its own file; more shorten the time to commit (the next save waits for it), not the stall",
+    )
     local: LocalTierConfig = LocalTierConfig()
 
 

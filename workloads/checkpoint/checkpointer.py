@@ -154,6 +154,7 @@ class Checkpointer:
             commit=self._commit,
             unguarded=unguarded,
             group_timeout_s=cfg.checkpoint.finalize_timeout_s,
+            write_threads=cfg.checkpoint.write_threads,
         )
         if self.writer is not None and self.writer.worker_start is not None:
             events.emit("checkpoint_worker", start=self.writer.worker_start)

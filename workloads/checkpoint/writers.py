@@ -163,9 +163,10 @@ class DcpAsyncWriter(Writer):
 class NvrxWriter(Writer):
     """checkpoint.backend=nvrx: NVRx's persistent checkpoint worker, shared-memory staging."""
 
-    def __init__(self, *, unguarded: Callable[[], AbstractContextManager[Any]], **kwargs: Any):
+    def __init__(self, *, unguarded: Callable[[], AbstractContextManager[Any]], write_threads: int, **kwargs: Any):
         super().__init__(**kwargs)
         self.unguarded = unguarded
+        self.write_threads = write_threads
         from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import CheckpointMetadataCache
 
         from workloads.checkpoint.nvrx_worker import checkpoint_worker
@@ -213,7 +214,16 @@ class NvrxWriter(Writer):
             save_state_dict_async_plan,
         )
 
-        writer = FileSystemWriterAsync(pending.path, use_cpu_shm_for_gpu_tensors=True, use_cached_data_structure=True)
+        # thread_count (torch's FileSystemWriter argument, which NVRx's passes on): the worker
+        # splits the rank's tensors by size over that many threads, each writing its own
+        # __<rank>_<n>.distcp (filesystem_async.py write_preloaded_data_multithread); the digest
+        # and the commit's checks cover every such file of the rank (files.rank_digests).
+        writer = FileSystemWriterAsync(
+            pending.path,
+            use_cpu_shm_for_gpu_tensors=True,
+            use_cached_data_structure=True,
+            thread_count=self.write_threads,
+        )
         writer, metadata, dist_wrapper = save_state_dict_async_plan(
             state, writer, None, enable_cache=True, metadata_cache=self._metadata_cache
         )
@@ -253,12 +263,14 @@ def build_writer(
     commit: Callable[[PendingSave], None],
     unguarded: Callable[[], AbstractContextManager[Any]],
     group_timeout_s: float,
+    write_threads: int,
 ) -> Writer | None:
     """The writer of checkpoint.backend; None for `none`. `group_timeout_s` bounds the
-    collectives of a writer's own gloo group (workloads.checkpoint.groups). Collective."""
+    collectives of a writer's own gloo group (workloads.checkpoint.groups); `write_threads` is
+    checkpoint.write_threads. Collective."""
     common: dict[str, Any] = {"rank": rank, "device": device, "with_sha": with_sha, "commit": commit}
     if backend == "nvrx":
-        return NvrxWriter(unguarded=unguarded, **common)
+        return NvrxWriter(unguarded=unguarded, write_threads=write_threads, **common)
     if backend == "dcp-async":
         return DcpAsyncWriter(group_timeout_s=group_timeout_s, **common)
     if backend == "sync":
