@@ -163,22 +163,41 @@ def split_state(
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """This rank's share of `state` as (CPU tensor copies, JSON-able leaves), keyed by path.
     Copies go into the tensors of `staging` where shape and dtype match (no allocation, no page
-    faults: the copy floor), else into new ones."""
+    faults: the copy floor), else into new ones.
+
+    GPU tensors are copied into pinned buffers without waiting, with one synchronization of the
+    streams used at the end: a pageable device-to-host copy stages through a driver buffer and
+    blocks per tensor, at about half the bandwidth. The pinned buffers stay with the host copy
+    and take the next save, like pageable ones; a restore from memory reads them back to the GPU
+    at pinned speed too. CPU tensors are copied as before."""
     tensors: dict[str, torch.Tensor] = {}
     meta: dict[str, Any] = {}
     staging = staging if staging is not None else {}
+    copying_from: set[torch.device] = set()
     for path, leaf in _leaves(state):
         if isinstance(leaf, torch.Tensor):
             local = leaf.detach()
             local = local.to_local() if isinstance(local, DTensor) else local
             key = _key(path)
             buffer = staging.get(key)
-            if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
-                buffer = torch.empty(local.shape, dtype=local.dtype, device="cpu")
-            buffer.copy_(local)
+            from_gpu = local.is_cuda
+            if (
+                buffer is None
+                or buffer.shape != local.shape
+                or buffer.dtype != local.dtype
+                or (from_gpu and not buffer.is_pinned())
+            ):
+                buffer = torch.empty(local.shape, dtype=local.dtype, device="cpu", pin_memory=from_gpu)
+            buffer.copy_(local, non_blocking=from_gpu)
+            if from_gpu:
+                copying_from.add(local.device)
             tensors[key] = buffer
         else:
             meta[_key(path)] = list(leaf) if isinstance(leaf, tuple) else leaf
+    for device in copying_from:
+        # The copies were queued on the device's current stream, after the step that produced
+        # the tensors: once it is drained the buffers hold this step, and the writer may read.
+        torch.cuda.current_stream(device).synchronize()
     return tensors, meta
 
 
