@@ -7,8 +7,14 @@ with the NCCL backend and bf16 compute, and checks, printing the numbers and wri
             async NVRx checkpoints committed along the way;
 2. resume:  a second launch on the same run directory continues from the last committed step;
 3. stall:   the median checkpoint stall of the async (nvrx) backend against a synchronous run;
-4. memory:  each rank's GPU high-water mark (torch.cuda.max_memory_reserved) against
-            workloads.memory's estimate for the same job.
+4. memory:  each rank's GPU high-water mark (torch.cuda.max_memory_reserved since the setup of
+            the iteration that ended the run) against the part of workloads.memory's estimate
+            that the allocator counts: the GPU subtotal and its fragmentation allowance, without
+            the CUDA context, workspaces and NCCL buffers, which it never sees.
+
+Before any launch the plan is checked, each failure a one-line error naming the fix (exit 2): the
+preset must fit the GPU's memory (workloads.memory.check_fits), the disk where the runs go must
+hold the checkpoints the smoke keeps at once, and /dev/shm the state NVRx's async save stages there.
 
 Each phase's numbers include its throughput (tokens/s per rank, and MFU on a GPU with a published
 peak). `--budget-s` bounds the wall time: a phase that would not fit in what is left is recorded as
@@ -24,17 +30,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
+
+if TYPE_CHECKING:
+    from workloads.config import TrainConfig
 
 #: Timeouts for the GPU runs: the local CPU profile's are sized for a tiny model on CPU; a GPU
 #: run's setup (CUDA context, NCCL communicator, a 1B model) needs more, and TrainConfig's rules
@@ -50,6 +60,23 @@ GPU_OVERRIDES = (
     "fault_tolerance.section_timeouts_s.step=60",
     "fault_tolerance.out_of_section_timeout_s=200",
 )
+#: Overrides of every smoke run. Rank 0's TensorBoard writer is no part of what the smoke checks,
+#: and a bare GPU machine has no tensorboard package (nor room for it in the carried wheels:
+#: scripts/gpu_wheels.py).
+SMOKE_OVERRIDES = ("metrics.tensorboard=false",)
+
+#: Where NVRx's async save stages each rank's state (cpu_shm: shared host memory, one tensor at a
+#: time, 12 bytes per parameter per rank; workloads.memory's host_staging).
+SHM_DIR = Path("/dev/shm")
+#: /dev/shm must hold the staged state with this much to spare: it is allocated per tensor, and
+#: a tmpfs page touched past the mount's size is a SIGBUS in the rank, not an error.
+SHM_HEADROOM = 1.2
+#: Checkpoints a run holds on disk at once beyond its `keep` committed ones: the one being written
+#: and one orphaned by a fault (its files are removed only at the next commit).
+CHECKPOINTS_IN_FLIGHT = 2
+
+#: Tokens per sequence of a GPU smoke: the 1b preset's longest.
+GPU_SEQ_LEN = 2048
 
 #: The default wall-clock budget of a smoke, under 8 minutes: a GPU machine rented for a short
 #: slot (its start-up included) runs the whole smoke and has time left to run it again.
@@ -88,6 +115,17 @@ class Budget:
         return result
 
 
+#: What the memory check compares, in its report: torch's peak since the trainer reset it at the
+#: setup of the iteration that ended the run, against what workloads.memory says the caching
+#: allocator holds. The estimate's total adds the CUDA context, library workspaces and NCCL's
+#: buffers, which max_memory_reserved never counts.
+MEMORY_COMPARED = (
+    "max over ranks of torch.cuda.max_memory_reserved at run_end (the peak since the setup of the "
+    "iteration that ended the run) <= the estimate's GPU subtotal + fragmentation allowance "
+    "(estimate_allocated_gib); estimate_gib adds the CUDA context, workspaces and NCCL line, "
+    "which max_memory_reserved never counts"
+)
+
 #: The launcher's log in a run directory (nvrx_eks.local.runner writes node 0's there).
 LAUNCHER_LOG = "launcher.log"
 #: How much of it a report holds when no rank started.
@@ -111,6 +149,7 @@ class SmokePlan:
     @property
     def overrides(self) -> list[str]:
         base = [
+            *SMOKE_OVERRIDES,
             f"data.seq_len={self.seq_len}",
             f"data.batch_size={self.batch_size}",
             f"distributed.precision={self.precision}",
@@ -123,6 +162,94 @@ class SmokePlan:
     def faults(self) -> str:
         return f"exception@{self.interval + 2}:0,hang@{2 * self.interval + 2}:{self.nproc - 1}"
 
+    @property
+    def sync_steps(self) -> int:
+        """The stall phase's synchronous run: two saves, enough for a median."""
+        return 2 * self.interval
+
+    def train_config(self, run_dir: Path) -> TrainConfig:
+        """The faulted run's configuration, as nvrx_eks.local.runner will write it."""
+        from nvrx_eks.local.runner import local_config
+
+        return local_config(
+            run_dir=run_dir,
+            steps=self.steps,
+            faults=self.faults,
+            preset=self.preset,
+            checkpoint_interval=self.interval,
+            backend="nvrx",
+            overrides=self.overrides,
+        )
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the smoke's runs take outside the GPU, at most, at any one time."""
+
+    #: Checkpoints on the disk where the runs go.
+    disk_bytes: int
+    #: NVRx's staging in /dev/shm, with SHM_HEADROOM.
+    shm_bytes: int
+    #: One checkpoint of the whole job (every rank's state).
+    checkpoint_bytes: int
+    #: How many of them the disk holds at once.
+    checkpoints: int
+
+
+def room_needed(plan: SmokePlan, train: TrainConfig) -> Room:
+    """The faulted run holds `keep` committed checkpoints plus CHECKPOINTS_IN_FLIGHT; the resume
+    ends with a commit, which leaves `keep`, and beside those the sync run holds its saves, at most
+    `keep` + 1 of them. All ranks run on this machine, so all their staging is in its /dev/shm."""
+    from workloads.memory import estimate_for
+
+    checkpoint = estimate_for(train, plan.nproc).host_staging * plan.nproc
+    keep = train.checkpoint.keep
+    sync_saves = min(keep + 1, plan.sync_steps // plan.interval)
+    checkpoints = max(keep + CHECKPOINTS_IN_FLIGHT, keep + sync_saves)
+    return Room(
+        disk_bytes=checkpoints * checkpoint,
+        shm_bytes=int(SHM_HEADROOM * checkpoint),
+        checkpoint_bytes=checkpoint,
+        checkpoints=checkpoints,
+    )
+
+
+def check_room(room: Room, runs_dir: Path, shm_dir: Path = SHM_DIR) -> None:
+    """A ConfigError naming the fix when the disk under `runs_dir` or `shm_dir` is too small: a run
+    that runs out of either ends in a rank's ENOSPC or SIGBUS minutes in, with no report."""
+    from workloads.memory import GIB
+
+    existing = next(p for p in (runs_dir, *runs_dir.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if free < room.disk_bytes:
+        raise ConfigError(
+            f"--out: {existing} has {free / GIB:.1f} GiB free; the smoke's checkpoints need "
+            f"{room.disk_bytes / GIB:.1f} GiB ({room.checkpoints} of {room.checkpoint_bytes / GIB:.1f} GiB at "
+            "once); put --out on a disk with more room, or choose a smaller --preset"
+        )
+    shm_free = shutil.disk_usage(shm_dir).free if shm_dir.is_dir() else 0
+    if shm_free < room.shm_bytes:
+        raise ConfigError(
+            f"{shm_dir}: {shm_free / GIB:.1f} GiB free; NVRx's async save stages "
+            f"{room.checkpoint_bytes / GIB:.1f} GiB there and needs {room.shm_bytes / GIB:.1f} GiB "
+            f"({SHM_HEADROOM:g}x); enlarge it (as root: mount -o remount,size=<GiB>G {shm_dir}), or choose a "
+            "smaller --preset"
+        )
+
+
+def check_fit(plan: SmokePlan, train: TrainConfig, gpu_name: str, gpu_memory_bytes: int) -> None:
+    """A ConfigError when workloads.memory's fit check refuses the preset on this GPU: refused
+    before a launch whose ranks would run out of memory after minutes of setup."""
+    from workloads.memory import GIB, check_fits, estimate_for
+
+    if check_fits(train, plan.nproc, gpu_memory_bytes / GIB, gpu_name) is None:
+        return
+    raise ConfigError(
+        f"--preset {plan.preset}: the estimated memory per GPU at {plan.nproc} rank(s), "
+        f"{estimate_for(train, plan.nproc).describe()}, exceeds the {gpu_memory_bytes / GIB:.1f} GiB of one "
+        f"{gpu_name}; choose a smaller --preset (small, 1b) or more GPUs with --nproc"
+    )
+
 
 def plan_for(dry_run: bool, preset: str | None, nproc: int | None) -> SmokePlan:
     if dry_run:
@@ -132,6 +259,14 @@ def plan_for(dry_run: bool, preset: str | None, nproc: int | None) -> SmokePlan:
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpu_plan(gpus, torch.cuda.get_device_name(0) if gpus else "", preset, nproc)
+
+
+def gpu_plan(gpus: int, device_name: str, preset: str | None, nproc: int | None) -> SmokePlan:
+    """The plan on a machine with `gpus` GPUs named `device_name`: one rank per GPU by default."""
+    from nvrx_eks.facts.instances import PEAK_BF16_DENSE_TFLOPS
+    from workloads.presets import MODEL_PRESETS
+
     if gpus < 1:
         raise ConfigError(
             "gpu-smoke: no CUDA GPU is visible; run it on a GPU machine, or pass --dry-run "
@@ -139,15 +274,16 @@ def plan_for(dry_run: bool, preset: str | None, nproc: int | None) -> SmokePlan:
         )
     if nproc is not None and nproc > gpus:
         raise ConfigError(f"--nproc: {nproc} ranks need {nproc} GPUs; this machine has {gpus}")
-    from nvrx_eks.facts.instances import PEAK_BF16_DENSE_TFLOPS
-
-    name = torch.cuda.get_device_name(0)
-    peak = next((tflops for model, tflops in PEAK_BF16_DENSE_TFLOPS.items() if model in name), None)
+    peak = next((tflops for model, tflops in PEAK_BF16_DENSE_TFLOPS.items() if model in device_name), None)
+    preset = preset or "1b"
+    # A preset shorter than GPU_SEQ_LEN (small) runs at its longest; an unknown one is refused
+    # by the configuration, naming model.preset.
+    shape = MODEL_PRESETS.get(preset)
     # nproc 1 leaves no second rank to hang; the hang then targets rank 0 after its exception.
     return SmokePlan(
         nproc=nproc or gpus,
-        preset=preset or "1b",
-        seq_len=2048,
+        preset=preset,
+        seq_len=min(GPU_SEQ_LEN, shape.max_seq_len) if shape else GPU_SEQ_LEN,
         batch_size=2,
         steps=30,
         interval=5,
@@ -197,7 +333,6 @@ def smoke(
     """Run the checks within `budget_s` seconds (None: DEFAULT_BUDGET_S); returns the measured
     results and writes them to out_dir/gpu_smoke.json after every phase ("complete": false until
     the last)."""
-    from workloads.config import TrainConfig
     from workloads.memory import GIB, estimate_for
 
     console = console or Console()
@@ -208,12 +343,18 @@ def smoke(
     budget_s = DEFAULT_BUDGET_S if budget_s is None else budget_s
     if budget_s <= 0:
         raise ConfigError(f"--budget-s: {budget_s:g} is not above 0; give the seconds the smoke may take")
+    faulted_dir = out_dir / "faulted"
+    train = plan.train_config(faulted_dir)
+    if plan.gpu:
+        import torch
+
+        check_fit(plan, train, torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)
+    check_room(room_needed(plan, train), out_dir)
     budget = Budget(budget_s)
     out_dir.mkdir(parents=True, exist_ok=True)
     checks: dict[str, Any] = {}
 
     # 1. Faults recovered in process, with async checkpoints.
-    faulted_dir = out_dir / "faulted"
     faulted = budget.launch(
         lambda: _run(
             plan, faulted_dir, steps=plan.steps, faults=plan.faults, backend="nvrx", resume=False, console=console
@@ -280,7 +421,7 @@ def smoke(
             lambda: _run(
                 plan,
                 out_dir / "sync",
-                steps=2 * plan.interval,
+                steps=plan.sync_steps,
                 faults="",
                 backend="sync",
                 resume=False,
@@ -300,18 +441,21 @@ def smoke(
         checks["stall"] = budget.skipped()
     _write(out_dir, _result(plan, checks, budget_s, complete=False))
 
-    # 4. Memory: the high-water mark of each rank against the model's estimate.
-    train = TrainConfig.from_yaml(faulted_dir / "config.yaml")
+    # 4. Memory: the high-water mark of each rank against the part of the estimate it measures.
     estimate = estimate_for(train, plan.nproc, bf16=plan.precision == "bf16")
-    peaks = [e.get("gpu_peak_reserved_bytes") for e in faulted["run"].of("run_end")]
-    measured = max((p for p in peaks if p is not None), default=None)
+    allocator_counts = estimate.gpu_subtotal + estimate.fragmentation
+    run_ends = [e for e in faulted["run"].of("run_end") if e.get("gpu_peak_reserved_bytes") is not None]
+    measured = max((e["gpu_peak_reserved_bytes"] for e in run_ends), default=None)
     checks["memory"] = {
+        "compared": MEMORY_COMPARED,
+        "peak_reserved_gib": None if measured is None else round(measured / GIB, 2),
+        "iterations": sorted({e["iteration"] for e in run_ends}),
+        "estimate_allocated_gib": round(allocator_counts / GIB, 2),
+        "ratio": None if measured is None else round(measured / allocator_counts, 3),
         "estimate_gib": round(estimate.total / GIB, 2),
         "estimate_components_gib": {name: round(b / GIB, 3) for name, b in estimate.components()},
-        "peak_reserved_gib": None if measured is None else round(measured / GIB, 2),
-        "ratio": None if measured is None else round(measured / estimate.total, 3),
         # On CPU there is no GPU memory to measure: the check is the estimate's presence.
-        "ok": measured is None if not plan.gpu else measured is not None and measured <= estimate.total,
+        "ok": measured is None if not plan.gpu else measured is not None and measured <= allocator_counts,
     }
     return _report(plan, checks, out_dir, console, budget_s)
 
@@ -386,7 +530,8 @@ def _print(result: dict[str, Any], console: Console) -> None:
     table.add_column("result")
     table.add_column("numbers")
     for name, check in result["checks"].items():
-        shown = (k for k in check if k not in ("ok", "skipped", "estimate_components_gib", "launcher_log_tail"))
+        hidden = ("ok", "skipped", "compared", "estimate_components_gib", "launcher_log_tail")
+        shown = (k for k in check if k not in hidden)
         numbers = ", ".join(f"{k}={check[k]}" for k in shown)
         if check.get("skipped"):
             verdict = f"[yellow]skipped: {check['skipped']}[/]"

@@ -12,7 +12,6 @@ from rich.console import Console
 
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.ops import gpu_smoke
-from workloads.config import TrainConfig
 from workloads.events import RunEvents
 
 
@@ -48,8 +47,6 @@ def fake_launches(monkeypatch):
         report = run_dir.parent / "gpu_smoke.json"
         launches.append((name, json.loads(report.read_text()) if report.is_file() else None))
         run_dir.mkdir(parents=True, exist_ok=True)
-        if not resume:  # the memory phase reads the faulted run's config
-            (run_dir / "config.yaml").write_text(TrainConfig.from_dict({}, "test").to_yaml())
         t0 = clock.now
         clock.now += seconds[name]
         summary = {"checkpoints": {"median_stall_s": 0.1}}
