@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup demo test test-fast lint synth clean
+.PHONY: setup demo test test-fast lint synth gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,11 @@ lint: setup
 # The CDK CLI's own synth, offline; a missing context value fails instead of using dummies.
 synth: setup
 	$(BIN)/python -m nvrx_eks.deploy.cdk_cli synth --no-lookups --no-notices --quiet $(if $(PROFILE),-c profile=$(PROFILE))
+
+# The wheels a bare GPU machine lacks for the GPU smoke (scripts/gpu-smoke-device.sh), for
+# CPython 3.12 on manylinux x86_64, at the project's pins; lists them and fails over 64 MiB.
+gpu-wheels: setup
+	$(BIN)/python scripts/gpu_wheels.py download .gpu-wheels
 
 clean:
 	rm -rf cdk.out .pytest_cache

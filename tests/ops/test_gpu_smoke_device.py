@@ -1,0 +1,100 @@
+"""scripts/gpu-smoke-device.sh, the GPU smoke as run on a bare GPU machine, end to end in its CPU dry
+run: the carried wheels' install step (here every wheel is already satisfied, so nothing is fetched
+or installed), the environment record, the smoke within its budget, and OUT_DIR holding the report
+and small logs while the runs and their checkpoints stay outside it."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.support import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "gpu-smoke-device.sh"
+#: What OUT_DIR may hold: a GPU machine returns at most 8 files.
+OUT_FILES = {"gpu_smoke.json", "smoke.log", "run_tails.txt", "env.txt", "install.log"}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("trainer_runs")
+def test_the_device_scripts_dry_run_reports_into_out_dir_and_keeps_the_checkpoints_outside(tmp_path, tmp_path_factory):
+    import sys
+
+    from tests.support.trainer_fixtures import exclusive_trainer_runs
+
+    # A wheel of a distribution this interpreter has at that version: skipped, never handed to pip
+    # (it is no real wheel, so an install would fail the script with exit 3).
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    pydantic = importlib.metadata.version("pydantic")
+    (wheels / f"pydantic-{pydantic}-py3-none-any.whl").write_bytes(b"not installed")
+    runs_parent = tmp_path / "runs"
+    runs_parent.mkdir()
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "GPU_WHEELS_DIR": str(wheels),
+        "GPU_SMOKE_RUNS_PARENT": str(runs_parent),
+    }
+    with exclusive_trainer_runs(tmp_path_factory):
+        began = time.monotonic()
+        done = subprocess.run(
+            [str(SCRIPT), str(out), "--dry-run", "--budget-s", "120"],
+            cwd=tmp_path,  # the script finds the checkout itself
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
+        took_s = time.monotonic() - began
+    report = json.loads((out / "gpu_smoke.json").read_text())
+    assert done.returncode == (0 if report["ok"] else 1), done.stdout[-3000:] + done.stderr[-3000:]
+    assert report["complete"] and report["budget_s"] == 120 and report["mode"].startswith("dry-run")
+    assert list(report["checks"]) == ["faults", "resume", "stall", "memory"]
+    assert report["checks"]["faults"]["ok"], report
+    # Inside the budget and the script's own start-up (the install plan, the environment record).
+    assert took_s < 120 + 30, took_s
+
+    assert {p.name for p in out.iterdir()} == OUT_FILES
+    install = (out / "install.log").read_text()
+    assert f"skip: pydantic {pydantic} is installed" in install and "nothing to install" in install
+    record = (out / "env.txt").read_text()
+    for line in ("glibc:", "python: ", "nvidia-resiliency-ext: 0.7.0", "pydantic: ", "torch: ", "/dev/shm"):
+        assert line in record, (line, record)
+    assert "ft_launcher as the runner starts it: " in record
+    tails = (out / "run_tails.txt").read_text()
+    assert "faulted/launcher.log, last 200 lines" in tails and "events/rank0.jsonl, last 40 lines" in tails
+    assert "GPU smoke: dry-run" in (out / "smoke.log").read_text()
+    assert sum(p.stat().st_size for p in out.iterdir()) < 1 << 20
+
+    # The checkpoints are in the runs' folder, none in OUT_DIR.
+    (work,) = runs_parent.iterdir()
+    committed = [p for p in (work / "smoke" / "faulted").rglob("*") if p.name == ".metadata"]
+    assert committed, "the faulted run left no checkpoint where the runs go"
+    assert not [p for p in out.rglob("*") if p.is_dir()]
+    assert f"runs and checkpoints in {work}" in done.stdout
+
+
+def test_the_device_script_refuses_out_in_its_arguments(tmp_path):
+    done = subprocess.run(
+        [str(SCRIPT), str(tmp_path / "out"), "--dry-run", "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GPU_SMOKE_RUNS_PARENT": str(tmp_path)},
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: --out: ") and done.stderr.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_device_script_is_shellcheck_clean():
+    from tests.support.shell_lint import assert_shellcheck_clean
+
+    assert_shellcheck_clean(SCRIPT.read_text(), shell="bash", name="gpu-smoke-device.sh")
