@@ -18,11 +18,7 @@ import torch
 
 from nvrx_eks.facts.errors import ConfigError
 from workloads.config import TrainConfig
-
-#: The CUDA caching allocator's settings for GPU runs, unless the environment sets its own:
-#: expandable segments let freed blocks of different sizes be reused without fragmenting (the
-#: activations of recomputed blocks and loss chunks come and go every step).
-CUDA_ALLOC_CONF = "expandable_segments:True"
+from workloads.process_env import CUDA_ALLOC_CONF
 
 
 class GpusMissing(ConfigError):
@@ -69,7 +65,9 @@ def resolve_runtime(cfg: TrainConfig) -> Runtime:
     if backend == "nccl":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         check_gpus_visible(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        # Before the first allocation, which is when the allocator reads its settings.
+        # Pods and the image have it in the environment from the start (workloads.process_env);
+        # a run started another way gets it here, before the trainer's first CUDA allocation
+        # (unless the environment sets its own).
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)

@@ -37,7 +37,7 @@ from nvrx_eks.resources import templates_dir
 from workloads import do_not_requeue
 from workloads.launch import build_coordinator_argv, build_ft_launcher_argv, build_preflight_argv
 from workloads.numa import GPUS_PER_NUMA_ENV
-from workloads.process_env import NCCL_RESTART_ENV
+from workloads.process_env import TRAINER_PROCESS_ENV
 from workloads.transport import NET_PLUGIN
 
 #: How long a pod waits for the rendezvous host's DNS record before failing (and being retried).
@@ -86,9 +86,10 @@ def fabric_env(facts: InstanceFacts, *, debug: str = "WARN") -> dict[str, str]:
 
 def trainer_env(spec: JobSpec) -> dict[str, str]:
     """The trainer container's environment: fabric, the NCCL/torch settings NVRx's in-process
-    restart needs (also in the image, but a job run with another image must keep them), NUMA
+    restart needs and the CUDA allocator's (workloads.process_env; also in the image, but a job
+    run with another image must keep them), NUMA
     binding, unbuffered output (a rank killed by a fault must not take its last lines with it)."""
-    env = {**fabric_env(spec.facts), **NCCL_RESTART_ENV, "PYTHONUNBUFFERED": "1"}
+    env = {**fabric_env(spec.facts), **TRAINER_PROCESS_ENV, "PYTHONUNBUFFERED": "1"}
     if spec.facts.numa_nodes > 1:
         # Each rank binds itself to the CPUs next to its GPU (workloads/numa.py), so host memory
         # for checkpoint staging and data comes from that socket. Not NVRx's NVRX_GPUS_PER_NUMA:

@@ -25,7 +25,7 @@ from scripts.trainer_requirements import trainer_requirements
 from tests.support import REPO_ROOT, checkout_files
 from tests.support.shell_lint import assert_shellcheck_clean
 from workloads import transport
-from workloads.process_env import NCCL_RESTART_ENV
+from workloads.process_env import TRAINER_PROCESS_ENV, nccl_version_problem
 
 ROOT = REPO_ROOT
 VENV_BIN = Path(sys.executable).parent
@@ -172,7 +172,6 @@ IMAGE_PYTHON = "3.12"
 IMAGE_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(39, 4, -1)] + [
     "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]  # fmt: skip
 INDEX_URL = "https://pypi.org/simple"
-MIN_NCCL = (2, 26, 2)  # NVRx's in-process restart; the Dockerfile asserts it again at build time
 
 
 def _index_reachable() -> bool:
@@ -217,7 +216,8 @@ def test_image_requirements_resolve_for_python_312_manylinux_x86_64(tmp_path):
     nccl = [(name, version) for name, version in installed.items() if name.startswith("nvidia-nccl")]
     assert nccl, "torch's Linux wheel should bring NCCL as an nvidia-nccl-* wheel"
     version = tuple(int(p) for p in nccl[0][1].split(".")[:3])
-    assert version >= MIN_NCCL, f"{nccl[0]} is older than NCCL {MIN_NCCL}"
+    problem = nccl_version_problem(version)
+    assert problem is None, f"{nccl[0]}: {problem}"
     print(f"image requirements resolved in {seconds:.0f} s: torch {installed['torch']}, {nccl[0]}")
 
 
@@ -245,9 +245,13 @@ def test_dockerfile_passes_hadolint():
             assert lines[i - 1].lstrip().startswith("#"), f"{line.strip()} is ignored without a reason"
 
 
-def test_dockerfile_env_carries_the_nccl_settings_the_pod_env_has():
-    env = env_of((ROOT / DOCKERFILE).read_text())
-    assert {k: env.get(k) for k in NCCL_RESTART_ENV} == NCCL_RESTART_ENV
+def test_dockerfile_env_carries_the_nccl_and_allocator_settings_the_pod_env_has():
+    text = (ROOT / DOCKERFILE).read_text()
+    env = env_of(text)
+    assert {k: env.get(k) for k in TRAINER_PROCESS_ENV} == TRAINER_PROCESS_ENV
+    # The build refuses an NCCL the in-process restart cannot run on (workloads.process_env).
+    runs = [args for keyword, args in instructions(text) if keyword == "RUN"]
+    assert any(args.startswith("python -m workloads.process_env --check-nccl") for args in runs)
 
 
 def test_dockerfile_states_no_package_version_of_its_own():
