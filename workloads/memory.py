@@ -17,7 +17,10 @@ kv = n_kv_heads x head_dim, f = ffn_dim, V = vocab, a = n_heads, c = bytes per c
    dtype and FSDP2 prefetches the next group's, 2 c per parameter of the largest group; in its
    backward the full gradient exists in the compute dtype (c) and, when that differs from the
    reduce dtype, as the fp32 reduce-scatter input (4). The largest group of the 8b preset is the
-   output projection (V h = 525 M parameters), not a block (218 M).
+   output projection (V h = 525 M parameters), not a block (218 M). Its weight gradient is summed
+   over the loss chunks in fp32 (4, plus 4/8 for one vocabulary slice's product;
+   workloads.model._ChunkedCrossEntropy) and handed over in the compute dtype (c) before FSDP2
+   makes its reduce-scatter input: within the same 2 c + c + 4 at every moment.
 3. Activations saved for backward, per token per block, counted from the ops in
    workloads.model.Block (bf16 on GPU):
      RMSNorm x2: input (h) and rstd (one fp32)          2 h c + 8 bytes
