@@ -195,7 +195,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad_total: torch.Tensor) -> Any:
         h, weight, targets = ctx.saved_tensors
         grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        )
         for start in range(0, h.shape[0], ctx.chunk_tokens):
             end = start + ctx.chunk_tokens
             with torch.enable_grad():
@@ -205,9 +207,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             grad_logits = grad_logits.to(h.dtype)  # what the upcast's backward would hand the GEMMs
             if grad_h is not None:
                 grad_h[start:end] = grad_logits @ weight
-            if ctx.needs_input_grad[1]:
+            if grad_weight is not None:
                 _add_weight_grad(grad_weight, grad_logits, h[start:end])
-        return grad_h, grad_weight if ctx.needs_input_grad[1] else None, None, None
+        return grad_h, grad_weight, None, None
 
 
 class OutputProjection(nn.Linear):
