@@ -154,6 +154,9 @@ class Block(nn.Module):
 #: Slices of the vocabulary the LM head's weight gradient is computed in, per loss chunk: each
 #: slice's fp32 GEMM output is a transient of 1/VOCAB_SLICES of the fp32 weight gradient.
 VOCAB_SLICES = 8
+#: Whether this torch has the bf16-in, fp32-out GEMM (`torch.mm(..., out_dtype=)`, aten::mm.dtype);
+#: a torch without it (the GPU smoke may meet an older one) upcasts the operands instead.
+_MM_HAS_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
 
 
 def _add_weight_grad(accumulator: torch.Tensor, grad_logits: torch.Tensor, h: torch.Tensor) -> None:
@@ -164,7 +167,7 @@ def _add_weight_grad(accumulator: torch.Tensor, grad_logits: torch.Tensor, h: to
     step = -(-accumulator.shape[0] // VOCAB_SLICES)
     for start in range(0, accumulator.shape[0], step):
         rows = grad_logits[:, start : start + step].t()
-        if accumulator.is_cuda and rows.dtype != torch.float32:
+        if accumulator.is_cuda and rows.dtype != torch.float32 and _MM_HAS_OUT_DTYPE:
             product = torch.mm(rows, h, out_dtype=torch.float32)
         else:
             product = rows.float() @ h.float()
