@@ -10,14 +10,17 @@
 #      (scripts/gpu_wheels.py install-plan);
 #   2. records the machine in OUT_DIR/env.txt (GPUs, driver, /dev/shm and disk, glibc, python,
 #      torch, NCCL, NVRx, pydantic);
-#   3. runs the smoke within --budget-s (default GPU_SMOKE_BUDGET_S, 420 s) and a hard timeout
-#      GPU_SMOKE_GRACE_S (90 s) past it; its runs and checkpoints go to a new folder under
-#      GPU_SMOKE_RUNS_PARENT (default: whichever of TMPDIR and the checkout has more free space),
-#      never into OUT_DIR;
+#   3. runs the smoke within --budget-s (default GPU_SMOKE_BUDGET_S, 420 s) and a timeout
+#      GPU_SMOKE_GRACE_S (60 s) past it, whose SIGTERM lets the launch in progress stop its ranks
+#      (a SIGKILL follows 45 s later): all of it fits a 10-minute slot. Its runs and checkpoints go
+#      to a new folder under GPU_SMOKE_RUNS_PARENT (default: whichever of TMPDIR and the checkout
+#      has more free space), never into OUT_DIR;
 #   4. copies, even when the smoke fails, times out or is stopped, what is small into OUT_DIR:
 #      gpu_smoke.json, smoke.log (its last lines), run_tails.txt (each run's launcher log and event
 #      tails, local_run.json, summary.json), env.txt and install.log. Five files: a machine that
-#      returns few files returns them all.
+#      returns few files returns them all. A process of the runs still alive then (the launchers
+#      run in their own sessions, so a SIGKILL to the smoke leaves them) is killed: the GPU is
+#      free for the next run.
 # Exit code: the smoke's (0 passed, 1 a check failed, 2 a bad request, 124 the hard timeout), or 3
 # when the wheels could not be installed.
 set -uo pipefail
@@ -33,7 +36,7 @@ shift
 python=${PYTHON:-python3}
 wheels=${GPU_WHEELS_DIR:-.gpu-wheels}
 budget=${GPU_SMOKE_BUDGET_S:-420}
-grace=${GPU_SMOKE_GRACE_S:-90}
+grace=${GPU_SMOKE_GRACE_S:-60}
 
 # --budget-s given by the caller wins; the hard timeout follows whichever applies.
 args=("$@")
@@ -86,6 +89,15 @@ collect() {
       [ -f "$file" ] && { echo "--- $file, last 40 lines"; tail -n 40 "$file"; }
     done
   done >"$out/run_tails.txt"
+  # Found by the runs' folder in their command lines: a unique mktemp name, no other process's.
+  local proc leftovers=()
+  for proc in /proc/[0-9]*; do
+    [ "${proc#/proc/}" != $$ ] && grep -qF "$work/" "$proc/cmdline" 2>/dev/null && leftovers+=("${proc#/proc/}")
+  done
+  if ((${#leftovers[@]})); then
+    kill -KILL "${leftovers[@]}" 2>/dev/null
+    echo "gpu-smoke-device: killed ${#leftovers[@]} leftover process(es) of the runs: ${leftovers[*]}"
+  fi
   echo "gpu-smoke-device: report in $out; runs and checkpoints in $work"
 }
 trap collect EXIT
@@ -158,6 +170,6 @@ PY
 
 # 3. The smoke, from the checkout's root (the ranks run `python -m workloads.train` there).
 PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
-  timeout --kill-after=20 "$(awk -v b="$budget" -v g="$grace" 'BEGIN { print int(b + g) }')" \
+  timeout --kill-after=45 "$(awk -v b="$budget" -v g="$grace" 'BEGIN { print int(b + g) }')" \
   "$python" -m nvrx_eks.ops.gpu_smoke --out "$smoke_out" "${args[@]}" 2>&1 | tee "$work/smoke.log"
 exit "${PIPESTATUS[0]}"

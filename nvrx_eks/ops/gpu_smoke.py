@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,6 +126,10 @@ MEMORY_COMPARED = (
     "(estimate_allocated_gib); estimate_gib adds the CUDA context, workspaces and NCCL line, "
     "which max_memory_reserved never counts"
 )
+
+#: A launch's exit code when this command was told to stop (SIGTERM, SIGHUP: run_local stops its
+#: launchers as an eviction would and returns 128 + the signal).
+STOPPED_CODES = frozenset({128 + signal.SIGTERM, 128 + signal.SIGHUP})
 
 #: The launcher's log in a run directory (nvrx_eks.local.runner writes node 0's there).
 LAUNCHER_LOG = "launcher.log"
@@ -386,6 +391,8 @@ def smoke(
         "wall_s": faulted["wall_s"],
         **_throughput(run.of("step_end", rank=0)),
     }
+    if faulted["exit_code"] in STOPPED_CODES:
+        return _stopped(plan, checks, out_dir, console, budget_s)
     _write(out_dir, _result(plan, checks, budget_s, complete=False))
 
     # 2. Resume: a new launch continues from the last committed step.
@@ -411,6 +418,8 @@ def smoke(
             "wall_s": resumed["wall_s"],
             **_throughput([e for e in resumed["run"].of("step_end", rank=0) if e["t"] > faulted_end_t]),
         }
+        if resumed["exit_code"] in STOPPED_CODES:
+            return _stopped(plan, checks, out_dir, console, budget_s)
     else:
         checks["resume"] = budget.skipped()
     _write(out_dir, _result(plan, checks, budget_s, complete=False))
@@ -437,6 +446,8 @@ def smoke(
             "wall_s": sync["wall_s"],
             **_throughput(sync["run"].of("step_end", rank=0)),
         }
+        if sync["exit_code"] in STOPPED_CODES:
+            return _stopped(plan, checks, out_dir, console, budget_s)
     else:
         checks["stall"] = budget.skipped()
     _write(out_dir, _result(plan, checks, budget_s, complete=False))
@@ -484,6 +495,17 @@ def _report(
 ) -> dict[str, Any]:
     """The final result of `checks`, written to out_dir/gpu_smoke.json and printed."""
     result = _result(plan, checks, budget_s, complete=True)
+    _write(out_dir, result)
+    _print(result, console)
+    return result
+
+
+def _stopped(
+    plan: SmokePlan, checks: dict[str, Any], out_dir: Path, console: Console, budget_s: float
+) -> dict[str, Any]:
+    """The report when a launch ended because this command was told to stop: the phases so far,
+    incomplete, and no further launch (a timeout around the smoke waits for nothing more)."""
+    result = {**_result(plan, checks, budget_s, complete=False), "stopped": "by a signal during a launch"}
     _write(out_dir, result)
     _print(result, console)
     return result

@@ -36,10 +36,11 @@ def _events(t0: float, backend: str = "gloo") -> RunEvents:
 
 @pytest.fixture
 def fake_launches(monkeypatch):
-    """Each launch takes `seconds[name]` on the fake clock; records what gpu_smoke.json held when
-    it started."""
+    """Each launch takes `seconds[name]` on the fake clock and ends with `exit_codes[name]` (0 by
+    default); records what gpu_smoke.json held when it started."""
     clock = FakeClock()
     seconds = {"faulted": 60.0, "resume": 60.0, "sync": 60.0}
+    exit_codes: dict[str, int] = {}
     launches: list[tuple[str, dict | None]] = []
 
     def launch(plan, run_dir, *, steps, faults, backend, resume, console):
@@ -50,12 +51,12 @@ def fake_launches(monkeypatch):
         t0 = clock.now
         clock.now += seconds[name]
         summary = {"checkpoints": {"median_stall_s": 0.1}}
-        return {"exit_code": 0, "run": _events(t0), "summary": summary}
+        return {"exit_code": exit_codes.get(name, 0), "run": _events(t0), "summary": summary}
 
     real_budget = gpu_smoke.Budget
     monkeypatch.setattr(gpu_smoke, "_run", launch)
     monkeypatch.setattr(gpu_smoke, "Budget", lambda budget_s: real_budget(budget_s, clock=clock))
-    return seconds, launches
+    return seconds, launches, exit_codes
 
 
 def _smoke(tmp_path, budget_s):
@@ -66,7 +67,7 @@ def _smoke(tmp_path, budget_s):
 
 
 def test_phases_that_would_not_fit_are_skipped_for_the_budget(tmp_path, fake_launches):
-    _, launches = fake_launches
+    _, launches, _ = fake_launches
     result = _smoke(tmp_path, budget_s=100)
     # 60 s of faults leaves 40 s: less than the 60 s a launch is known to take.
     assert [name for name, _ in launches] == ["faulted"]
@@ -79,7 +80,7 @@ def test_phases_that_would_not_fit_are_skipped_for_the_budget(tmp_path, fake_lau
 
 
 def test_every_phase_runs_when_the_budget_covers_it_and_each_is_reported_before_the_next(tmp_path, fake_launches):
-    _, launches = fake_launches
+    _, launches, _ = fake_launches
     result = _smoke(tmp_path, budget_s=200)
     assert [name for name, _ in launches] == ["faulted", "resume", "sync"]
     assert result["complete"] and result["skipped"] == []
@@ -93,7 +94,7 @@ def test_every_phase_runs_when_the_budget_covers_it_and_each_is_reported_before_
 
 
 def test_a_longer_first_phase_raises_the_estimate_of_the_next(tmp_path, fake_launches):
-    seconds, launches = fake_launches
+    seconds, launches, _ = fake_launches
     seconds["faulted"] = 90.0
     result = _smoke(tmp_path, budget_s=200)
     # 110 s left covers one more 90 s launch (resume takes 60), then 50 s does not.
@@ -104,3 +105,15 @@ def test_a_longer_first_phase_raises_the_estimate_of_the_next(tmp_path, fake_lau
 def test_a_budget_that_is_not_positive_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="--budget-s: 0 is not above 0"):
         gpu_smoke.smoke(out_dir=tmp_path / "x", dry_run=True, budget_s=0)
+
+
+def test_a_launch_stopped_by_a_signal_ends_the_smoke_with_an_incomplete_report(tmp_path, fake_launches):
+    """A timeout around the smoke sends SIGTERM: the launch in progress stops its ranks (run_local
+    returns 128 + the signal) and no further launch starts."""
+    _, launches, exit_codes = fake_launches
+    exit_codes["resume"] = 143
+    result = _smoke(tmp_path, budget_s=1000)
+    assert [name for name, _ in launches] == ["faulted", "resume"]
+    assert list(result["checks"]) == ["faults", "resume"] and result["checks"]["resume"]["exit_code"] == 143
+    assert result["complete"] is False and result["ok"] is False and result["stopped"].startswith("by a signal")
+    assert json.loads((tmp_path / "smoke" / "gpu_smoke.json").read_text()) == result

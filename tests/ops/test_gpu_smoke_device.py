@@ -81,6 +81,44 @@ def test_the_device_scripts_dry_run_reports_into_out_dir_and_keeps_the_checkpoin
     assert f"runs and checkpoints in {work}" in done.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("trainer_runs")
+def test_a_smoke_past_its_timeout_still_leaves_its_report_and_no_process(tmp_path, tmp_path_factory):
+    """The script's timeout (budget + grace) stops the smoke mid-launch: the report of what ran and
+    the logs still land in OUT_DIR, the exit code is timeout's, and no process of the runs is left
+    on the machine (the next run needs its GPU)."""
+    import sys
+
+    from tests.support.trainer_fixtures import exclusive_trainer_runs, processes_mentioning
+
+    runs_parent = tmp_path / "runs"
+    runs_parent.mkdir()
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "GPU_WHEELS_DIR": str(tmp_path / "no-wheels"),
+        "GPU_SMOKE_RUNS_PARENT": str(runs_parent),
+        "GPU_SMOKE_GRACE_S": "19",
+    }
+    with exclusive_trainer_runs(tmp_path_factory):
+        done = subprocess.run(
+            [str(SCRIPT), str(out), "--dry-run", "--budget-s", "1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        left = processes_mentioning(str(runs_parent))
+    assert done.returncode == 124, done.stdout[-3000:] + done.stderr[-3000:]
+    assert left == []
+    assert {p.name for p in out.iterdir()} == OUT_FILES
+    report = json.loads((out / "gpu_smoke.json").read_text())
+    assert report["ok"] is False and list(report["checks"]) == ["faults"]
+    assert "nothing to install" in (out / "install.log").read_text()
+    assert "faulted/launcher.log, last 200 lines" in (out / "run_tails.txt").read_text()
+
+
 def test_the_device_script_refuses_out_in_its_arguments(tmp_path):
     done = subprocess.run(
         [str(SCRIPT), str(tmp_path / "out"), "--dry-run", "--out", str(tmp_path / "x")],
