@@ -121,6 +121,10 @@ if ((${#to_install[@]})); then
 else
   echo "nothing to install" >>"$out/install.log"
 fi
+if ! compgen -G "$wheels/*.whl" >/dev/null; then
+  echo "no wheels in $wheels: on a bare GPU machine, run make gpu-wheels first and carry .gpu-wheels" \
+    >>"$out/install.log"
+fi
 
 # 2. The machine, as the smoke will meet it.
 {
