@@ -376,6 +376,8 @@ def smoke(
             "error": "no rank started training (no run_start event); see launcher_log_tail",
             "launcher_log_tail": _log_tail(faulted_dir / LAUNCHER_LOG),
         }
+        if faulted["exit_code"] in STOPPED_CODES:
+            return _stopped(plan, checks, out_dir, console, budget_s)
         return _report(plan, checks, out_dir, console, budget_s)
     start = starts[0]
     restarts = [r for r in run.restarts(0) if r.layer == "inprocess"]

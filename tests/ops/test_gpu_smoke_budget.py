@@ -6,6 +6,7 @@ holds each finished phase before the next one starts."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from rich.console import Console
@@ -117,3 +118,15 @@ def test_a_launch_stopped_by_a_signal_ends_the_smoke_with_an_incomplete_report(t
     assert list(result["checks"]) == ["faults", "resume"] and result["checks"]["resume"]["exit_code"] == 143
     assert result["complete"] is False and result["ok"] is False and result["stopped"].startswith("by a signal")
     assert json.loads((tmp_path / "smoke" / "gpu_smoke.json").read_text()) == result
+
+
+def test_a_smoke_stopped_before_any_rank_started_is_incomplete_too(tmp_path, fake_launches, monkeypatch):
+    _, launches, exit_codes = fake_launches
+    exit_codes["faulted"] = 143
+    # The SIGTERM came before any rank wrote run_start.
+    monkeypatch.setattr(sys.modules[__name__], "_events", lambda t0: RunEvents([]))
+    result = _smoke(tmp_path, budget_s=1000)
+    assert [name for name, _ in launches] == ["faulted"]
+    faults = result["checks"]["faults"]
+    assert result["complete"] is False and result["stopped"] and faults["exit_code"] == 143
+    assert "no run_start event" in faults["error"]
