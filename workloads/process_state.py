@@ -38,6 +38,9 @@ class ProcessState:
         self.restart_begin_t: float | None = None
         self.iteration_objects: dict[str, Any] = {}
         self.wrapper_store: Any = None  # a CoordinatorStore client once the first iteration made it
+        # The step whose all-reduced loss was not finite, in an earlier iteration: the same step
+        # again after the restart is the run diverging, not a fault (Trainer._check_step_result).
+        self.non_finite_loss_step: int | None = None
 
     def monitor_lost(self, err: BaseException) -> None:
         """ft_launcher's rank monitor is a fork of the launcher: it goes away when the launcher

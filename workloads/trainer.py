@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from nvrx_eks.facts.checkpoint_layout import run_identity
+from nvrx_eks.facts.errors import ConfigError
 from workloads.checkpoint.checkpointer import Checkpointer
 from workloads.checkpoint.digest import state_digests
 from workloads.checkpoint.local_tier import LocalTier
@@ -286,11 +287,23 @@ class Trainer:
         NVRx's abort, or on its own with TORCH_NCCL_ASYNC_ERROR_HANDLING=2) leaves whatever was in
         the buffer, and the step would finish on it before the abort's exception arrives (NVRx's
         usage guide: a few more bytecodes may run first): a step_end with a garbage loss, or a
-        stop the ranks never voted. A non-finite loss is no state to continue from either."""
+        stop the ranks never voted. A non-finite loss is no state to continue from either.
+
+        The same step's loss not finite again after the restart (training replays the same data
+        from the same checkpoint) is the run diverging: no restart can fix that, so it ends the
+        job (ConfigError: exit 93, not requeued) instead of replaying until every layer's restart
+        budget is spent. Every rank sees the same all-reduced loss, so all decide alike."""
         for name, votes in (("stop", stop_votes), ("save", save_votes)):
             if not (0 <= votes <= self.world and votes == int(votes)):
                 raise InvalidStepResult(f"step {step}: {votes!r} {name} votes from {self.world} ranks")
         if not math.isfinite(loss_sum):
+            if self.process.non_finite_loss_step == step:
+                raise ConfigError(
+                    f"training diverged: the loss is {loss_sum} at step {step} again after restarting from the "
+                    "last checkpoint; resume from an earlier checkpoint with a lower optimizer.lr "
+                    "(or a longer optimizer.warmup_steps, or optimizer.grad_clip)"
+                )
+            self.process.non_finite_loss_step = step
             raise InvalidStepResult(f"step {step}: the loss summed over the ranks is {loss_sum}")
 
     def report_step(self, step: int, outcome: StepOutcome) -> None:

@@ -150,3 +150,50 @@ def test_the_attention_kernel_is_the_one_torch_dispatches_to():
     assert recorded["sdpa_kernel"] in {name.lower() for name in SDPBackend.__members__}
     with sdpa_kernel([SDPBackend.MATH]):  # the switches an operator may flip
         assert attention_kernel(shape, 256, torch.device("cpu"), torch.float32)["sdpa_kernel"] == "math"
+
+
+def test_the_same_step_diverging_again_after_the_restart_ends_the_job(tmp_path, monkeypatch):
+    """A non-finite loss is restarted once (it may be an aborted collective's buffer); the same
+    step's loss non-finite again after replaying from the checkpoint is the run diverging: a
+    ConfigError (exit 93, not requeued) naming the fix, not a restart until every budget is spent."""
+    import workloads.trainer as trainer_module
+    from workloads.events import load_run
+    from workloads.process_state import ProcessState
+    from workloads.train import Unrecoverable, train_attempt
+
+    cfg = TrainConfig.from_dict(
+        {},
+        "x",
+        [
+            f"run_dir={tmp_path}",
+            "steps=4",
+            "distributed.backend=gloo",
+            "inprocess.enabled=false",
+            "checkpoint.backend=none",
+        ],
+    )
+    _single_rank_env(monkeypatch)
+    real = dist.all_reduce
+    steps_reduced = []
+
+    def diverges_at_step_3(tensor, *args, **kwargs):
+        work = real(tensor, *args, **kwargs)
+        if tensor.numel() == 3:  # the step's [loss, stop, save]
+            steps_reduced.append(1)
+            if len(steps_reduced) % 3 == 0:  # step 3 of each attempt (no checkpoint before it)
+                tensor[0] = math.inf
+        return work
+
+    monkeypatch.setattr(trainer_module.dist, "all_reduce", diverges_at_step_3)
+    process = ProcessState(cfg, 0, 1, None)
+    try:
+        with pytest.raises(trainer_module.InvalidStepResult, match="step 3: .*inf"):
+            train_attempt(process)
+        dist.destroy_process_group()  # as the in-process restart's finalize does
+        # What the rank exits 93 on (workloads.train: a ConfigError inside the attempt).
+        with pytest.raises(Unrecoverable, match="training diverged: .* step 3 again .* optimizer.lr"):
+            train_attempt(process)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert "training diverged" in load_run(tmp_path).of("unrecoverable")[0]["reason"]
