@@ -164,6 +164,42 @@ def test_staged_context_is_what_dockerignore_admits_from_the_checkout(synth):
     assert staged == admitted | {".dockerignore"}
 
 
+def test_the_gpu_smoke_runs_from_what_the_image_holds(tmp_path):
+    """`python -m nvrx_eks.ops.gpu_smoke` in the image, on a node with its NCCL and EFA plugin:
+    every module of ours it imports (the local runner it drives, the trainer's) comes from the
+    files the image copies, none from this checkout. The image's third-party packages are the
+    trainer extra's (test_image_requirements_resolve_for_python_312_manylinux_x86_64)."""
+    import shutil
+
+    patterns = read_dockerignore(ROOT)
+    for relative in checkout_files():
+        if not dockerignore_excludes(patterns, relative) and relative != ".dockerignore":
+            (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / relative, tmp_path / relative)
+    probe = (
+        "import sys, json, runpy\n"
+        "sys.argv = ['gpu_smoke', '--help']\n"
+        "try:\n"
+        "    runpy.run_module('nvrx_eks.ops.gpu_smoke', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "import nvrx_eks.local.runner, nvrx_eks.ops.gpu_smoke\n"
+        "ours = {m.__name__: getattr(m, '__file__', None) for m in list(sys.modules.values())\n"
+        "        if m.__name__.split('.')[0] in ('nvrx_eks', 'workloads')}\n"
+        "print(json.dumps(ours))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--budget-s" in result.stdout  # the smoke's own --help
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "nvrx_eks.ops.gpu_smoke" in loaded and "nvrx_eks.local.runner" in loaded
+    outside = {name: path for name, path in loaded.items() if path and not Path(path).is_relative_to(tmp_path)}
+    assert outside == {}, f"imported from outside the image's files: {outside}"
+
+
 # --- Python requirements of the image --------------------------------------------------------
 
 #: The image's platform: Ubuntu 24.04 (glibc 2.39), CPython 3.12, x86_64. pip's --platform takes
