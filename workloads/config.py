@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from nvrx_eks.facts.errors import ConfigError, validation_issues
 from nvrx_eks.facts.training_metrics import EMF_AGENT_ENDPOINT
@@ -80,8 +88,17 @@ class ModelConfig(_Strict):
         description="a Hugging Face Llama checkpoint directory (config.json + safetensors) to start from "
         "instead of a random initialization; a committed checkpoint of the run still wins",
     )
-    activation_checkpointing: bool | None = Field(
-        default=None, description="recompute each block in backward; default: on for the 1b and 8b presets"
+    activation_checkpointing: bool | Literal["auto"] | None = Field(
+        default=None,
+        description="recompute blocks in backward: true (model.checkpoint_blocks of them, default all), false, or "
+        "auto (the fewest whose memory estimate fits the GPU at the job's world size, workloads.memory); "
+        "default: true for the 1b and 8b presets",
+    )
+    checkpoint_blocks: int | None = Field(
+        default=None,
+        ge=0,
+        description="how many of the preset's blocks recompute in backward, spread evenly over the depth "
+        "(half: every other block); turns activation_checkpointing on, refused with false or auto; default: all",
     )
     loss_chunk_tokens: int = Field(
         default=2048,
@@ -99,11 +116,35 @@ class ModelConfig(_Strict):
         """model.rope_scaling as the mapping the model and a config.json take, or None."""
         return self.rope_scaling.model_dump() if self.rope_scaling is not None else None
 
+    @field_validator("checkpoint_blocks")
+    @classmethod
+    def _blocks_of_the_preset(cls, blocks: int | None, info: ValidationInfo) -> int | None:
+        if blocks is None:
+            return blocks
+        setting = info.data.get("activation_checkpointing")
+        if setting is False or setting == "auto":
+            raise ValueError(
+                f"counts the recomputed blocks only with model.activation_checkpointing=true (now {setting}); "
+                "remove it, or set that to true"
+            )
+        preset = info.data.get("preset")
+        if preset is not None and blocks > MODEL_PRESETS[preset].n_layers:
+            n_layers = MODEL_PRESETS[preset].n_layers
+            raise ValueError(f"{blocks} exceeds the {n_layers} blocks of the {preset} preset; give at most {n_layers}")
+        return blocks
+
     @property
-    def checkpoint_activations(self) -> bool:
-        if self.activation_checkpointing is not None:
-            return self.activation_checkpointing
-        return self.preset in ACTIVATION_CHECKPOINTING_BY_DEFAULT
+    def checkpointed_blocks(self) -> int | Literal["auto"]:
+        """How many blocks recompute in backward, or "auto": workloads.memory chooses the count for
+        the GPU and the world size (workloads.memory.resolve_checkpointed_blocks)."""
+        setting = self.activation_checkpointing
+        if setting is None:
+            setting = self.preset in ACTIVATION_CHECKPOINTING_BY_DEFAULT or self.checkpoint_blocks is not None
+        if setting == "auto":
+            return "auto"
+        if not setting:
+            return 0
+        return self.shape.n_layers if self.checkpoint_blocks is None else self.checkpoint_blocks
 
 
 class DataConfig(_Strict):

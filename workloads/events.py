@@ -20,7 +20,9 @@ Every line is one JSON object with these common fields:
 
 Events and their own fields:
     run_start             world_size, preset, backend, checkpoint_backend, steps
-    setup_end             resumed_from_step (0 = fresh start), setup_s[, on CUDA: sdpa_kernel (the
+    setup_end             resumed_from_step (0 = fresh start), setup_s, checkpointed_blocks (blocks
+                          recomputed in backward: model.activation_checkpointing, "auto" resolved
+                          by workloads.memory for this GPU and world size)[, on CUDA: sdpa_kernel (the
                           attention kernel torch picks for the model's shapes: "flash_attention",
                           "cudnn_attention", "efficient_attention", "math"), sdpa_flash_enabled,
                           sdpa_cudnn_enabled, sdpa_mem_efficient_enabled, sdpa_math_enabled

@@ -33,12 +33,16 @@ kv = n_kv_heads x head_dim, f = ffn_dim, V = vocab, a = n_heads, c = bytes per c
      dropout (p > 0): two boolean masks                 2 h bytes
    = (7 h + 2 kv + 4 f) c + 8 + 4 a (+ 2 h) bytes. Llama-3-8B: 176 KB per token per block.
    RoPE saves nothing per token (the tables are the only saved operands of its products).
-   Without activation checkpointing every block keeps that: L x block. With it (a
-   checkpoint_wrapper per block), each block keeps only its input (h c). Outside the blocks: the
-   final norm's input and output (2 h c). That is what autograd holds at the end of forward
-   (saved_activation_bytes_per_token, checked against torch on CPU in the tests). Backward adds,
-   per token, one block's activation gradients (~ one block), and with checkpointing the
-   recomputed block's activations (one more block).
+   With activation checkpointing on k of the L blocks (a checkpoint_wrapper around each of
+   those), a checkpointed block keeps only its input (h c) and every other block keeps all of
+   the above: k x h c + (L - k) x block. Outside the blocks: the final norm's input and output
+   (2 h c). That is what autograd holds at the end of forward (saved_activation_bytes_per_token,
+   checked against torch on CPU in the tests). Backward adds, per token, one block's activation
+   gradients (~ one block), and when any block is checkpointed the recomputed block's
+   activations (one more block). "auto" (model.activation_checkpointing) takes the fewest k
+   whose total fits the GPU (checkpointed_blocks_to_fit): at 8b x 16 ranks on an H100 about
+   half the blocks keep their activations, which saves their recompute (~1/3 of a block's
+   forward-plus-backward FLOPs each).
 4. Loss: one chunk of C = min(loss_chunk_tokens, T) tokens at a time, per logit: the logits (c),
    their fp32 copy (4, none in fp32), log-probabilities (4), their gradient (4), the fp32 logits'
    gradient (4, none in fp32) and its cast back (c): 20 bytes per logit in bf16, 16 in fp32.
@@ -62,6 +66,7 @@ kv = n_kv_heads x head_dim, f = ffn_dim, V = vocab, a = n_heads, c = bytes per c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from workloads.config import TrainConfig
@@ -117,17 +122,15 @@ def block_activation_bytes_per_token(shape: ModelShape, compute_bytes: int, *, f
 
 
 def saved_activation_bytes_per_token(
-    shape: ModelShape, compute_bytes: int, *, activation_checkpointing: bool, fused_norm: bool = True
+    shape: ModelShape, compute_bytes: int, *, checkpointed_blocks: int, fused_norm: bool = True
 ) -> int:
-    """What autograd holds per token at the end of the forward pass (item 3 above)."""
+    """What autograd holds per token at the end of the forward pass (item 3 above), with
+    `checkpointed_blocks` of the blocks recomputed in backward."""
     h = shape.dim
-    per_layer = (
-        h * compute_bytes
-        if activation_checkpointing
-        else block_activation_bytes_per_token(shape, compute_bytes, fused_norm=fused_norm)
-    )
+    kept = shape.n_layers - checkpointed_blocks
+    block = block_activation_bytes_per_token(shape, compute_bytes, fused_norm=fused_norm)
     final_norm = 2 * h * compute_bytes + (0 if fused_norm else h * compute_bytes + 4)
-    return shape.n_layers * per_layer + final_norm
+    return checkpointed_blocks * h * compute_bytes + kept * block + final_norm
 
 
 def _loss_bytes_per_logit(compute_bytes: int) -> int:
@@ -146,6 +149,7 @@ class MemoryEstimate:
     optimizer_step: int  # AdamW's foreach temporary, alive only inside optimizer.step()
     runtime_overhead: int
     host_staging: int  # host memory per rank, not GPU memory
+    checkpointed_blocks: int  # the blocks recomputed in backward that `activations` assumes
 
     @property
     def backward_working_set(self) -> int:
@@ -201,7 +205,7 @@ def estimate(
     world_size: int,
     batch_size: int,
     seq_len: int,
-    activation_checkpointing: bool,
+    checkpointed_blocks: int,
     loss_chunk_tokens: int,
     bf16: bool = True,
 ) -> MemoryEstimate:
@@ -212,10 +216,8 @@ def estimate(
     largest = largest_group_parameters(shape)
     unsharded = largest * (2 * c + c + (4 if c != 4 else 0))
     block = block_activation_bytes_per_token(shape, c, fused_norm=bf16)
-    saved = saved_activation_bytes_per_token(
-        shape, c, activation_checkpointing=activation_checkpointing, fused_norm=bf16
-    )
-    backward = (2 if activation_checkpointing else 1) * block
+    saved = saved_activation_bytes_per_token(shape, c, checkpointed_blocks=checkpointed_blocks, fused_norm=bf16)
+    backward = (2 if checkpointed_blocks else 1) * block
     activations = tokens * (saved + backward)
     loss = min(loss_chunk_tokens, tokens) * shape.vocab_size * _loss_bytes_per_logit(c)
     return MemoryEstimate(
@@ -226,39 +228,83 @@ def estimate(
         optimizer_step=params * OPTIMIZER_STEP_BYTES_PER_PARAM // world_size,
         runtime_overhead=RUNTIME_OVERHEAD_BYTES if bf16 else 0,
         host_staging=params * CHECKPOINT_BYTES_PER_PARAM // world_size,
+        checkpointed_blocks=checkpointed_blocks,
     )
+
+
+def checkpointed_blocks_to_fit(
+    n_layers: int, gpu_memory_bytes: int, estimate_with: Callable[[int], MemoryEstimate]
+) -> int:
+    """The fewest checkpointed blocks whose estimate (`estimate_with(blocks)`) fits
+    `gpu_memory_bytes`; all of them when even that does not fit (check_fits then says so)."""
+    for blocks in range(n_layers + 1):
+        if estimate_with(blocks).total <= gpu_memory_bytes:
+            return blocks
+    return n_layers
 
 
 def estimate_for(
-    train: TrainConfig, world_size: int, *, bf16: bool = True, ranks_per_node: int | None = None
+    train: TrainConfig,
+    world_size: int,
+    *,
+    bf16: bool = True,
+    ranks_per_node: int | None = None,
+    gpu_memory_bytes: int | None = None,
 ) -> MemoryEstimate:
     """The estimate for a TrainConfig's model, batch and switches at `world_size` ranks. With
     distributed.shard=hybrid the state is sharded over one node's ranks only (`ranks_per_node`),
-    so item 1 divides by that instead of the world size."""
+    so item 1 divides by that instead of the world size. model.activation_checkpointing=auto is
+    resolved for `gpu_memory_bytes`; without a GPU (None) there is no memory to fit and no block
+    is recomputed, as the trainer does on CPU."""
     shard_group = world_size
     if train.distributed.shard == "hybrid" and ranks_per_node:
         shard_group = min(world_size, ranks_per_node)
-    return estimate(
-        train.model.shape,
-        world_size=shard_group,
-        batch_size=train.data.batch_size,
-        seq_len=train.data.seq_len,
-        activation_checkpointing=train.model.checkpoint_activations,
-        loss_chunk_tokens=train.model.loss_chunk_tokens,
-        bf16=bf16,
-    )
+    shape = train.model.shape
+
+    def with_blocks(checkpointed_blocks: int) -> MemoryEstimate:
+        return estimate(
+            shape,
+            world_size=shard_group,
+            batch_size=train.data.batch_size,
+            seq_len=train.data.seq_len,
+            checkpointed_blocks=checkpointed_blocks,
+            loss_chunk_tokens=train.model.loss_chunk_tokens,
+            bf16=bf16,
+        )
+
+    blocks = train.model.checkpointed_blocks
+    if blocks == "auto":
+        blocks = (
+            0 if gpu_memory_bytes is None else checkpointed_blocks_to_fit(shape.n_layers, gpu_memory_bytes, with_blocks)
+        )
+    return with_blocks(blocks)
+
+
+def describe_checkpointing(train: TrainConfig, est: MemoryEstimate) -> str:
+    """Which blocks the estimate recomputes, as the plan and the job summary print it."""
+    n_layers = train.model.shape.n_layers
+    chosen = " (auto: the fewest that fit)" if train.model.checkpointed_blocks == "auto" else ""
+    if est.checkpointed_blocks == 0 and not chosen:
+        return "activation checkpointing off"
+    return f"activation checkpointing on {est.checkpointed_blocks} of {n_layers} blocks{chosen}"
 
 
 def check_fits(
     train: TrainConfig, world_size: int, gpu_memory_gib: float, gpu_model: str, ranks_per_node: int | None = None
 ) -> str | None:
     """None if the job fits one GPU, else a message with the numbers and the fix."""
-    est = estimate_for(train, world_size, ranks_per_node=ranks_per_node)
+    est = estimate_for(train, world_size, ranks_per_node=ranks_per_node, gpu_memory_bytes=int(gpu_memory_gib * GIB))
     if est.total <= gpu_memory_gib * GIB:
         return None
+    n_layers = train.model.shape.n_layers
     fixes = []
-    if not train.model.checkpoint_activations:
-        fixes.append("model.activation_checkpointing=true")
+    if est.checkpointed_blocks == 0:
+        fixes.append("model.activation_checkpointing=true (or auto: the fewest recomputed blocks that fit)")
+    elif est.checkpointed_blocks < n_layers:
+        fixes.append(
+            f"more recomputed blocks, model.checkpoint_blocks up to {n_layers} (now {est.checkpointed_blocks}), "
+            "or model.activation_checkpointing=auto"
+        )
     fixes += [
         f"a smaller data.batch_size (now {train.data.batch_size})",
         f"a shorter data.seq_len (now {train.data.seq_len})",

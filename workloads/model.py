@@ -3,8 +3,8 @@
 Memory (see workloads.memory for the arithmetic): each block is its own FSDP group, and so are
 `tok_embeddings` and `[norm, output]`, so the root group owns no parameters (FSDP2 never reshards
 the root after forward: a root holding the 1 B embedding and output parameters of the 8b preset
-would keep them unsharded, in bf16 with their gradients, for the whole step). Blocks can be
-wrapped in `checkpoint_wrapper` (recompute in backward), and the loss is computed by the output
+would keep them unsharded, in bf16 with their gradients, for the whole step). Some or all blocks
+can be wrapped in `checkpoint_wrapper` (recompute in backward), and the loss is computed by the output
 projection in chunks of tokens, each recomputed in backward, so the full [tokens, vocab] logits
 and their fp32 copies never exist.
 
@@ -283,22 +283,32 @@ class Transformer(nn.Module):
                 param.copy_(full)
 
 
+def checkpointed_block_indices(n_layers: int, checkpointed_blocks: int) -> list[int]:
+    """Which of `n_layers` blocks recompute in backward: `checkpointed_blocks` of them, spread
+    evenly over the depth (half: blocks 1, 3, 5, ..., as torchtitan's selective layer AC wraps
+    every other block), so the kept activations are not all of the first or the last blocks."""
+    return [
+        i for i in range(n_layers) if (i + 1) * checkpointed_blocks // n_layers > i * checkpointed_blocks // n_layers
+    ]
+
+
 def build_model(
     shape: ModelShape,
     runtime: Runtime,
     mesh: DeviceMesh,
     seed: int,
     *,
-    activation_checkpointing: bool = False,
+    checkpointed_blocks: int = 0,
     loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS,
     rope_scaling: Mapping[str, float] | None = None,
 ) -> Transformer:
     """Build on the meta device, shard with FSDP2 (embeddings, each block, [norm, output], then
     the root, which is left without parameters), materialize on the runtime device, then
     initialize. Nothing full-size is ever allocated, which is what lets the 8B preset start on a
-    GPU that only holds its shard. Activation checkpointing wraps each block before it is sharded
-    (the order torchtitan uses: FSDP's hooks then see the wrapper's forward, and the recompute in
-    backward runs while the block's parameters are unsharded for its backward)."""
+    GPU that only holds its shard. Activation checkpointing wraps `checkpointed_blocks` of the
+    blocks (checkpointed_block_indices), each before it is sharded (the order torchtitan uses:
+    FSDP's hooks then see the wrapper's forward, and the recompute in backward runs while the
+    block's parameters are unsharded for its backward)."""
     with torch.device("meta"):
         model = Transformer(shape, rope_scaling)
     model.output.chunk_tokens = loss_chunk_tokens
@@ -309,8 +319,9 @@ def build_model(
     # embedding group computes with bf16 parameters.
     block_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
     fully_shard(model.tok_embeddings, mesh=mesh, mp_policy=policy)
+    checkpointed = set(checkpointed_block_indices(shape.n_layers, checkpointed_blocks))
     for index, block in enumerate(model.layers):
-        if activation_checkpointing:
+        if index in checkpointed:
             block = model.layers[index] = checkpoint_wrapper(block)
         fully_shard(block, mesh=mesh, mp_policy=block_policy)
     # The last group stays unsharded from forward to backward (torchtitan's choice for it, in

@@ -181,7 +181,13 @@ class Trainer:
         if self.runtime.is_cuda:
             compute = torch.bfloat16 if self.runtime.bf16 else torch.float32
             attention = attention_kernel(self.cfg.model.shape, self.cfg.data.seq_len, self.runtime.device, compute)
-        self.events.emit("setup_end", resumed_from_step=start_step, setup_s=setup_s, **attention)
+        self.events.emit(
+            "setup_end",
+            resumed_from_step=start_step,
+            setup_s=setup_s,
+            checkpointed_blocks=self.training.checkpointed_blocks,
+            **attention,
+        )
         if self.iteration > 0:
             begun = self.process.restart_begin_t
             since = time.time() - begun if begun else None

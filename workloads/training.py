@@ -23,6 +23,7 @@ from workloads.checkpoint.train_state import (
 from workloads.config import TrainConfig
 from workloads.data import TokenBatches, build_batches
 from workloads.device import Runtime
+from workloads.memory import estimate_for
 from workloads.model import Transformer, build_model
 
 
@@ -36,6 +37,8 @@ class Training:
     batches: TokenBatches
     progress: TrainState
     states: dict[str, Stateful]
+    #: Blocks recomputed in backward: model.activation_checkpointing, "auto" resolved for this GPU.
+    checkpointed_blocks: int
 
 
 def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
@@ -64,16 +67,28 @@ def device_mesh(cfg: TrainConfig, runtime: Runtime, world: int) -> DeviceMesh:
     return init_device_mesh(runtime.device.type, (world,))
 
 
+def resolve_checkpointed_blocks(cfg: TrainConfig, runtime: Runtime, world: int) -> int:
+    """The blocks this run recomputes in backward. "auto" asks the memory model for the fewest
+    that fit this GPU at this world size; every rank computes the same count from the same
+    inputs (the ranks of a job run on one GPU type), so no collective is needed."""
+    gpu_memory = torch.cuda.get_device_properties(runtime.device).total_memory if runtime.is_cuda else None
+    ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return estimate_for(
+        cfg, world, bf16=runtime.bf16, ranks_per_node=ranks_per_node, gpu_memory_bytes=gpu_memory
+    ).checkpointed_blocks
+
+
 def build_training(cfg: TrainConfig, runtime: Runtime, rank: int, world: int) -> Training:
     """Everything a rank trains with, freshly initialized (a restore then loads into it).
     Collective: the process group must be up (FSDP2 shards over it)."""
     seed_everything(cfg.seed + rank)
+    checkpointed_blocks = resolve_checkpointed_blocks(cfg, runtime, world)
     model = build_model(
         cfg.model.shape,
         runtime,
         device_mesh(cfg, runtime, world),
         cfg.seed,
-        activation_checkpointing=cfg.model.checkpoint_activations,
+        checkpointed_blocks=checkpointed_blocks,
         loss_chunk_tokens=cfg.model.loss_chunk_tokens,
         rope_scaling=cfg.model.rope_scaling_settings,
     )
@@ -99,4 +114,4 @@ def build_training(cfg: TrainConfig, runtime: Runtime, rank: int, world: int) ->
         "data": batches,
         rng_key(rank): RngState(runtime.is_cuda),
     }
-    return Training(model, optimizer, scheduler, batches, progress, states)
+    return Training(model, optimizer, scheduler, batches, progress, states, checkpointed_blocks)

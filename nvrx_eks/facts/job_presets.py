@@ -26,20 +26,22 @@ class JobPreset:
 
 JOB_PRESETS: dict[str, JobPreset] = {
     # Llama-3-8B shape in bf16 (the trainer computes in bf16 on GPUs), FSDP2 full shard over all
-    # ranks, every block recomputed in backward. Per H100 80 GB at 16 GPUs (2 p5 nodes),
-    # workloads.memory: sharded fp32 params + grads + AdamW 16 B x 8.03 B / 16 = 7.5 GiB;
-    # unsharded largest group (the 525 M-parameter output projection, bf16 x 3 + fp32 grad) =
-    # 4.9 GiB; activations 2 x 8192 tokens x (32 blocks x 8 KiB kept inputs + 2 recomputed
-    # blocks of 176 KB, + the final norm) = 9.6 GiB; one 2048-token loss chunk = 4.9 GiB; + 5%
-    # fragmentation (1.3) and 3 GiB CUDA/NCCL: 31.2 GiB, less at more nodes. Without
-    # recomputation: 114.6 GiB, which does not fit. 2 x 8192-token sequences per GPU per
-    # micro-batch; 2 Mi tokens per optimizer step whatever the node count: 8 micro-batches at 16
-    # GPUs (2 nodes), 1 at 128 (16 nodes); every power-of-two node count from 1 to 16 divides it.
+    # ranks, as few blocks recomputed in backward as the GPU's memory allows ("auto"). Per H100
+    # 80 GB at 16 GPUs (2 p5 nodes), workloads.memory: sharded fp32 params + grads + AdamW 16 B x
+    # 8.03 B / 16 = 7.5 GiB; unsharded largest group (the 525 M-parameter output projection,
+    # bf16 x 3 + fp32 grad) = 4.9 GiB; one 2048-token loss chunk = 4.9 GiB; + 5% fragmentation
+    # and 3 GiB CUDA/NCCL. Activations, 2 x 8192 tokens: every block recomputed (8 KiB kept
+    # inputs each + 2 blocks of 176 KB in backward) 9.6 GiB, 31.2 GiB in all; none recomputed
+    # 114.6 GiB in all, which does not fit; auto recomputes 14 of the 32 blocks: 79.7 GiB. 2 x
+    # 8192-token sequences per GPU per micro-batch; 2 Mi tokens per optimizer step whatever the
+    # node count: 8 micro-batches at 16 GPUs (2 nodes), 1 at 128 (16 nodes); every power-of-two
+    # node count from 1 to 16 divides it.
     "llama3-8b": JobPreset(
-        description="8b preset, seq 8192, micro-batch 2, activation checkpointing, 2 Mi-token global batch",
+        description="8b preset, seq 8192, micro-batch 2, activation checkpointing where memory requires it, "
+        "2 Mi-token global batch",
         train={
             "steps": 5000,
-            "model": {"preset": "8b", "activation_checkpointing": True},
+            "model": {"preset": "8b", "activation_checkpointing": "auto"},
             "data": {"seq_len": 8192, "batch_size": 2, "global_batch_tokens": 1 << 21},
             # Llama 3's peak learning rate for the 8B model; a warm-up of 2% of the steps.
             "optimizer": {"lr": 3e-4, "warmup_steps": 100},

@@ -1,7 +1,8 @@
 """The few lines `render` and `submit` print about the training job they built (on stderr, beside
 the manifests): its world, the tokens each step trains on and whether a node count changes them,
-how often it checkpoints, its data, and roughly how long and how much the run takes. A change of
-node count or config shows its consequences here, before anything runs.
+its memory per GPU and how many blocks recompute in backward, how often it checkpoints, its data,
+and roughly how long and how much the run takes. A change of node count or config shows its
+consequences here, before anything runs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
     if spec.workload != "train":
         return []
     from nvrx_eks.ops.plan import duration_text, plan_for_job
+    from workloads.memory import GIB, describe_checkpointing, estimate_for
 
     train, world = spec.train, spec.world_size
     data = train.data
@@ -37,6 +39,12 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
         f"batch: {world} ranks x {data.batch_size} x {data.seq_len} tokens x {accumulation} micro-batches "
         f"= {tokens:,} tokens per step ({fixed})",
     ]
+    facts = spec.facts
+    memory = estimate_for(train, world, ranks_per_node=spec.nproc_per_node, gpu_memory_bytes=facts.gpu_memory_gib * GIB)
+    lines.append(
+        f"memory: ~{memory.total / GIB:.1f} of {facts.gpu_memory_gib} GiB per {facts.gpu_model}, "
+        f"{describe_checkpointing(train, memory)} (`nvrx-eks plan` shows the parts)"
+    )
     try:
         plan = plan_for_job(config, train, spec.nodes)
     except ConfigError:

@@ -33,7 +33,13 @@ from infra.config import DeploymentConfig
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import PEAK_BF16_DENSE_TFLOPS
 from nvrx_eks.jobs.options import check_step_time
-from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, GIB, MemoryEstimate, parameter_count
+from workloads.memory import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    GIB,
+    MemoryEstimate,
+    describe_checkpointing,
+    parameter_count,
+)
 from workloads.presets import MODEL_PRESETS
 
 #: Per-node MTBF: Llama 3 (Meta, 2024, "The Llama 3 Herd of Models", sec. 3.3.4) saw 419
@@ -354,7 +360,12 @@ def plan_for_job(config: DeploymentConfig, train, nodes: int, **assumptions) -> 
         preset=train.model.preset,
         tokens_per_step=tokens_per_step,
         interval_steps=train.checkpoint.interval_steps,
-        memory=estimate_for(train, gpus, ranks_per_node=config.gpu_nodes.facts.gpus),
+        memory=estimate_for(
+            train,
+            gpus,
+            ranks_per_node=config.gpu_nodes.facts.gpus,
+            gpu_memory_bytes=config.gpu_nodes.facts.gpu_memory_gib * GIB,
+        ),
         **assumptions,
     )
 
@@ -463,7 +474,7 @@ def print_memory(memory: MemoryEstimate, config: DeploymentConfig, train, world_
         f"Memory per GPU ({train.model.preset}, {train.data.batch_size} x {train.data.seq_len} tokens per "
         f"micro-batch, {accumulation} per step: global batch "
         f"{world_size * train.data.batch_size * train.data.seq_len * accumulation:,} tokens, "
-        f"activation checkpointing {'on' if train.model.checkpoint_activations else 'off'}, "
+        f"{describe_checkpointing(train, memory)}, "
         f"world {world_size}): {memory.total / GIB:.1f} GiB of {facts.gpu_memory_gib} GiB "
         f"({facts.gpu_model}): {verdict}"
     )

@@ -32,7 +32,7 @@ def rendered_train(*args: str) -> dict:
 def test_p5_renders_the_8b_job_with_recomputation_accumulation_and_the_plans_interval(profile):
     train = rendered_train("-p", profile)
     config = resolve_config(profile)
-    assert train["model"]["preset"] == "8b" and train["model"]["activation_checkpointing"] is True
+    assert train["model"]["preset"] == "8b" and train["model"]["activation_checkpointing"] == "auto"
     assert train["distributed"]["backend"] == "nccl"  # GPUs: the trainer computes in bf16
     gpus = config.gpu_nodes.desired_size * config.gpu_nodes.facts.gpus
     data = TrainConfig.from_dict(train, source="the render").data

@@ -74,7 +74,7 @@ def test_plan_command_prints_interval_and_goodput_for_the_default_profile():
     # Issue 14, acceptance 2: the per-GPU memory of the p5 default job, below an H100's 80 GB.
     match = re.search(
         r"Memory per GPU \(8b, 2 x 8192 tokens per micro-batch, 8 per step: global batch 2,097,152 tokens, "
-        r"activation checkpointing on, world 16\): "
+        r"activation checkpointing on \d+ of 32 blocks \(auto: the fewest that fit\), world 16\): "
         r"([\d.]+) GiB of 80 GiB \(H100\): fits",
         " ".join(out.split()),
     )

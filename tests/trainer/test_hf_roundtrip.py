@@ -70,7 +70,7 @@ def _import_and_save(rank: int, world: int, port: int, source: str, run: str) ->
 
     runtime = Runtime(device=torch.device("cpu"), backend="gloo", bf16=False, pg_timeout_s=60)
     mesh = init_device_mesh("cpu", (world,))
-    model = build_model(MODEL_PRESETS["tiny"], runtime, mesh, seed=99, activation_checkpointing=True)
+    model = build_model(MODEL_PRESETS["tiny"], runtime, mesh, seed=99, checkpointed_blocks=2)
     load_hf_weights(model, source, "tiny", None)
     path = step_dir(Path(run), 7)
     dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(path))

@@ -64,7 +64,7 @@ def test_adamw_foreach_step_allocates_the_modelled_temporary(single_rank):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     modelled = estimate(
-        shape, world_size=1, batch_size=2, seq_len=32, activation_checkpointing=False, loss_chunk_tokens=2048
+        shape, world_size=1, batch_size=2, seq_len=32, checkpointed_blocks=0, loss_chunk_tokens=2048
     ).optimizer_step
     assert modelled == OPTIMIZER_STEP_BYTES_PER_PARAM * parameter_count(shape)
     large = {op: n for op, n in seen.bytes_by_op.items() if n > 0.01 * modelled}

@@ -90,13 +90,13 @@ def test_activation_model_matches_what_autograd_saves(shape):
     assert modelled == pytest.approx(measured, rel=ACTIVATION_TOLERANCE)
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["full", "activation-checkpointing"])
-def test_whole_model_activations_match_the_model(single_rank, checkpointing):
+@pytest.mark.parametrize("checkpointed_blocks", [0, 3, 8], ids=["full", "3-of-8-checkpointed", "all-checkpointed"])
+def test_whole_model_activations_match_the_model(single_rank, checkpointed_blocks):
     """Everything autograd holds at the end of forward (the storages still allocated then: FSDP
     has freed the blocks' unsharded parameters by that time), against
     saved_activation_bytes_per_token."""
     shape = MODEL_PRESETS["small"]
-    model = _build(shape, activation_checkpointing=checkpointing, loss_chunk_tokens=128).train()
+    model = _build(shape, checkpointed_blocks=checkpointed_blocks, loss_chunk_tokens=128).train()
     batch, seq = 2, 512
     inputs, targets = torch.randint(0, shape.vocab_size, (batch, seq)), torch.randint(0, shape.vocab_size, (batch, seq))
     storages = {}
@@ -116,16 +116,14 @@ def test_whole_model_activations_match_the_model(single_rank, checkpointing):
         if not isinstance(param, DTensor):  # registered unsharded
             storages.pop(param.untyped_storage().data_ptr(), None)
     measured = sum(s.nbytes() for s in storages.values()) / (batch * seq)
-    modelled = saved_activation_bytes_per_token(shape, 4, activation_checkpointing=checkpointing, fused_norm=False)
+    modelled = saved_activation_bytes_per_token(shape, 4, checkpointed_blocks=checkpointed_blocks, fused_norm=False)
     assert modelled == pytest.approx(measured, rel=ACTIVATION_TOLERANCE)
 
 
 def test_the_default_8b_job_fits_an_h100_only_with_activation_checkpointing():
     default_job = JOB_PRESETS["llama3-8b"].train
-    train = TrainConfig.from_dict(default_job, "x")
     world = 2 * 8  # the p5 profile's default: 2 nodes of 8 GPUs
-    assert train.model.checkpoint_activations
-    with_ac = estimate_for(train, world)
+    with_ac = estimate_for(TrainConfig.from_dict(default_job, "x", ["model.activation_checkpointing=true"]), world)
     assert with_ac.total < 0.5 * 80 * GIB  # headroom, not just a fit
     without = estimate_for(TrainConfig.from_dict(default_job, "x", ["model.activation_checkpointing=false"]), world)
     assert without.total > 80 * GIB
@@ -161,8 +159,8 @@ def test_chunked_loss_equals_full_cross_entropy_and_checkpointing_keeps_gradient
     shape = MODEL_PRESETS["tiny"]
     inputs, targets = torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64))
     grads = []
-    for ac, chunk in ((False, 10_000), (True, 37), (False, 37)):
-        model = _build(shape, activation_checkpointing=ac, loss_chunk_tokens=chunk).train()
+    for blocks, chunk in ((0, 10_000), (2, 37), (0, 37)):
+        model = _build(shape, checkpointed_blocks=blocks, loss_chunk_tokens=chunk).train()
         torch.manual_seed(1)  # the same dropout masks for both passes
         full = F.cross_entropy(model(inputs).float().flatten(0, 1), targets.flatten())
         torch.manual_seed(1)
@@ -179,7 +177,7 @@ def test_chunked_loss_equals_full_cross_entropy_and_checkpointing_keeps_gradient
 
 def test_checkpointed_model_keeps_parameter_names_and_initial_values(single_rank):
     plain = _build(MODEL_PRESETS["tiny"])
-    wrapped = _build(MODEL_PRESETS["tiny"], activation_checkpointing=True)
+    wrapped = _build(MODEL_PRESETS["tiny"], checkpointed_blocks=1)
     a, b = plain.state_dict(), wrapped.state_dict()
     assert list(a) == list(b)
     assert all(torch.equal(a[k].full_tensor(), b[k].full_tensor()) for k in a)
