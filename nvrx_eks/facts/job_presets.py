@@ -32,7 +32,8 @@ JOB_PRESETS: dict[str, JobPreset] = {
     # bf16 x 3 + fp32 grad) = 4.9 GiB; one 2048-token loss chunk = 4.9 GiB; + 5% fragmentation
     # and 3 GiB CUDA/NCCL. Activations, 2 x 8192 tokens: every block recomputed (8 KiB kept
     # inputs each + 2 blocks of 176 KB in backward) 9.6 GiB, 31.2 GiB in all; none recomputed
-    # 114.6 GiB in all, which does not fit; auto recomputes 14 of the 32 blocks: 79.7 GiB. 2 x
+    # 114.6 GiB in all, which does not fit; auto recomputes 17 of the 32 blocks: 71.6 GiB (it plans
+    # to fill 90% of the GPU, workloads.memory.AUTO_FILL_SHARE). 2 x
     # 8192-token sequences per GPU per micro-batch; 2 Mi tokens per optimizer step whatever the
     # node count: 8 micro-batches at 16 GPUs (2 nodes), 1 at 128 (16 nodes); every power-of-two
     # node count from 1 to 16 divides it.

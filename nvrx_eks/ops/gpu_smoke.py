@@ -350,10 +350,12 @@ def smoke(
         raise ConfigError(f"--budget-s: {budget_s:g} is not above 0; give the seconds the smoke may take")
     faulted_dir = out_dir / "faulted"
     train = plan.train_config(faulted_dir)
+    gpu_memory_bytes = None  # the GPU's, for the fit and for model.activation_checkpointing=auto
     if plan.gpu:
         import torch
 
-        check_fit(plan, train, torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)
+        gpu_memory_bytes = torch.cuda.get_device_properties(0).total_memory
+        check_fit(plan, train, torch.cuda.get_device_name(0), gpu_memory_bytes)
     check_room(room_needed(plan, train), out_dir)
     budget = Budget(budget_s)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -455,8 +457,8 @@ def smoke(
     _write(out_dir, _result(plan, checks, budget_s, complete=False))
 
     # 4. Memory: the high-water mark of each rank against the part of the estimate it measures.
-    estimate = estimate_for(train, plan.nproc, bf16=plan.precision == "bf16")
-    allocator_counts = estimate.gpu_subtotal + estimate.fragmentation
+    estimate = estimate_for(train, plan.nproc, bf16=plan.precision == "bf16", gpu_memory_bytes=gpu_memory_bytes)
+    allocator_counts = estimate.allocator_reserved
     run_ends = [e for e in faulted["run"].of("run_end") if e.get("gpu_peak_reserved_bytes") is not None]
     measured = max((e["gpu_peak_reserved_bytes"] for e in run_ends), default=None)
     checks["memory"] = {
