@@ -38,6 +38,21 @@ def coordinator_serving(port: int, nnodes: int | str = 1, rdzv_id: str = "nvrx-e
         stop_coordinator(coordinator)
 
 
+def single_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment ft_launcher gives a world of one rank, for a test that runs the trainer's
+    attempt (workloads.train.train_attempt) in its own process."""
+    from nvrx_eks.local.runner import free_port_pair
+
+    for name, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port_pair()),
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.fixture
 def single_rank() -> Iterator[None]:
     """A process group of this process alone (gloo), for code that needs one; the NVRx checkpoint

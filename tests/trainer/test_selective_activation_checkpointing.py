@@ -18,6 +18,7 @@ from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import INSTANCE_FACTS
 from nvrx_eks.facts.job_presets import JOB_PRESETS
 from tests.support.cli_harness import run_cli
+from tests.support.trainer_fixtures import single_rank_env
 from workloads.config import TrainConfig
 from workloads.memory import AUTO_FILL_SHARE, GIB, check_fits, estimate_for
 from workloads.model import checkpointed_block_indices
@@ -191,7 +192,6 @@ def test_the_render_summary_and_the_plan_show_the_chosen_count():
 
 
 def _run(run_dir, monkeypatch, *sets: str) -> list[dict]:
-    from nvrx_eks.local.runner import free_port_pair
     from workloads.events import load_run
     from workloads.process_state import ProcessState
     from workloads.train import train_attempt
@@ -205,14 +205,7 @@ def _run(run_dir, monkeypatch, *sets: str) -> list[dict]:
         *sets,
     ]
     cfg = TrainConfig.from_dict({}, "x", settings)
-    for name, value in {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port_pair()),
-    }.items():
-        monkeypatch.setenv(name, value)
+    single_rank_env(monkeypatch)
     assert train_attempt(ProcessState(cfg, 0, 1, None)) == {"status": "completed"}
     return load_run(run_dir).events
 

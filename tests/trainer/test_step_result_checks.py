@@ -10,21 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.support.trainer_fixtures import single_rank_env
 from workloads.config import TrainConfig
 from workloads.device import Runtime
-
-
-def _single_rank_env(monkeypatch) -> None:
-    from nvrx_eks.local.runner import free_port_pair
-
-    for name, value in {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port_pair()),
-    }.items():
-        monkeypatch.setenv(name, value)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +44,7 @@ def test_a_step_whose_all_reduce_returns_what_no_rank_sent_raises(tmp_path, monk
             "checkpoint.backend=none",
         ],
     )
-    _single_rank_env(monkeypatch)
+    single_rank_env(monkeypatch)
     real = dist.all_reduce
     step_reduces = []
 
@@ -159,6 +147,8 @@ def test_the_same_step_diverging_again_after_the_restart_ends_the_job(tmp_path, 
     import workloads.trainer as trainer_module
     from workloads.events import load_run
     from workloads.process_state import ProcessState
+    import workloads.train as train_module
+    from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
     from workloads.train import Unrecoverable, train_attempt
 
     cfg = TrainConfig.from_dict(
@@ -172,7 +162,7 @@ def test_the_same_step_diverging_again_after_the_restart_ends_the_job(tmp_path, 
             "checkpoint.backend=none",
         ],
     )
-    _single_rank_env(monkeypatch)
+    single_rank_env(monkeypatch)
     real = dist.all_reduce
     steps_reduced = []
 
@@ -185,6 +175,10 @@ def test_the_same_step_diverging_again_after_the_restart_ends_the_job(tmp_path, 
         return work
 
     monkeypatch.setattr(trainer_module.dist, "all_reduce", diverges_at_step_3)
+    # The rank leaving on a ConfigError arms the exit watchdog (exit 93 within a bound): here it
+    # would end the test process.
+    armed = []
+    monkeypatch.setattr(train_module, "arm_exit_watchdog", lambda code, *bound: armed.append(code))
     process = ProcessState(cfg, 0, 1, None)
     try:
         with pytest.raises(trainer_module.InvalidStepResult, match="step 3: .*inf"):
@@ -197,3 +191,4 @@ def test_the_same_step_diverging_again_after_the_restart_ends_the_job(tmp_path, 
         if dist.is_initialized():
             dist.destroy_process_group()
     assert "training diverged" in load_run(tmp_path).of("unrecoverable")[0]["reason"]
+    assert armed == [EXIT_DO_NOT_REQUEUE]

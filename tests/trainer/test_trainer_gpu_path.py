@@ -19,6 +19,7 @@ from infra.config import resolve_config
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.job_presets import JOB_PRESETS
 from nvrx_eks.jobs.spec import build_jobspec, load_train_config
+from tests.support.trainer_fixtures import single_rank_env
 from workloads.config import TrainConfig
 from workloads.memory import (
     GIB,
@@ -473,7 +474,6 @@ def test_one_host_sync_per_step(tmp_path, monkeypatch):
     """The loss and the stop/save votes reach the host in one transfer per step (a GPU would
     otherwise drain its queue several times per step before the next batch is built)."""
     import workloads.trainer as trainer_module
-    from nvrx_eks.local.runner import free_port_pair
     from workloads.process_state import ProcessState
     from workloads.train import train_attempt
 
@@ -489,14 +489,7 @@ def test_one_host_sync_per_step(tmp_path, monkeypatch):
             "checkpoint.backend=none",
         ],
     )
-    for name, value in {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port_pair()),
-    }.items():
-        monkeypatch.setenv(name, value)
+    single_rank_env(monkeypatch)
     syncs = []
     for method in ("item", "tolist"):
         real = getattr(torch.Tensor, method)
