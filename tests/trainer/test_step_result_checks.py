@@ -144,11 +144,11 @@ def test_the_same_step_diverging_again_after_the_restart_ends_the_job(tmp_path, 
     """A non-finite loss is restarted once (it may be an aborted collective's buffer); the same
     step's loss non-finite again after replaying from the checkpoint is the run diverging: a
     ConfigError (exit 93, not requeued) naming the fix, not a restart until every budget is spent."""
+    import workloads.train as train_module
     import workloads.trainer as trainer_module
+    from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
     from workloads.events import load_run
     from workloads.process_state import ProcessState
-    import workloads.train as train_module
-    from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
     from workloads.train import Unrecoverable, train_attempt
 
     cfg = TrainConfig.from_dict(
