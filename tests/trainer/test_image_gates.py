@@ -334,7 +334,7 @@ def test_the_cpu_twin_and_the_cluster_image_share_the_trainer_layer():
     assert ("ENTRYPOINT", '["/usr/bin/tini", "--"]') in trainer
     assert any(k == "RUN" and "trainer_requirements.py" in a for k, a in trainer)
     ((keyword, checks),) = stages["gpu"][1]
-    assert keyword == "RUN" and "--check-plugin" in checks and "nccl.version" in checks
+    assert keyword == "RUN" and "--check-plugin" in checks and "--check-nccl" in checks
 
 
 def test_dockerfile_keeps_the_efa_installer_off_its_ngc_paths():
