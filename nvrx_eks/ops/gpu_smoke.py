@@ -251,7 +251,8 @@ def check_fit(plan: SmokePlan, train: TrainConfig, gpu_name: str, gpu_memory_byt
         return
     raise ConfigError(
         f"--preset {plan.preset}: the estimated memory per GPU at {plan.nproc} rank(s), "
-        f"{estimate_for(train, plan.nproc).describe()}, exceeds the {gpu_memory_bytes / GIB:.1f} GiB of one "
+        f"{estimate_for(train, plan.nproc, gpu_memory_bytes=gpu_memory_bytes).describe()}, exceeds the "
+        f"{gpu_memory_bytes / GIB:.1f} GiB of one "
         f"{gpu_name}; choose a smaller --preset (small, 1b) or more GPUs with --nproc"
     )
 
