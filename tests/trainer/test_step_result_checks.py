@@ -15,6 +15,42 @@ from workloads.config import TrainConfig
 from workloads.device import Runtime
 
 
+def _one_rank_config(tmp_path, monkeypatch, steps: int) -> TrainConfig:
+    """A run of one rank in this process (gloo, no in-process layer, no checkpoints) and the
+    environment ft_launcher would give it."""
+    single_rank_env(monkeypatch)
+    return TrainConfig.from_dict(
+        {},
+        "x",
+        [
+            f"run_dir={tmp_path}",
+            f"steps={steps}",
+            "distributed.backend=gloo",
+            "inprocess.enabled=false",
+            "checkpoint.backend=none",
+        ],
+    )
+
+
+def _overwrite_step_reduces(monkeypatch, overwrite) -> None:
+    """Hand each result of the step's all-reduce ([loss, stop, save]), with how many there were
+    so far, to `overwrite(count, tensor)`: as an aborted collective leaves its buffer."""
+    import workloads.trainer as trainer_module
+
+    real = dist.all_reduce
+    count = 0
+
+    def all_reduce(tensor, *args, **kwargs):
+        nonlocal count
+        work = real(tensor, *args, **kwargs)
+        if tensor.numel() == 3:
+            count += 1
+            overwrite(count, tensor)
+        return work
+
+    monkeypatch.setattr(trainer_module.dist, "all_reduce", all_reduce)
+
+
 @pytest.mark.parametrize(
     ("garbage", "message"),
     [
@@ -33,32 +69,15 @@ def test_a_step_whose_all_reduce_returns_what_no_rank_sent_raises(tmp_path, monk
     from workloads.train import train_attempt
 
     bad_step = 3
-    cfg = TrainConfig.from_dict(
-        {},
-        "x",
-        [
-            f"run_dir={tmp_path}",
-            "steps=5",
-            "distributed.backend=gloo",
-            "inprocess.enabled=false",
-            "checkpoint.backend=none",
-        ],
-    )
-    single_rank_env(monkeypatch)
-    real = dist.all_reduce
-    step_reduces = []
+    cfg = _one_rank_config(tmp_path, monkeypatch, steps=5)
 
-    def aborted_at_bad_step(tensor, *args, **kwargs):
-        work = real(tensor, *args, **kwargs)
-        if tensor.numel() == 3:  # the step's [loss, stop, save]
-            step_reduces.append(1)
-            if len(step_reduces) == bad_step:
-                for index, value in enumerate(garbage):
-                    if value is not None:
-                        tensor[index] = value
-        return work
+    def aborted_at_bad_step(count, tensor):
+        if count == bad_step:
+            for index, value in enumerate(garbage):
+                if value is not None:
+                    tensor[index] = value
 
-    monkeypatch.setattr(trainer_module.dist, "all_reduce", aborted_at_bad_step)
+    _overwrite_step_reduces(monkeypatch, aborted_at_bad_step)
     with pytest.raises(trainer_module.InvalidStepResult, match=f"step {bad_step}: .*{message}"):
         train_attempt(ProcessState(cfg, 0, 1, None))
     if dist.is_initialized():
@@ -151,30 +170,13 @@ def test_the_same_step_diverging_again_after_the_restart_ends_the_job(tmp_path, 
     from workloads.process_state import ProcessState
     from workloads.train import Unrecoverable, train_attempt
 
-    cfg = TrainConfig.from_dict(
-        {},
-        "x",
-        [
-            f"run_dir={tmp_path}",
-            "steps=4",
-            "distributed.backend=gloo",
-            "inprocess.enabled=false",
-            "checkpoint.backend=none",
-        ],
-    )
-    single_rank_env(monkeypatch)
-    real = dist.all_reduce
-    steps_reduced = []
+    cfg = _one_rank_config(tmp_path, monkeypatch, steps=4)
 
-    def diverges_at_step_3(tensor, *args, **kwargs):
-        work = real(tensor, *args, **kwargs)
-        if tensor.numel() == 3:  # the step's [loss, stop, save]
-            steps_reduced.append(1)
-            if len(steps_reduced) % 3 == 0:  # step 3 of each attempt (no checkpoint before it)
-                tensor[0] = math.inf
-        return work
+    def diverges_at_step_3(count, tensor):
+        if count % 3 == 0:  # step 3 of each attempt (no checkpoint before it)
+            tensor[0] = math.inf
 
-    monkeypatch.setattr(trainer_module.dist, "all_reduce", diverges_at_step_3)
+    _overwrite_step_reduces(monkeypatch, diverges_at_step_3)
     # The rank leaving on a ConfigError arms the exit watchdog (exit 93 within a bound): here it
     # would end the test process.
     armed = []

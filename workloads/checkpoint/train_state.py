@@ -63,14 +63,18 @@ class OptimizerState:
         self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        if not self.optimizer.state:
-            init_adam_state(self.optimizer)
+        self._create_state()
         return get_optimizer_state_dict(self.model, self.optimizer)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._create_state()
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict)
+
+    def _create_state(self) -> None:
+        """A fresh optimizer's state, created directly, before torch's helpers would create it
+        with a whole optimizer step (init_adam_state)."""
         if not self.optimizer.state:
             init_adam_state(self.optimizer)
-        set_optimizer_state_dict(self.model, self.optimizer, state_dict)
 
 
 def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
