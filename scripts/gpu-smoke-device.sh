@@ -94,6 +94,14 @@ collect() {
   for proc in /proc/[0-9]*; do
     [ "${proc#/proc/}" != $$ ] && grep -qF "$work/" "$proc/cmdline" 2>/dev/null && leftovers+=("${proc#/proc/}")
   done
+  # ...and each launch's coordinator, whose command line names no run folder: by the pidfile the
+  # runner writes in the run (workloads/launch.py COORDINATOR_PIDFILE), if it is still that process.
+  local pidfile pid
+  for pidfile in "$smoke_out"/*/pids/coordinator.pid; do
+    [ -f "$pidfile" ] || continue
+    pid=$(cat "$pidfile")
+    grep -qF "workloads.coordinator" "/proc/$pid/cmdline" 2>/dev/null && leftovers+=("$pid")
+  done
   if ((${#leftovers[@]})); then
     kill -KILL "${leftovers[@]}" 2>/dev/null
     echo "gpu-smoke-device: killed ${#leftovers[@]} leftover process(es) of the runs: ${leftovers[*]}"

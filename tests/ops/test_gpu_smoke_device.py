@@ -81,6 +81,15 @@ def test_the_device_scripts_dry_run_reports_into_out_dir_and_keeps_the_checkpoin
     assert f"runs and checkpoints in {work}" in done.stdout
 
 
+def _is_coordinator(pid: int) -> bool:
+    import psutil
+
+    try:
+        return "workloads.coordinator" in psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("trainer_runs")
 def test_a_smoke_past_its_timeout_still_leaves_its_report_and_no_process(tmp_path, tmp_path_factory):
@@ -110,6 +119,9 @@ def test_a_smoke_past_its_timeout_still_leaves_its_report_and_no_process(tmp_pat
             timeout=300,
         )
         left = processes_mentioning(str(runs_parent))
+        # A launch's coordinator names no run folder: the pidfile its runner wrote says which it is.
+        coordinators = [int(f.read_text()) for f in runs_parent.rglob("pids/coordinator.pid")]
+        left += [pid for pid in coordinators if _is_coordinator(pid)]
     # 124: the smoke stopped its launch on the SIGTERM and wrote what it had; 137: the stop took
     # longer than the SIGKILL's delay (a loaded machine), the trap then killed what was left.
     assert done.returncode in (124, 137), done.stdout[-3000:] + done.stderr[-3000:]
