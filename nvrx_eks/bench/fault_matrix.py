@@ -91,7 +91,7 @@ def run_case(root: Path, case: Case | None, port: int | None = None) -> dict[str
         preset="tiny",
         checkpoint_interval=CHECKPOINT_INTERVAL,
         backend="nvrx",
-        nodes=ACTIVE_NODES + (case.spares if case else 0),
+        nodes=ACTIVE_NODES,
         spare_nodes=case.spares if case else 0,
         console=Console(file=io.StringIO()),
         print_summary=False,

@@ -23,7 +23,7 @@ P5  checkpoint tiers: two simulated nodes, the same FSx interval and the same ex
     plus the copy floor, against which the local tier's stall per save is measured, and every
     restore's duration by where it came from (the node-local tier on one side, FSx on the other).
 P6  hot spares: 2 active simulated nodes of one rank, the same `sigkill` of node 1 recovered by
-    (a) a spare node in process (3 nodes, 1 spare), (b) ft_launcher restarting every node's
+    (a) a spare node in process (`--nodes 2 --spare-nodes 1`), (b) ft_launcher restarting every node's
     workers, (c) a full relaunch; and `node-loss` of node 1 (launcher and ranks) recovered by (a)
     and by (d) ft_launcher's own hot-spare node (`--nnodes 2:3`: it waits in the rendezvous and
     joins when the surviving node restarts its workers). Without any spare a lost node has no
@@ -298,11 +298,11 @@ def run_p6(launcher: Launcher, settings: BenchSettings) -> dict:
     common = {"preset": settings.recovery_preset, "steps": steps, "backend": "nvrx", "nproc": 1}
     sides = {}
     runs = (
-        ("spare_inprocess", "sigkill", {"nodes": 3, "spare_nodes": 1}),
+        ("spare_inprocess", "sigkill", {"nodes": 2, "spare_nodes": 1}),
         ("ft_launcher", "sigkill", {"nodes": 2}),
         ("full_relaunch", "sigkill", {"nodes": 2, "extra": ("fault_tolerance.max_restarts=0",)}),
-        ("spare_node_loss", "node-loss", {"nodes": 3, "spare_nodes": 1}),
-        ("ft_hot_spare_node_loss", "node-loss", {"nodes": 3, "launcher_spare_nodes": 1}),
+        ("spare_node_loss", "node-loss", {"nodes": 2, "spare_nodes": 1}),
+        ("ft_hot_spare_node_loss", "node-loss", {"nodes": 2, "launcher_spare_nodes": 1}),
     )
     for name, kind, options in runs:
         spec = f"{kind}@{step}:1"

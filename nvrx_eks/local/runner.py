@@ -22,6 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +113,62 @@ def local_config(
 RANKS_PER_CORE = 8
 
 
-def check_rank_count(nodes: int, nproc: int, *, force: bool) -> None:
+@dataclass(frozen=True)
+class LocalNodes:
+    """The simulated nodes of a local run, counted as the cluster commands count a job's
+    (nvrx_eks.jobs.spec.JobSpec): `active` nodes of `nproc` ranks train, and the hot spares are
+    launched beyond them, so adding spares changes neither the training world nor the global
+    batch. `spares` wait in process (workloads.spares); `launcher_spares` are instead
+    ft_launcher's own hot spares (`--nnodes MIN:MAX`: they wait in the rendezvous without
+    workers and join at the next worker-group restart), for comparing the two."""
+
+    active: int
+    nproc: int
+    spares: int = 0
+    launcher_spares: int = 0
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise ConfigError("--nproc: must be at least 1")
+        if self.active < 1:
+            raise ConfigError("--nodes: must be at least 1 (the active nodes; --spare-nodes are launched beyond them)")
+        if self.spares < 0:
+            raise ConfigError(f"--spare-nodes {self.spares}: give 0 or more hot spare nodes")
+        if self.launcher_spares < 0:
+            raise ConfigError(f"launcher spare nodes {self.launcher_spares}: give 0 or more")
+        if self.spares and self.launcher_spares:
+            raise ConfigError("spare nodes: in process or ft_launcher's, not both")
+
+    @property
+    def all_spares(self) -> int:
+        """The nodes the run may lose and still complete without a relaunch."""
+        return self.spares + self.launcher_spares
+
+    @property
+    def launched(self) -> int:
+        """Simulated nodes started: one ft_launcher each, with its own local checkpoint root."""
+        return self.active + self.all_spares
+
+    @property
+    def world_size(self) -> int:
+        """The active ranks, which train: faults name one of these."""
+        return self.active * self.nproc
+
+    @property
+    def nnodes(self) -> int | str:
+        """ft_launcher's --nnodes: with its own spares, MIN:MAX (the world stays MIN nodes)."""
+        return f"{self.active}:{self.launched}" if self.launcher_spares else self.launched
+
+
+def check_rank_count(nodes: LocalNodes, *, force: bool) -> None:
     cores = os.cpu_count() or 1
     limit = RANKS_PER_CORE * cores
-    if nodes * nproc > limit and not force:
+    ranks = nodes.launched * nodes.nproc
+    if ranks > limit and not force:
+        launched = f"--nodes {nodes.active}" + (f" + --spare-nodes {nodes.spares}" if nodes.spares else "")
         raise ConfigError(
-            f"--nodes {nodes} x --nproc {nproc} = {nodes * nproc} ranks, more than {limit} "
-            f"({RANKS_PER_CORE} per CPU core, {cores} here); lower --nproc or --nodes, or pass "
+            f"{launched} x --nproc {nodes.nproc} = {ranks} ranks, more than {limit} "
+            f"({RANKS_PER_CORE} per CPU core, {cores} here); lower --nproc, --nodes or --spare-nodes, or pass "
             "--force to start them anyway"
         )
 
@@ -232,28 +282,15 @@ def run_local(
     force: bool = False,
     max_relaunches: int = 2,
 ) -> int:
-    """`nodes` launchers (simulated nodes, one rendezvous, each with its own local checkpoint
-    root) of `nproc` ranks each; the last `spare_nodes` of them are hot spares in process
-    (workloads.spares). `launcher_spare_nodes` instead makes that many of them ft_launcher's own
-    hot spares (`--nnodes MIN:MAX`: they wait in the rendezvous without workers and join at the
-    next worker-group restart), for comparing the two. `force` starts more ranks than
+    """`nodes` active simulated nodes of `nproc` ranks each, plus `spare_nodes` hot spares in
+    process or `launcher_spare_nodes` of ft_launcher's (LocalNodes): one launcher per node, one
+    rendezvous, each node with its own local checkpoint root. `force` starts more ranks than
     RANKS_PER_CORE per CPU core. A launch that loses its coordinator, or more nodes than it has
     spares, is started again up to `max_relaunches` times (the JobSet's recreation of every pod,
     here), resuming from the newest checkpoint."""
     console = console or Console()
-    if nproc < 1:
-        raise ConfigError("--nproc: must be at least 1")
-    if nodes < 1:
-        raise ConfigError("--nodes: must be at least 1")
-    check_rank_count(nodes, nproc, force=force)
-    if launcher_spare_nodes and spare_nodes:
-        raise ConfigError("spare nodes: in process or ft_launcher's, not both")
-    if not 0 <= launcher_spare_nodes < nodes:
-        raise ConfigError(f"launcher spare nodes: {launcher_spare_nodes} leaves no active node of {nodes}")
-    if not 0 <= spare_nodes < nodes:
-        raise ConfigError(
-            f"--spare-nodes: {spare_nodes} leaves no active node of --nodes {nodes}; use fewer spare nodes than nodes"
-        )
+    plan = LocalNodes(active=nodes, nproc=nproc, spares=spare_nodes, launcher_spares=launcher_spare_nodes)
+    check_rank_count(plan, force=force)
     if spare_nodes:
         overrides = [*overrides, f"distributed.spare_nodes={spare_nodes}"]
     run_dir = (run_dir or Path("runs") / time.strftime("local-%Y%m%d-%H%M%S")).resolve()
@@ -271,15 +308,14 @@ def run_local(
             backend=backend,
             overrides=overrides,
             local_interval=local_interval,
-            local_dir=node_local_dir(run_dir, n) if nodes > 1 else None,
+            local_dir=node_local_dir(run_dir, n) if plan.launched > 1 else None,
         )
-        for n in range(nodes)
+        for n in range(plan.launched)
     ]
     cfg = configs[0]
-    spares = spare_nodes + launcher_spare_nodes
-    world = (nodes - spares) * nproc  # the active ranks: faults name one of these
+    spares, world = plan.all_spares, plan.world_size
     for fault in parse_fault_spec(cfg.faults):
-        unit, limit = target_limit(fault, nodes=nodes - spares, world_size=world)
+        unit, limit = target_limit(fault, nodes=plan.active, world_size=world)
         if fault.rank >= limit:
             raise ConfigError(
                 f"--faults: {fault.label} targets {unit} {fault.rank}; with --nodes {nodes} --nproc {nproc} "
@@ -290,7 +326,6 @@ def run_local(
     with RunLease(run_dir):
         fixed_port = port
         port = port or free_port_pair()
-        nnodes = f"{nodes - launcher_spare_nodes}:{nodes}" if launcher_spare_nodes else nodes
         for n, node_cfg in enumerate(configs):
             (run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")).write_text(node_cfg.to_yaml())
 
@@ -305,7 +340,7 @@ def run_local(
                     *build_ft_launcher_argv(
                         node_cfg,
                         config_path=str(run_dir / ("config.yaml" if n == 0 else f"config-node{n}.yaml")),
-                        nnodes=nnodes,
+                        nnodes=plan.nnodes,
                         nproc_per_node=nproc,
                         **rendezvous,
                     )[1:],
@@ -326,7 +361,7 @@ def run_local(
             "PYTHONUNBUFFERED": "1",
             do_not_requeue.ATTEMPT_ID_ENV: attempt,
         }
-        if nodes > 1:
+        if plan.launched > 1:
             # ft_launcher's barrier rendezvous closes itself when two launchers share a host, unless
             # told the nodes are simulated.
             env[MULTI_LAUNCHER_ENV] = "1"
@@ -366,7 +401,9 @@ def run_local(
                     env[JOBSET_ATTEMPT_ENV] = str(relaunch)
                     if fixed_port is None and not _port_pair_free(port):
                         port = free_port_pair()
-                coordinator, launchers = start_launch(cfg, nnodes, launcher_argvs(port), env, run_dir, port, tracker)
+                coordinator, launchers = start_launch(
+                    cfg, plan.nnodes, launcher_argvs(port), env, run_dir, port, tracker
+                )
                 lost_infrastructure = False
                 try:
                     with view:

@@ -24,8 +24,8 @@ def test_more_ranks_than_the_cores_bound_is_refused_naming_the_bound_and_the_fix
     cores = os.cpu_count() or 1
     assert line == (
         f"error: --nodes 2 x --nproc 100000 = 200000 ranks, more than {RANKS_PER_CORE * cores} "
-        f"({RANKS_PER_CORE} per CPU core, {cores} here); lower --nproc or --nodes, or pass --force to "
-        "start them anyway"
+        f"({RANKS_PER_CORE} per CPU core, {cores} here); lower --nproc, --nodes or --spare-nodes, or pass "
+        "--force to start them anyway"
     )
     assert not run_dir.exists() and processes_mentioning(str(run_dir)) == []
 
@@ -44,3 +44,26 @@ def test_force_lets_a_modest_oversubscription_through(tmp_path, monkeypatch):
 def test_a_step_count_in_float_notation_is_refused():
     result = run_cli("local", "--steps", "1e23")
     assert result.code == 2 and "Invalid value for '--steps'" in result.output
+
+
+def test_spare_nodes_count_in_the_rank_bound(tmp_path, monkeypatch):
+    # One core, 8 ranks allowed: 1 active node and its spare of 5 ranks each start 10.
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    run_dir = tmp_path / "run"
+    line = _only_error_line(
+        run_cli("local", "--nodes", "1", "--spare-nodes", "1", "--nproc", "5", "--run-dir", str(run_dir))
+    )
+    assert line.startswith(f"error: --nodes 1 + --spare-nodes 1 x --nproc 5 = 10 ranks, more than {RANKS_PER_CORE} "), (
+        line
+    )
+    assert not run_dir.exists()
+
+
+def test_a_fault_on_a_spare_node_is_refused_naming_the_active_nodes(tmp_path):
+    """--nodes 2 --spare-nodes 1: nodes 0 and 1 train, node 2 waits; a fault names an active node."""
+    argv = ["local", "--nodes", "2", "--spare-nodes", "1", "--nproc", "1", "--run-dir", str(tmp_path / "r")]
+    line = _only_error_line(run_cli(*argv, "--faults", "node-loss@5:2"))
+    assert line == (
+        "error: --faults: node-loss@5:2 targets node 2; with --nodes 2 --nproc 1 --spare-nodes 1 use an "
+        "active node below 2"
+    )

@@ -125,33 +125,18 @@ def test_faults_follow_the_active_rank_and_node_loss_fires_on_the_first_rank_of_
     assert [f.label for f in spare.mine] == ["sigkill@14:1"]
 
 
-def test_local_spare_nodes_must_leave_an_active_node(tmp_path):
+def test_local_spare_nodes_come_beyond_at_least_one_active_node_and_faults_name_active_ones(tmp_path):
     from nvrx_eks.local.runner import run_local
 
-    with pytest.raises(ConfigError, match="--spare-nodes"):
-        run_local(
-            nproc=1,
-            steps=4,
-            faults="",
-            run_dir=tmp_path / "r",
-            preset="tiny",
-            checkpoint_interval=2,
-            backend="nvrx",
-            nodes=2,
-            spare_nodes=2,
-        )
-    with pytest.raises(ConfigError, match="node-loss@3:1 targets node 1"):
-        run_local(
-            nproc=1,
-            steps=4,
-            faults="node-loss@3:1",
-            run_dir=tmp_path / "r",
-            preset="tiny",
-            checkpoint_interval=2,
-            backend="nvrx",
-            nodes=2,
-            spare_nodes=1,
-        )
+    run = {"nproc": 1, "steps": 4, "run_dir": tmp_path / "r", "preset": "tiny", "checkpoint_interval": 2}
+    with pytest.raises(ConfigError, match=r"--nodes: must be at least 1 \(the active nodes; --spare-nodes are"):
+        run_local(**run, faults="", backend="nvrx", nodes=0, spare_nodes=2)
+    with pytest.raises(ConfigError, match="--spare-nodes -1: give 0 or more"):
+        run_local(**run, faults="", backend="nvrx", nodes=2, spare_nodes=-1)
+    # One active node and its spare: node 1 is the spare, which no fault may name.
+    with pytest.raises(ConfigError, match="node-loss@3:1 targets node 1; .* use an active node below 1"):
+        run_local(**run, faults="node-loss@3:1", backend="nvrx", nodes=1, spare_nodes=1)
+    assert not (tmp_path / "r").exists()
 
 
 def _spare_documents() -> list[dict]:

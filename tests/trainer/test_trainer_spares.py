@@ -1,4 +1,4 @@
-"""Acceptance 1 and 2 of hot spares on CPU: 3 simulated nodes (1 spare) under ft_launcher recover a
+"""Acceptance 1 and 2 of hot spares on CPU: 2 simulated nodes plus 1 spare under ft_launcher recover a
 killed rank and a lost node in process, bit-identical to 2 nodes without faults; with 2 ranks per
 node, a killed rank takes its node-mate along and the spare node's two ranks replace both, their
 state received from the node-local tier's replicas on a surviving node."""
@@ -58,7 +58,7 @@ def clean(tmp_path_factory) -> dict:
 def test_a_spare_node_replaces_the_lost_one_in_process_bit_identically(clean, tmp_path_factory, faults):
     run_dir = tmp_path_factory.mktemp("spares")
     with exclusive_trainer_runs(tmp_path_factory):
-        summary = _run(run_dir, nodes=3, spare_nodes=1, faults=faults)
+        summary = _run(run_dir, nodes=2, spare_nodes=1, faults=faults)
     record = json.loads((run_dir / "local_run.json").read_text())
     assert record["lost_nodes"] == 1 and record["killed_after_exit"] == []
     lost = summary["faults"][0]
@@ -75,7 +75,7 @@ def test_with_two_ranks_per_node_a_killed_rank_takes_its_node_along(tmp_path_fac
     with exclusive_trainer_runs(tmp_path_factory):
         clean = _run(tmp_path_factory.mktemp("clean-2x2"), nodes=2, nproc=2)
         run_dir = tmp_path_factory.mktemp("spares-2x2")
-        summary = _run(run_dir, nodes=3, spare_nodes=1, nproc=2, faults="sigkill@14:3", local_interval=2)
+        summary = _run(run_dir, nodes=2, spare_nodes=1, nproc=2, faults="sigkill@14:3", local_interval=2)
     assert summary["faults"][0]["layer"] == "inprocess" and summary["restarts"]["inprocess"] == 1, summary
     events = [json.loads(line) for line in _events(run_dir)]
     # Rank 2, rank 3's node-mate, joined the restart and was discarded with its node.
