@@ -246,12 +246,22 @@ def logs(
     node: int | None = typer.Option(None, "--node", min=0, help="Only this node's pod."),
     rank: int | None = typer.Option(None, "--rank", min=0, help="Only this global rank's lines."),
     tail: int | None = typer.Option(None, "--tail", min=0, help="Only the last N lines of each pod."),
+    events: bool = typer.Option(
+        False, "--events", help="Only the event lines: faults, restarts, checkpoint commits and the run's end."
+    ),
 ) -> None:
-    """Logs of all pods (prefixed by node), one node, or one rank."""
+    """Logs of all pods (prefixed by node), one node, or one rank; with -f as they happen."""
     from nvrx_eks.jobs import commands as job_commands
 
     job_commands.logs(
-        _deployment(profile, config), name, node=node, rank=rank, follow=follow, tail=tail, console=Console()
+        _deployment(profile, config),
+        name,
+        node=node,
+        rank=rank,
+        follow=follow,
+        tail=tail,
+        events=events,
+        console=Console(),
     )
 
 

@@ -82,6 +82,10 @@ Events and their own fields:
                           (torch.cuda.max_memory_reserved since the setup of the iteration the
                           common `iteration` field names; null off CUDA)
 
+Watched lines: faults, restarts, checkpoints and the run's end, one line each (`watch_line`), are
+also logged as they are emitted, `[rankR] event: <line>` (nvrx_eks.facts.training_metrics.EVENT_LINE),
+so a pod's log carries them where the run directory cannot be read (`nvrx-eks logs NAME --events`).
+
 summary.json (rank 0, at completion): final_step, final_loss, state_sha256, world_size, preset,
 restarts {"inprocess": n, "launcher": n}, faults [...], checkpoints {...}, goodput, eval_s,
 eval_loss and eval_step (the last evaluation; null without one); see
@@ -94,6 +98,7 @@ first_loss, last_loss.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import socket
@@ -104,11 +109,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nvrx_eks.facts.training_metrics import EVENT_MARK
 from workloads.goodput import WallTimeSplit, split_wall_time
 
 SCHEMA_VERSION = 1
 #: The pod's JobSet restart attempt (rendered from the pod's restart-attempt label).
 JOBSET_ATTEMPT_ENV = "JOBSET_RESTART_ATTEMPT"
+
+
+log = logging.getLogger("workloads.train")
 
 
 def events_dir(run_dir: str | Path) -> Path:
@@ -147,6 +156,8 @@ class EventLog:
             **fields,
         }
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        if (line := watch_line(record)) is not None:
+            log.info("%s%s", EVENT_MARK, line)
         if self.on_emit is not None:
             self.on_emit(record)
         return record
@@ -347,6 +358,57 @@ def fault_target(fault: dict[str, Any]) -> int:
 def fault_label(fault: dict[str, Any]) -> str:
     """A fault_injected event as its spec was written: KIND@STEP:RANK (or :NODE)."""
     return f"{fault['kind']}@{fault['step']}:{fault_target(fault)}"
+
+
+#: How each restart layer is named to people (live lines, reports).
+LAYER_NAMES = {"inprocess": "in-process", "launcher": "ft_launcher", "kubernetes": "JobSet"}
+
+#: A restart's reason is an exception's repr, up to 500 characters: a line keeps its start.
+REASON_CHARS = 100
+
+#: The starts of the watched lines that several ranks write for one happening (a node-loss on
+#: each rank of its node, the same error on every rank): word for word the same, so a watcher
+#: shows the first and drops the copies. The other lines are rank 0's alone.
+SHARED_LINE_STARTS = ("fault ", "cannot continue: ")
+
+
+def _short(reason: str) -> str:
+    first = reason.strip().splitlines()[0] if reason.strip() else ""
+    return first if len(first) <= REASON_CHARS else first[: REASON_CHARS - 1] + "…"
+
+
+def watch_line(event: dict[str, Any], took_s: float | None = None) -> str | None:
+    """The line a person watching the run reads for an event: faults and errors no restart fixes
+    from any rank, restarts, checkpoints and the run's end from rank 0 (every rank records those);
+    None for the rest. `took_s`: a restart_end's length where the caller knows it better than the
+    event (a launcher restart has no begin in its process)."""
+    name = event["event"]
+    if name == "fault_injected":
+        return f"{SHARED_LINE_STARTS[0]}{fault_label(event)} injected"
+    if name == "unrecoverable":
+        return f"{SHARED_LINE_STARTS[1]}{_short(event['reason'])}"
+    if event["rank"] != 0:
+        return None
+    if name == "restart_begin":
+        layer = LAYER_NAMES.get(event.get("layer", "inprocess"), event.get("layer"))
+        return f"restart ({layer}) began: {_short(event.get('reason', ''))}"
+    if name == "restart_end":
+        layer = LAYER_NAMES.get(event["layer"], event["layer"])
+        took = took_s if took_s is not None else event.get("since_begin_s")
+        length = f", {took:.1f} s" if isinstance(took, (int, float)) else ""
+        return f"resumed from step {event['resumed_from_step']} ({layer}{length})"
+    if name == "checkpoint_commit":
+        return f"checkpoint step {event['step']} committed"
+    if name == "local_save":
+        return f"local checkpoint step {event['step']} saved"
+    if name == "checkpoint_fallback":
+        return f"checkpoint {Path(event['path']).name} not used: {_short(event['reason'])}"
+    if name == "run_end":
+        loss = event.get("final_loss")
+        at_loss = f", loss {loss:.3f}" if isinstance(loss, (int, float)) else ""
+        status = "completed" if event.get("status") == "completed" else "stopped"
+        return f"run {status} at step {event.get('final_step')}{at_loss}"
+    return None
 
 
 def fault_outcomes(faults: list[dict[str, Any]], restarts: list[Restart]) -> list[dict[str, Any]]:

@@ -378,9 +378,7 @@ def main(argv: list | None = None) -> int:
     args = parser.parse_args(argv)
     # Before torch is imported: NVRx's store polling makes c10d log a warning per wait timeout.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stdout, format=f"%(asctime)s [rank{os.environ.get('RANK', '0')}] %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format=log_format(os.environ.get("RANK", "0")))
     try:
         cfg = TrainConfig.from_yaml(args.config, args.overrides)
         if args.preflight:
@@ -395,6 +393,12 @@ def main(argv: list | None = None) -> int:
         return EXIT_DO_NOT_REQUEUE
     except Exception:  # noqa: BLE001 - any failure that reached here ends the rank
         _leave_after_failure()
+
+
+def log_format(rank: str) -> str:
+    """Every log line tagged `[rankR]`: `nvrx-eks logs --rank` and the event and metrics lines
+    (nvrx_eks.facts.training_metrics) are found by it."""
+    return f"%(asctime)s [rank{rank}] %(message)s"
 
 
 def _leave_after_failure() -> NoReturn:

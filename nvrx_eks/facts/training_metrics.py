@@ -32,6 +32,12 @@ LAYER_DIMENSION = "Layer"
 #: `logs --follow` pick the last of each out of the pod log.
 METRICS_LINE = re.compile(r"\b(?P<eval>eval )?step (?P<step>\d+) loss (?P<loss>\S+)")
 
+#: How a rank logs a watched event (workloads.events.watch_line: a fault, a restart, a checkpoint
+#: commit, the run's end) as it happens, after the trainer's `[rankR] ` tag: `logs --events`
+#: picks these out of the pod logs.
+EVENT_MARK = "event: "
+EVENT_LINE = re.compile(r"\[rank\d+\] " + re.escape(EVENT_MARK) + r"(?P<text>.+)$")
+
 #: Metric name -> CloudWatch unit. Step metrics every `log_every` steps, the others when they happen.
 STEP_METRICS = {
     "loss": "None",

@@ -354,6 +354,7 @@ def logs(
     rank: int | None,
     follow: bool,
     tail: int | None,
+    events: bool,
     console: Console,
 ):
     if node is not None and rank is not None:
@@ -361,7 +362,7 @@ def logs(
     from nvrx_eks.jobs.logs import stream_logs
 
     client = job_client(deployment, console)
-    return stream_logs(client, name, node=node, rank=rank, follow=follow, tail_lines=tail)
+    return stream_logs(client, name, node=node, rank=rank, follow=follow, tail_lines=tail, events=events)
 
 
 def delete(deployment: Deployment, name: str, *, wait: bool, console: Console):

@@ -11,8 +11,10 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from nvrx_eks.facts import job_names
 from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.training_metrics import EVENT_LINE
 from nvrx_eks.jobs.client import JobClient, api_error
 from nvrx_eks.jobs.status import gpus_per_pod, node_rank
+from workloads.events import SHARED_LINE_STARTS
 
 
 def stream_logs(
@@ -23,22 +25,24 @@ def stream_logs(
     rank: int | None = None,
     follow: bool = False,
     tail_lines: int | None = None,
+    events: bool = False,
     write: Callable[[str], None] | None = None,
 ) -> int:
-    """Print the pods' logs (prefixed `nodeN |`), or one node's, or one rank's lines; returns
-    the number of lines written."""
+    """Print the pods' logs (prefixed `nodeN |`), or one node's, or one rank's lines, or with
+    `events` only the trainer's event lines (faults, restarts, checkpoint commits, the run's
+    end); returns the number of lines written."""
     kind, _ = client.find(name)
     pods = client.pods(kind, name)
     if not pods:
         raise ConfigError(f"{kind.kind} {name} has no pods yet; see `nvrx-eks status {name}`")
-    line_filter: Callable[[str], bool] | None = None
+    filters: list[Callable[[str], bool]] = []
     if rank is not None:
         # The trainer tags its log lines `[rankN]`; ranks of one node share a pod.
         node = rank // gpus_per_pod(pods[0])
         tag = f"[rank{rank}]"
-
-        def line_filter(line: str) -> bool:
-            return tag in line
+        filters.append(lambda line: tag in line)
+    if events:
+        filters.append(EventLineFilter())
 
     if node is not None:
         selected = [p for p in pods if node_rank(p) == node]
@@ -58,8 +62,8 @@ def stream_logs(
         for line in _log_lines(client, pod, follow=follow, tail_lines=tail_lines):
             if node_rank(pod) == 0:
                 latest.see(line)
-            if line_filter is None or line_filter(line):
-                with lock:
+            with lock:  # the event filter remembers what any pod's lines showed
+                if all(keep(line) for keep in filters):
                     write(prefix + line)
                     count += 1
 
@@ -75,6 +79,25 @@ def stream_logs(
     for line in latest.lines() if follow else []:
         write(f"last metrics | {line}")
     return count
+
+
+class EventLineFilter:
+    """Keeps the trainer's event lines (nvrx_eks.facts.training_metrics.EVENT_LINE); of the lines
+    several ranks log for one happening (a node-loss on each rank of its node), only the first."""
+
+    def __init__(self) -> None:
+        self._shown: set[str] = set()
+
+    def __call__(self, line: str) -> bool:
+        found = EVENT_LINE.search(line)
+        if found is None:
+            return False
+        text = found["text"].strip()
+        if text.startswith(SHARED_LINE_STARTS):
+            if text in self._shown:
+                return False
+            self._shown.add(text)
+        return True
 
 
 def _log_lines(client: JobClient, pod: k8s.V1Pod, *, follow: bool, tail_lines: int | None) -> Iterator[str]:

@@ -20,27 +20,15 @@ from typing import Any
 from rich.console import Console
 from rich.status import Status
 
-from workloads.events import RunEvents, fault_label, load_run
+from workloads.events import SHARED_LINE_STARTS, RunEvents, load_run, watch_line
 
 #: Without a terminal, the progress (step, loss) is a plain line at most this often: a log of a
 #: long run stays readable, and the event lines still come as they happen.
 PROGRESS_EVERY_S = 10.0
 
-#: How each restart layer is named in a line.
-LAYER_NAMES = {"inprocess": "in-process", "launcher": "launcher", "kubernetes": "JobSet"}
-
-#: A restart's reason is an exception's repr, up to 500 characters: the line keeps its start.
-REASON_CHARS = 100
-
-
 def clock(t: float) -> str:
     """An event's wall-clock time as the line shows it (local time)."""
     return time.strftime("%H:%M:%S", time.localtime(t))
-
-
-def _short(reason: str) -> str:
-    first = reason.strip().splitlines()[0] if reason.strip() else ""
-    return first if len(first) <= REASON_CHARS else first[: REASON_CHARS - 1] + "…"
 
 
 class EventLines:
@@ -50,7 +38,7 @@ class EventLines:
         self._described: set[tuple[Any, ...]] = set()
         #: Lines that stand for several events: a fault every rank of a node recorded, an error
         #: each rank met.
-        self._once: set[tuple[str, str]] = set()
+        self._once: set[str] = set()
 
     def new_lines(self, run: RunEvents) -> list[str]:
         """From all the run's events so far (a poll reads them all again)."""
@@ -74,38 +62,19 @@ class EventLines:
 
     def _describe(self, event: dict[str, Any], run: RunEvents) -> str | None:
         """The line for an event, or None for one that gets no line (or had its line already)."""
-        name = event["event"]
-        if name in ("fault_injected", "unrecoverable"):
-            key = fault_label(event) if name == "fault_injected" else event["reason"]
-            if (name, key) in self._once:
-                return None
-            self._once.add((name, key))
-            if name == "fault_injected":
-                return f"fault {key} injected"
-            return f"cannot continue (rank {event['rank']}): {_short(key)}"
-        if event["rank"] != 0:
-            return None
-        if name == "restart_begin":
-            layer = LAYER_NAMES.get(event.get("layer", "inprocess"), event.get("layer"))
-            return f"restart ({layer}) began: {_short(event.get('reason', ''))}"
-        if name == "restart_end":
-            layer = LAYER_NAMES.get(event["layer"], event["layer"])
+        took: float | None = None
+        if event["event"] == "restart_end" and event["rank"] == 0:
             # The restart's length as the report computes it (a launcher restart has no begin event).
-            took = [r.latency_s for r in run.restarts(rank=0) if r.end_t == event["t"] and r.pids[1] == event["pid"]]
-            length = f", {took[0]:.1f} s" if took else ""
-            return f"resumed from step {event['resumed_from_step']} ({layer}{length})"
-        if name == "checkpoint_commit":
-            return f"checkpoint step {event['step']} committed"
-        if name == "local_save":
-            return f"local checkpoint step {event['step']} saved"
-        if name == "checkpoint_fallback":
-            return f"checkpoint {Path(event['path']).name} not used: {_short(event['reason'])}"
-        if name == "run_end":
-            loss = event.get("final_loss")
-            at_loss = f", loss {loss:.3f}" if isinstance(loss, (int, float)) else ""
-            status = "completed" if event.get("status") == "completed" else "stopped"
-            return f"run {status} at step {event.get('final_step')}{at_loss}"
-        return None
+            lengths = [
+                r.latency_s for r in run.restarts(rank=0) if r.end_t == event["t"] and r.pids[1] == event["pid"]
+            ]
+            took = lengths[0] if lengths else None
+        text = watch_line(event, took)
+        if text is not None and text.startswith(SHARED_LINE_STARTS):
+            if text in self._once:
+                return None
+            self._once.add(text)
+        return text
 
 
 def progress_text(run: RunEvents) -> str | None:

@@ -23,11 +23,8 @@ from rich.table import Table
 
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.local.throughput_chart import plot_throughput
-from workloads.events import RunEvents, events_dir, fault_label, load_run, summarize
+from workloads.events import LAYER_NAMES, RunEvents, events_dir, fault_label, load_run, summarize
 from workloads.metrics import format_mfu, summarize_throughput
-
-#: The restart layers as the report names them.
-LAYER_NAMES = {"inprocess": "in-process", "launcher": "ft_launcher", "kubernetes": "JobSet"}
 
 
 def format_restarts(restarts: dict[str, int]) -> str:

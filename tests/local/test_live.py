@@ -103,7 +103,7 @@ def test_a_fault_every_rank_of_a_node_recorded_is_one_line_and_other_ranks_resta
     lines = EventLines()
     assert texts(lines.new_lines(run_of(*events))) == [
         "step 6  fault node-loss@6:1 injected",
-        "step 6  cannot continue (rank 1): the checkpoint cannot be loaded",
+        "step 6  cannot continue: the checkpoint cannot be loaded",
     ]
     assert lines.new_lines(run_of(*events)) == []
 
@@ -116,7 +116,7 @@ def test_a_launcher_restart_is_timed_from_the_last_event_of_the_previous_cycle_a
     ]
     assert texts(EventLines().new_lines(run_of(*events))) == [
         "step 3  fault sigkill@3:0 injected",
-        "step 3  resumed from step 2 (launcher, 4.5 s)",
+        "step 3  resumed from step 2 (ft_launcher, 4.5 s)",
     ]
 
 

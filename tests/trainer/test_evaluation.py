@@ -23,7 +23,7 @@ from nvrx_eks.facts import training_metrics as names
 from tests.support import cli_harness
 from tests.support.cli_harness import add_fsx_volume, add_job_pods, deploy_fake_environment, run_cli
 from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair
-from workloads.events import load_run, summarize
+from workloads.events import load_run, summarize, watch_line
 from workloads.live_metrics import tensorboard_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
@@ -221,6 +221,13 @@ def test_status_and_logs_follow_show_the_last_metrics_the_trainer_logged(runs, a
         line.removeprefix("last metrics: ") for line in status.stdout.splitlines() if line.startswith("last metrics")
     ]
     assert shown == [last_step[-1].strip(), last_eval[-1].strip()]
+
+    # The run's commits and its end, as its own ranks logged them while they happened.
+    events = run_cli("logs", "train", "--events", "--node", "0")
+    assert events.code == 0, events.output
+    watched = [text for e in sorted(load_run(eval_run).events, key=lambda e: e["t"]) if (text := watch_line(e))]
+    assert [line.split(" event: ", 1)[1] for line in events.stdout.splitlines()] == watched
+    assert watched[-1] == f"run completed at step {STEPS}, loss {summary(eval_run)['final_loss']:.3f}"
 
     def pod_ends_once_followed() -> None:
         deadline = time.monotonic() + 60
