@@ -424,7 +424,15 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
         f"over {plan.nodes} nodes"
     )
     table = Table(title="Checkpoint interval plan (Young/Daly)")
-    for column in ("strategy", "stall/save", "recovery", "optimal interval", "goodput", "configured", "goodput"):
+    for column in (
+        "strategy",
+        "stall/save",
+        "recovery",
+        "optimal interval",
+        "goodput at optimal",
+        "configured interval",
+        "goodput at configured",
+    ):
         table.add_column(column, justify="right" if column != "strategy" else "left")
     if plan.usd_per_hour is not None:
         table.add_column("lost $/day", justify="right")

@@ -119,6 +119,9 @@ def test_plan_at_80_columns_cuts_no_header():
     result = cli_process("plan", env={**WIDE_TERMINAL, "COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
     assert "…" not in result.stdout
-    assert "    optimal interval: " in result.stdout
+    assert "    optimal interval: " in result.stdout and "    configured interval: " in result.stdout
+    # Each goodput says at which interval: a block never holds the same header twice.
+    assert "    goodput at optimal: " in result.stdout and "    goodput at configured: " in result.stdout
+    assert "    goodput: " not in result.stdout
     assert "    node class: coordinator" in result.stdout and "    cost with spares: " in result.stdout
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
