@@ -36,8 +36,8 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
     lines = [
         f"job {spec.name}: {spec.nodes}{spares} x {spec.instance_type}, world {world}, model {train.model.preset}, "
         f"precision {train.distributed.precision}",
-        f"batch: {world} ranks x {data.batch_size} x {data.seq_len} tokens x {accumulation} micro-batches "
-        f"= {tokens:,} tokens per step ({fixed})",
+        f"batch: {world} ranks x {data.batch_size} x {data.seq_len} tokens x {accumulation} "
+        f"micro-batch{'' if accumulation == 1 else 'es'} = {tokens:,} tokens per step ({fixed})",
     ]
     facts = spec.facts
     memory = estimate_for(train, world, ranks_per_node=spec.nproc_per_node, gpu_memory_bytes=facts.gpu_memory_gib * GIB)

@@ -16,13 +16,16 @@ def _summary(*args: str) -> str:
     return " ".join(result.stderr.split())
 
 
-@pytest.mark.parametrize("nodes", [2, 4, 8, 16])
-def test_every_node_count_trains_on_the_same_tokens_per_step_and_says_so(tmp_path, nodes):
+@pytest.mark.parametrize(
+    ("nodes", "micro_batches"),
+    [(2, "8 micro-batches"), (4, "4 micro-batches"), (8, "2 micro-batches"), (16, "1 micro-batch")],
+)
+def test_every_node_count_trains_on_the_same_tokens_per_step_and_says_so(tmp_path, nodes, micro_batches):
     config = str(profile_file(tmp_path, gpu_nodes__max_size=16, gpu_nodes__desired_size=2))
     summary = _summary("--config", config, "--nodes", str(nodes))
     world = nodes * 8
     assert f"job train: {nodes} x p5.48xlarge, world {world}, model 8b" in summary
-    batch = f"batch: {world} ranks x 2 x 8192 tokens x {128 // world} micro-batches = 2,097,152 tokens per step"
+    batch = f"batch: {world} ranks x 2 x 8192 tokens x {micro_batches} = 2,097,152 tokens per step"
     assert batch in summary
     assert "(data.global_batch_tokens: the same on any node count)" in summary
     assert "checkpoints: every " in summary and " to FSx, node-local every " in summary
