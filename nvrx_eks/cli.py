@@ -17,8 +17,15 @@ from rich.markup import escape
 
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
-from nvrx_eks.jobs.options import FROM_JOB_FLAGS, JobOptions, data_overrides, job_flags
-from nvrx_eks.output_format import OutputFormatOption, check_format, table_console, write_data
+from nvrx_eks.jobs.options import FROM_JOB_FLAGS, JOB_FLAGS, JobOptions, data_overrides, job_flags
+from nvrx_eks.output_format import (
+    ManifestFormatOption,
+    OutputFormatOption,
+    check_format,
+    check_manifest_format,
+    table_console,
+    write_data,
+)
 
 if TYPE_CHECKING:
     from nvrx_eks.deploy.deployment import Deployment
@@ -164,7 +171,9 @@ def demo(
 # ----- training jobs: render, validate, submit, follow, delete -------------------------------
 
 LiveOption = typer.Option(False, "--live", help="Take namespace, claim, image and versions from the deployed stack.")
-OutputOption = typer.Option(None, "--output", "-o", help="Write one file per object into this directory.")
+OutDirOption = typer.Option(
+    None, "--out", help="Write one file per object into this directory instead of stdout (-o: their format)."
+)
 
 
 def _deployment(profile: str | None, config: str | None) -> Deployment:
@@ -180,12 +189,16 @@ def render(
     config: str | None = ConfigOption,
     options: JobOptions = FROM_JOB_FLAGS,
     live: bool = LiveOption,
-    output: Path | None = OutputOption,
+    output: str = ManifestFormatOption,
+    out_dir: Path | None = OutDirOption,
 ) -> None:
     """Render the training job (JobSet or PyTorchJob + trainer ConfigMap + NetworkPolicy) to stdout or a directory."""
     from nvrx_eks.jobs import commands as job_commands
 
-    job_commands.render(_deployment(profile, config), options, live=live, output=output, out=Console(), err=err_console)
+    output = check_manifest_format(output)
+    job_commands.render(
+        _deployment(profile, config), options, live=live, output=output, out_dir=out_dir, err=err_console
+    )
 
 
 @app.command()
@@ -343,10 +356,10 @@ def teardown(
 @app.command()
 def local(
     nproc: int = typer.Option(2, "--nproc", help="CPU ranks (gloo) per simulated node."),
-    nodes: int = typer.Option(1, "--nodes", help="Simulated nodes: one ft_launcher each, own local checkpoint root."),
-    spare_nodes: int = typer.Option(
-        0, "--spare-nodes", min=0, help="Of --nodes, how many wait as hot spares (active world: the rest)."
+    nodes: int = typer.Option(
+        1, "--nodes", help="Active simulated nodes: one ft_launcher each, own local checkpoint root."
     ),
+    spare_nodes: int = JOB_FLAGS["spare_nodes"][1],  # the cluster commands' option: one meaning
     local_interval: int | None = typer.Option(
         None,
         "--local-interval",
@@ -364,7 +377,9 @@ def local(
     port: int | None = typer.Option(None, help="Rendezvous port (P and P+1 are used). Default: a free one."),
     data: Path | None = typer.Option(None, "--data", help="Train on the token shards of a `data prepare` directory."),
     force: bool = typer.Option(
-        False, "--force", help="Start more ranks (--nodes x --nproc) than this machine's CPU cores are allowed."
+        False,
+        "--force",
+        help="Start more ranks ((--nodes + --spare-nodes) x --nproc) than this machine's CPU cores are allowed.",
     ),
     relaunches: int = typer.Option(
         2,
@@ -411,7 +426,7 @@ def rehearse(
     config: str | None = ConfigOption,
     nodes: int = typer.Option(2, "--nodes", min=1, help="Active nodes: one pod each."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="CPU ranks (gloo) per pod, in place of its GPUs."),
-    spare_nodes: int = typer.Option(0, "--spare-nodes", min=0, help="Hot spare nodes beyond --nodes."),
+    spare_nodes: int = JOB_FLAGS["spare_nodes"][1],  # the cluster commands' option: one meaning
     local_interval: int | None = typer.Option(
         None, "--local-interval", min=1, help="Steps between node-local checkpoints (default: the profile's job)."
     ),

@@ -1,6 +1,7 @@
 """`-o table|json|yaml` of the read commands (plan, status, validate, preflight), as kubectl's
-`-o`: a table for people, or the same facts as data on stdout for scripts. Cheap to import: the
-CLI declares its option from here."""
+`-o`: a table for people, or the same facts as data on stdout for scripts; and `render -o
+yaml|json`, the manifests' format (they are data already: no table). Cheap to import: the CLI
+declares its options from here."""
 
 from __future__ import annotations
 
@@ -15,15 +16,38 @@ from rich.console import Console
 from nvrx_eks.facts.errors import ConfigError
 
 FORMATS = ("table", "json", "yaml")
+#: `render -o`: YAML first, as kubectl writes manifests and the golden files hold them.
+MANIFEST_FORMATS = ("yaml", "json")
 
 OutputFormatOption = typer.Option(
     "table", "-o", "--output", help="table (default), json or yaml: what the table shows, as data."
 )
+ManifestFormatOption = typer.Option(
+    "yaml",
+    "-o",
+    "--output",
+    help="yaml (default: one document per object) or json (one kubectl List) on stdout; "
+    "with --out, the files' format (.yaml or .json).",
+)
+
+
+def _choices(formats: tuple[str, ...]) -> str:
+    return f"{', '.join(formats[:-1])} or {formats[-1]}"
 
 
 def check_format(output: str) -> str:
     if output not in FORMATS:
-        raise ConfigError(f"-o/--output {output!r}: use {', '.join(FORMATS[:-1])} or {FORMATS[-1]}")
+        raise ConfigError(f"-o/--output {output!r}: use {_choices(FORMATS)}")
+    return output
+
+
+def check_manifest_format(output: str) -> str:
+    """`render -o`; `-o` once named render's directory, so a value that is no format points to --out."""
+    if output not in MANIFEST_FORMATS:
+        raise ConfigError(
+            f"-o/--output {output!r}: use {_choices(MANIFEST_FORMATS)} "
+            f"(write files into a directory with --out {output})"
+        )
     return output
 
 

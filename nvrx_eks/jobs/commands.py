@@ -34,7 +34,7 @@ from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.job_kinds import JOB_KINDS, Api
 from nvrx_eks.jobs.capacity import NodeLimit, deployed_nodes, live_limits, profile_limit, refuse_beyond
 from nvrx_eks.jobs.options import JobOptions, data_overrides
-from nvrx_eks.jobs.render import RenderedJob, render_job, write_documents
+from nvrx_eks.jobs.render import RenderedJob, list_items, render_job, write_documents
 from nvrx_eks.jobs.spec import JobSpec, build_jobspec, check_faults, check_global_batch, load_train_config
 from nvrx_eks.jobs.summary import job_summary
 from nvrx_eks.jobs.validate import Expectations, ValidationReport, load_documents, validate_documents
@@ -180,16 +180,20 @@ def print_report(report: ValidationReport, console: Console) -> None:
 # ----- commands -----------------------------------------------------------------------------
 
 
-def render(deployment: Deployment, options: JobOptions, *, live: bool, output: Path | None, out: Console, err: Console):
-    if output is not None and output.exists() and not output.is_dir():
-        raise ConfigError(f"--output {output} is a file; give a directory (created if missing) for the manifests")
+def render(
+    deployment: Deployment, options: JobOptions, *, live: bool, output: str, out_dir: Path | None, err: Console
+) -> RenderedJob:
+    """The manifests in `output`'s format (yaml or json) on stdout, or one file per object in
+    `out_dir`; the job summary and the files written on `err`, so stdout holds only data."""
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file; give a directory (created if missing) for the manifests")
     outputs = _stack_outputs(deployment, live)
     rendered = render_job(build_spec(deployment, options, outputs))
     print_summary(rendered.spec, deployment, err)
-    if output is None:
-        sys.stdout.write(rendered.text)
+    if out_dir is None:
+        sys.stdout.write(rendered.formatted(output))
     else:
-        for path in write_documents(rendered, output):
+        for path in write_documents(rendered, out_dir, output):
             err.print(f"wrote {escape(str(path))}")
     return rendered
 
@@ -207,7 +211,7 @@ def validate(
     if path is None:
         documents = checked_documents(render_job(build_spec(deployment, options, outputs)))
     elif path == "-":
-        documents = load_documents(sys.stdin.read(), "standard input")
+        documents = list_items(load_documents(sys.stdin.read(), "standard input"))
     else:
         file = Path(path)
         if file.is_dir():
@@ -220,7 +224,7 @@ def validate(
             raise ConfigError(f"{path} is not a text file (not UTF-8); give a rendered manifest YAML file") from None
         except OSError as e:
             raise ConfigError(f"cannot read {path}: {e.strerror}; check its permissions") from None
-        documents = load_documents(text, path)
+        documents = list_items(load_documents(text, path))
     report = validate_documents(documents, expectations(deployment, outputs))
     print_report(report, console)
     write_data(report_as_data(report), output)

@@ -6,7 +6,7 @@ environment uses StrictUndefined: a variable missing from the context is an erro
 time, never an empty string in a manifest.
 
 Output is YAML text (what `render` prints and the golden files hold) plus the parsed documents
-(what validation and submission use).
+(what validation and submission use, and `render -o json` prints).
 """
 
 from __future__ import annotations
@@ -265,6 +265,29 @@ class RenderedJob:
     def job_document(self) -> dict:
         return next(d for d in self.documents if d["kind"] in job_kinds.JOB_KIND_BY_NAME)
 
+    def formatted(self, output: str) -> str:
+        """All objects in `render -o`'s format: the YAML documents as rendered, or one JSON
+        document, a kubectl `List` (JSON has no multi-document stream); `kubectl apply -f -`
+        takes either."""
+        if output == "yaml":
+            return self.text
+        return _json_text({"apiVersion": "v1", "kind": LIST_KIND, "items": self.documents})
+
+
+#: kubectl's one document holding several objects (its `items`), as `render -o json` prints them.
+LIST_KIND = "List"
+
+
+def list_items(documents: list) -> list:
+    """The objects of loaded documents, each `List` replaced by its items, as kubectl reads them;
+    anything else (a malformed List too) stays as it is, for validation to report."""
+    objects = []
+    for document in documents:
+        is_list = isinstance(document, dict) and document.get("kind") == LIST_KIND
+        items = document.get("items") if is_list else None
+        objects.extend(items if isinstance(items, list) else [document])
+    return objects
+
 
 def render_job(spec: JobSpec) -> RenderedJob:
     """All manifests of the job: the trainer ConfigMap then the JobSet/PyTorchJob, or the
@@ -372,12 +395,17 @@ def nccl_max_bytes(facts: InstanceFacts) -> str:
     return f"{gib}G"
 
 
-def write_documents(rendered: RenderedJob, directory: Path) -> list[Path]:
-    """One file per document, named <kind>-<name>.yaml, for `render --output DIR`."""
+def _json_text(document: dict) -> str:
+    return json.dumps(document, indent=2) + "\n"
+
+
+def write_documents(rendered: RenderedJob, directory: Path, output: str) -> list[Path]:
+    """One file per document, named <kind>-<name>.yaml (or .json for `output` json), for
+    `render --out DIR`."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for text, document in zip(rendered.texts, rendered.documents, strict=True):
-        path = directory / f"{document['kind'].lower()}-{document['metadata']['name']}.yaml"
-        path.write_text(text)
+        path = directory / f"{document['kind'].lower()}-{document['metadata']['name']}.{output}"
+        path.write_text(text if output == "yaml" else _json_text(document))
         paths.append(path)
     return paths

@@ -68,8 +68,8 @@ def test_validate_directory_says_directory(tmp_path):
 def test_render_output_is_an_existing_file(tmp_path):
     target = tmp_path / "manifests"
     target.write_text("keep me")
-    line = _error_line(run_cli("render", "-o", str(target)))
-    assert f"--output {target} is a file" in line and "directory" in line
+    line = _error_line(run_cli("render", "--out", str(target)))
+    assert f"--out {target} is a file" in line and "directory" in line
     assert target.read_text() == "keep me"
 
 

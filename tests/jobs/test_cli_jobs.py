@@ -56,7 +56,7 @@ def test_render_four_nodes_passes_validate(api, tmp_path):
 
 
 def test_render_to_a_directory_writes_one_file_per_object(tmp_path):
-    result = run_cli("render", "--nodes", "2", "-o", str(tmp_path / "out"))
+    result = run_cli("render", "--nodes", "2", "--out", str(tmp_path / "out"))
     assert result.code == 0, result.output
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert files == ["configmap-train-config.yaml", "jobset-train.yaml", "networkpolicy-train.yaml"]
