@@ -11,16 +11,12 @@ from infra.config import DeploymentConfig
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.jobs.spec import JobSpec
 
-#: Below this estimated step time the plan's compute model (FLOPs at an assumed MFU) says little:
-#: launch, communication and Python overheads it leaves out dominate such steps (the tiny preset).
-MODELLED_STEP_S = 0.05
-
 
 def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
     """Rich-markup lines; none for the fabric test."""
     if spec.workload != "train":
         return []
-    from nvrx_eks.ops.plan import duration_text, plan_for_job
+    from nvrx_eks.ops.plan import MODELLED_STEP_S, duration_text, plan_for_job
     from workloads.memory import GIB, describe_checkpointing, estimate_for
 
     train, world = spec.train, spec.world_size
@@ -45,12 +41,13 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
         f"memory: ~{memory.total / GIB:.1f} of {facts.gpu_memory_gib} GiB per {facts.gpu_model}, "
         f"{describe_checkpointing(train, memory)} (`nvrx-eks plan` shows the parts)"
     )
+    no_estimate = f"{facts.gpu_model}: no published bf16 peak to model its steps on"
     try:
         plan = plan_for_job(config, train, spec.nodes)
     except ConfigError:
         plan = None
     if plan is not None and plan.step_time_s < MODELLED_STEP_S:
-        plan = None
+        plan, no_estimate = None, "its steps are too short for the plan's model"
     every = f"every {train.checkpoint.interval_steps} steps"
     if plan is not None:
         every += f" (~{duration_text(train.checkpoint.interval_steps * plan.step_time_s)})"
@@ -65,7 +62,7 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
     else:
         lines.append(f"data: {data.path}")
     if plan is None:
-        lines.append(f"estimate: n/a for model {train.model.preset} (its steps are too short for the plan's model)")
+        lines.append(f"estimate: n/a for model {train.model.preset} ({no_estimate})")
     else:
         run_s = train.steps * plan.step_time_s
         cost = "" if plan.usd_per_hour is None else f", ~${plan.usd_per_hour * run_s / 3600:,.0f} on demand"

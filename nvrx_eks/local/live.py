@@ -26,6 +26,7 @@ from workloads.events import SHARED_LINE_STARTS, RunEvents, load_run, watch_line
 #: long run stays readable, and the event lines still come as they happen.
 PROGRESS_EVERY_S = 10.0
 
+
 def clock(t: float) -> str:
     """An event's wall-clock time as the line shows it (local time)."""
     return time.strftime("%H:%M:%S", time.localtime(t))
@@ -65,9 +66,7 @@ class EventLines:
         took: float | None = None
         if event["event"] == "restart_end" and event["rank"] == 0:
             # The restart's length as the report computes it (a launcher restart has no begin event).
-            lengths = [
-                r.latency_s for r in run.restarts(rank=0) if r.end_t == event["t"] and r.pids[1] == event["pid"]
-            ]
+            lengths = [r.latency_s for r in run.restarts(rank=0) if r.end_t == event["t"] and r.pids[1] == event["pid"]]
             took = lengths[0] if lengths else None
         text = watch_line(event, took)
         if text is not None and text.startswith(SHARED_LINE_STARTS):

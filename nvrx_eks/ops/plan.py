@@ -31,7 +31,6 @@ from rich.table import Table
 
 from infra.config import DeploymentConfig
 from nvrx_eks.facts.errors import ConfigError
-from nvrx_eks.facts.instances import PEAK_BF16_DENSE_TFLOPS
 from nvrx_eks.jobs.options import check_step_time
 from workloads.memory import (
     CHECKPOINT_BYTES_PER_PARAM,
@@ -46,6 +45,7 @@ from workloads.presets import MODEL_PRESETS
 #: unexpected interruptions in 54 days on 16,384 H100 GPUs (2,048 8-GPU nodes):
 #: 54 * 24 * 2048 / 419 = 6,335 node-hours between failures.
 DEFAULT_NODE_MTBF_HOURS = 54 * 24 * 2048 / 419
+NODE_MTBF_SOURCE = "Llama 3: 419 interruptions in 54 days on 2,048 8-GPU nodes, arXiv 2407.21783 sec. 3.3.4"
 #: The largest per-node MTBF `plan` takes: over a thousand years. Beyond it a figure is a typo,
 #: and `inf` or 1e308 overflow the interval arithmetic.
 MAX_NODE_MTBF_HOURS = 1e7
@@ -61,7 +61,7 @@ INPROCESS_FIXED_S = 10.0
 #: pageable shared memory (not a pinned DMA, filesystem_async.py), with a device sync every 8
 #: tensors: a conservative 10 GB/s, half of the ~20 GB/s a pinned copy reaches in practice.
 DEFAULT_D2H_GBPS = 10.0
-#: The model FLOPs utilisation assumed where no step time is given: 40% of an H100's dense bf16
+#: The model FLOPs utilisation assumed where no step time is given: 40% of the GPU's dense bf16
 #: peak. Llama 3 405B pre-training reached 43%, 41% and 38% BF16 MFU (430, 400 and 380 TFLOPs per
 #: GPU) on 8,192 to 16,384 H100s ("The Llama 3 Herd of Models", https://arxiv.org/abs/2407.21783,
 #: Table 4). torchtitan's Llama 3.1 8B with FSDP2 on 8 H100s reaches 5,762 tokens/s per GPU eager
@@ -71,7 +71,9 @@ DEFAULT_D2H_GBPS = 10.0
 #: --step-time-s once one exists.
 ASSUMED_MFU = 0.40
 MFU_SOURCE = "Llama 3 405B pre-training: 38-43% BF16 MFU on H100s (arXiv 2407.21783, Table 4)"
-DEFAULT_EFFECTIVE_TFLOPS_PER_GPU = ASSUMED_MFU * PEAK_BF16_DENSE_TFLOPS["H100"]
+#: Below this modelled step time the compute model (FLOPs at an assumed MFU) says little: launch,
+#: communication and Python overheads it leaves out dominate such steps (the tiny preset).
+MODELLED_STEP_S = 0.05
 
 #: Interruptions by kind, as shares of all unexpected ones: Llama 3 (sec. 3.3.4, Table 5: 419 in
 #: 54 days), this project's grouping of its categories by the layer that recovers them:
@@ -83,6 +85,7 @@ DEFAULT_EFFECTIVE_TFLOPS_PER_GPU = ASSUMED_MFU * PEAK_BF16_DENSE_TFLOPS["H100"]
 #: (The paper's own "~78% hardware" groups the categories differently.) Pass other shares where
 #: a function takes a mix.
 DEFAULT_FAULT_MIX = {"soft": 63 / 419, "network": 42 / 419, "hardware": 314 / 419}
+FAULT_MIX_SOURCE = "Llama 3's interruptions by cause, arXiv 2407.21783 Table 5"
 #: The coordinator's fault rate relative to a GPU node's. It is one CPU host (no GPU, no EFA), so
 #: of Llama 3's categories only the host ones reach it: unplanned host maintenance (32) and the
 #: other host parts (SSD, power supply, chassis, IO board, CPU, memory: 14) of the 419
@@ -285,8 +288,14 @@ def make_plan(
     state_bytes = params * CHECKPOINT_BYTES_PER_PARAM
     assumed_mfu = None if step_time_s is not None else ASSUMED_MFU
     if step_time_s is None:
+        if facts.peak_bf16_tflops is None:
+            raise ConfigError(
+                f"{facts.instance_type}: the {facts.gpu_model} has no published dense bf16 peak "
+                "(nvrx_eks/facts/instances.py), so no step time can be modelled; give --step-time-s with a "
+                "measured one (the step_s of a run's step_end events)"
+            )
         # 6 FLOPs per parameter per token (forward + backward), spread over every GPU.
-        step_time_s = 6 * params * tokens_per_step / (gpus * DEFAULT_EFFECTIVE_TFLOPS_PER_GPU * 1e12)
+        step_time_s = 6 * params * tokens_per_step / (gpus * ASSUMED_MFU * facts.peak_bf16_tflops * 1e12)
     if sync_stall_s is None:
         # Every rank writes its shard to Lustre and waits: bounded by the file system's throughput.
         sync_stall_s = state_bytes / (config.fsx.throughput_mbps * 1e6)
@@ -415,13 +424,20 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
     )
     if plan.assumed_mfu is not None:
         console.print(
-            f"Step time: 6 FLOPs per parameter per token at an assumed {plan.assumed_mfu:.0%} MFU of an "
-            f"H100's {PEAK_BF16_DENSE_TFLOPS['H100']:g} TFLOP/s dense bf16 peak. Source: {plan.step_time_source}. "
-            "Give a measured one with --step-time-s"
+            f"Step time: 6 FLOPs per parameter per token at an assumed {plan.assumed_mfu:.0%} MFU of the "
+            f"{facts.gpu_model}'s {facts.peak_bf16_tflops:g} TFLOP/s dense bf16 peak. Source: "
+            f"{plan.step_time_source}. Give a measured one with --step-time-s"
         )
     console.print(
         f"Failures: node MTBF {plan.node_mtbf_h:,.0f} h -> job MTBF {duration_text(plan.job_mtbf_s)} "
         f"over {plan.nodes} nodes"
+    )
+    mtbf_source = NODE_MTBF_SOURCE if plan.node_mtbf_h == DEFAULT_NODE_MTBF_HOURS else "given"
+    mix = ", ".join(f"{kind} {share:.0%}" for kind, share in DEFAULT_FAULT_MIX.items())
+    mfu = "given step time" if plan.assumed_mfu is None else f"MFU {plan.assumed_mfu:.0%} (above)"
+    console.print(
+        f"Assumptions: node MTBF {plan.node_mtbf_h:,.0f} h ({mtbf_source}; --node-mtbf-hours); faults {mix} "
+        f"({FAULT_MIX_SOURCE}); {mfu}"
     )
     table = Table(title="Checkpoint interval plan (Young/Daly)")
     for column in (
@@ -661,6 +677,12 @@ def run(
         )
 
     result = plan_for(job_nodes)
+    if result.assumed_mfu is not None and result.step_time_s < MODELLED_STEP_S:
+        raise ConfigError(
+            f"model {train.model.preset}: its modelled step ({result.step_time_s:.1e} s) is too short for the "
+            f"plan's compute model (below {MODELLED_STEP_S} s, launch, communication and Python overheads it "
+            "leaves out dominate); give --step-time-s with a measured one (the step_s of a run's step_end events)"
+        )
     print_plan(result, config, train.model.preset, console)
     print_two_tier(result, two_tier_plan(result, node_loss_share), console)
     assert result.memory is not None  # plan_for_job always estimates the job's memory

@@ -125,3 +125,41 @@ def test_plan_at_80_columns_cuts_no_header():
     assert "    goodput: " not in result.stdout
     assert "    node class: coordinator" in result.stdout and "    cost with spares: " in result.stdout
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+def test_the_step_time_is_modelled_on_the_profiles_own_gpu():
+    result = cli_process("plan", "-p", "p5en", env=WIDE_TERMINAL)
+    assert result.returncode == 0, result.stderr
+    assert "MFU of the H200's 989 TFLOP/s dense bf16 peak" in result.stdout
+
+
+def test_a_gpu_without_a_published_peak_needs_a_measured_step_time():
+    """g5's A10G has no published dense bf16 peak: no H100 figure stands in for it."""
+    refused = cli_process("plan", "-p", "g5-smoke", env=WIDE_TERMINAL)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "the A10G has no published dense bf16 peak" in refused.stderr and "--step-time-s" in refused.stderr
+    given = cli_process("plan", "-p", "g5-smoke", "--step-time-s", "0.5", env=WIDE_TERMINAL)
+    assert given.returncode == 0, given.stderr
+    assert "~0.50 s per step" in given.stdout and "H100" not in given.stdout
+
+
+def test_a_tiny_model_is_refused_a_modelled_step_time(tmp_path):
+    """Its FLOPs at the assumed MFU give microseconds per step: interval plans of millions of steps."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text("model:\n  preset: tiny\n")
+    refused = cli_process("plan", "--train-config", str(config), env=WIDE_TERMINAL)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "model tiny: its modelled step" in refused.stderr and "--step-time-s" in refused.stderr
+    given = cli_process("plan", "--train-config", str(config), "--step-time-s", "0.2", env=WIDE_TERMINAL)
+    assert given.returncode == 0, given.stderr
+
+
+def test_plan_states_its_assumptions_and_their_sources():
+    default = " ".join(cli_process("plan", env=WIDE_TERMINAL).stdout.split())
+    assert "Assumptions: node MTBF 6,335 h (Llama 3: 419 interruptions in 54 days" in default
+    assert "faults soft 15%, network 10%, hardware 75% (Llama 3's interruptions by cause" in default
+    assert "MFU 40% (above)" in default
+    given = " ".join(
+        cli_process("plan", "--node-mtbf-hours", "1000", "--step-time-s", "3", env=WIDE_TERMINAL).stdout.split()
+    )
+    assert "Assumptions: node MTBF 1,000 h (given; --node-mtbf-hours)" in given and "given step time" in given

@@ -33,7 +33,7 @@ def test_plan_prints_the_assumption_and_its_source_and_json_carries_them():
     text = cli_process("plan", env=WIDE_TERMINAL)
     assert text.returncode == 0, text.stderr
     printed = " ".join(text.stdout.split())
-    assert f"assumed {ASSUMED_MFU:.0%} MFU of an H100's 989 TFLOP/s dense bf16 peak. Source: {MFU_SOURCE}" in printed
+    assert f"assumed {ASSUMED_MFU:.0%} MFU of the H100's 989 TFLOP/s dense bf16 peak. Source: {MFU_SOURCE}" in printed
     data = json.loads(cli_process("plan", "-o", "json").stdout)
     assert data["assumed_mfu"] == ASSUMED_MFU and data["step_time_source"] == MFU_SOURCE
     measured = json.loads(cli_process("plan", "-o", "json", "--step-time-s", "10").stdout)
