@@ -690,6 +690,6 @@ def run(
     from nvrx_eks.ops.plan_spares import print_fault_classes, print_spares, spares_table  # it builds on this module
 
     print_fault_classes(result, console)
-    print_scaling(config, plan_for, [result.nodes, 16, 128, 1024, 2048], console)
+    print_scaling(config, plan_for, sorted({result.nodes, 16, 128, 1024, 2048}), console)
     print_spares(spares_table(plan_for, [2, 8, 32, 128, 512, 1024]), console)
     return result

@@ -17,6 +17,7 @@ from nvrx_eks.ops.plan import (
     young_interval,
 )
 from tests.support.cli_process import WIDE_TERMINAL, cli_process
+from tests.support.profiles import profile_file
 from workloads.memory import CHECKPOINT_BYTES_PER_PARAM, parameter_count
 from workloads.presets import MODEL_PRESETS
 
@@ -163,3 +164,12 @@ def test_plan_states_its_assumptions_and_their_sources():
         cli_process("plan", "--node-mtbf-hours", "1000", "--step-time-s", "3", env=WIDE_TERMINAL).stdout.split()
     )
     assert "Assumptions: node MTBF 1,000 h (given; --node-mtbf-hours)" in given and "given step time" in given
+
+
+def test_the_scaling_table_has_one_row_per_node_count(tmp_path):
+    """--nodes 16 is also one of the table's own rows: it is shown once."""
+    profile = profile_file(tmp_path, gpu_nodes__max_size=16)
+    text = cli_process("plan", "-c", str(profile), "--nodes", "16", env=WIDE_TERMINAL).stdout
+    table = text.split("The same job at scale")[1].split("└")[0]
+    rows = [line.split("│")[1].strip() for line in table.splitlines() if "│" in line]
+    assert rows == ["16", "128", "1024", "2048"]
