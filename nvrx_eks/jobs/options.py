@@ -96,7 +96,8 @@ JOB_FLAGS: dict[str, tuple[object, Any]] = {
             0,
             "--spare-nodes",
             min=0,
-            help="Hot spare nodes beyond --nodes (JobSet): they replace a lost node in process.",
+            help="Hot spare nodes launched beyond the --nodes active ones: only those train (spares change "
+            "neither the world nor the global batch), and a spare takes a lost node's place in process.",
         ),
     ),
 }
