@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
+from boto3.exceptions import S3UploadFailedError
+from botocore.exceptions import BotoCoreError, ClientError
 from rich.console import Console
 
 from infra.config import DeploymentConfig
+from nvrx_eks.deploy.stack_outputs import aws_error
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.jobs.spec import FSX_MOUNT_PATH
 from workloads.shards import MANIFEST_NAME, read_manifest
@@ -82,7 +85,13 @@ def upload(config: DeploymentConfig, shard_dir: Path, url: str, console: Console
     files = [shard_dir / s["file"] for s in manifest["shards"]] + [shard_dir / MANIFEST_NAME]
     for index, file in enumerate(files, start=1):
         key = f"{prefix}/{file.name}" if prefix else file.name
-        s3_client.upload_file(str(file), bucket, key)
+        try:
+            s3_client.upload_file(str(file), bucket, key)
+        except (BotoCoreError, ClientError, S3UploadFailedError) as e:
+            # The manifest goes last: a job sees no part of a set whose upload stopped early.
+            # boto3 wraps S3's ClientError (raised while handling it): the ClientError names the code.
+            cause = e.__context__ if isinstance(e.__context__, ClientError) else e
+            raise aws_error(cause, config, f"uploading {file.name} to s3://{bucket}/{key}") from None
         console.print(f"[{index}/{len(files)}] s3://{bucket}/{key}", markup=False, highlight=False)
     console.print(f"in the pods: {path_in_pods} (render/submit --data {path_in_pods})", markup=False, highlight=False)
     return path_in_pods

@@ -17,9 +17,12 @@ from moto import mock_aws
 from nvrx_eks.data.prepare import prepare
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from tests.support import cli_harness
 from tests.support.cli_harness import run_cli
 from workloads.config import TrainConfig
 from workloads.shards import MANIFEST_NAME, read_manifest, shard_files
+
+no_credentials = cli_harness.no_credentials
 
 
 def stdlib_text(limit_bytes: int) -> list[Path]:
@@ -239,6 +242,22 @@ def test_upload_outside_the_associated_prefix_is_refused(tmp_path):
     result = run_cli("data", "upload", str(root), "s3://nvrx-data/elsewhere/corpus")
     assert result.code == 2
     assert "fsx.data_bucket_prefix" in result.stderr and "s3://BUCKET/data/NAME" in result.stderr
+
+
+def test_upload_without_credentials_exits_2_with_one_line(tmp_path, no_credentials):
+    root = _prepared(tmp_path)
+    result = run_cli("data", "upload", str(root), "s3://nvrx-data/data/corpus")
+    assert result.code == 2 and "Traceback" not in result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert "no AWS credentials found while uploading" in line and "aws configure sso" in line
+
+
+@mock_aws
+def test_upload_to_a_bucket_that_does_not_exist_exits_2_naming_it(tmp_path):
+    root = _prepared(tmp_path)
+    result = run_cli("data", "upload", str(root), "s3://no-such-bucket/data/corpus")
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert "NoSuchBucket" in result.stderr and "s3://no-such-bucket/data/corpus/" in result.stderr
 
 
 @mock_aws
