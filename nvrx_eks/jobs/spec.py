@@ -439,7 +439,7 @@ def check_faults(spec: JobSpec) -> None:
         if fault.rank >= limit:
             raise ConfigError(
                 f"--faults: {fault.label} targets {unit} {fault.rank}, but --nodes {spec.nodes} gives "
-                f"{limit} active {unit}s; use a {unit} below {limit}"
+                f"{limit} active {unit}{'' if limit == 1 else 's'}; use a {unit} below {limit}"
             )
 
 
