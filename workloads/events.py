@@ -360,6 +360,23 @@ def fault_label(fault: dict[str, Any]) -> str:
     return f"{fault['kind']}@{fault['step']}:{fault_target(fault)}"
 
 
+def split_first_saves(stalls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """checkpoint_stall events, oldest first, as (the first save of each process, the rest). A
+    process's first save is warm-up, not the steady cost: NVRx's checkpoint worker starts and the
+    staging buffers are allocated (seconds on CPU, against milliseconds after). A launcher restart
+    starts new processes, each warming up again; an in-process restart keeps its process and,
+    where usable, its worker: its saves are steady. A process is its host and
+    pid, as in `started_since`."""
+    seen: set[tuple[Any, int]] = set()
+    first: list[dict[str, Any]] = []
+    steady: list[dict[str, Any]] = []
+    for stall in stalls:
+        process = (stall.get("host"), stall["pid"])
+        (steady if process in seen else first).append(stall)
+        seen.add(process)
+    return first, steady
+
+
 #: How each restart layer is named to people (live lines, reports).
 LAYER_NAMES = {"inprocess": "in-process", "launcher": "ft_launcher", "kubernetes": "JobSet"}
 

@@ -8,15 +8,24 @@ from pathlib import Path
 import pytest
 
 from nvrx_eks.bench.analysis import goodput
-from nvrx_eks.local.report import MAX_BARS_PER_LANE_COLOUR, analyze, draw_timeline, merged_bars, plot_timeline
+from nvrx_eks.local.report import (
+    MAX_BARS_PER_LANE_COLOUR,
+    analyze,
+    draw_timeline,
+    merged_bars,
+    plot_timeline,
+    print_breakdown,
+)
+from nvrx_eks.local.throughput_chart import FAULT_COLOUR, draw_throughput
 from tests.support.cli_process import WIDE_TERMINAL, cli_process
-from workloads.events import RunEvents, load_run, summarize
+from workloads.events import RunEvents, load_run, split_first_saves, summarize
 
 
 def _write_run(run_dir: Path) -> None:
-    """Two ranks, 1 s steps, a checkpoint every 4 steps (0.5 s stall), an exception at step 6
-    on rank 1 recovered in process (resume from 4), a SIGKILL at step 10 recovered by the
-    launcher (new pids, resume from 8)."""
+    """Two ranks, 1 s steps (1000 tokens/s), a checkpoint every 4 steps (the first save of each
+    process a 2 s stall, its warm-up, the others 0.5 s), an exception at step 6 on rank 1
+    recovered in process (resume from 4), a SIGKILL at step 10 recovered by the launcher (new
+    pids, resume from 8)."""
     events: dict[int, list[dict]] = {0: [], 1: []}
 
     def emit(rank, t, event, pid, cycle=0, iteration=0, **fields):
@@ -25,6 +34,7 @@ def _write_run(run_dir: Path) -> None:
              "iteration": iteration, **fields}
         )  # fmt: skip
 
+    saved_by: set[int] = set()  # the pids that saved once (every rank's pids differ)
     for rank in (0, 1):
         pid = 100 + rank
         t = 0.0
@@ -36,14 +46,17 @@ def _write_run(run_dir: Path) -> None:
             for step in range(first, last + 1):
                 emit(rank, t, "step_start", pid, cycle, iteration, step=step)
                 t += 1.0
-                emit(rank, t, "step_end", pid, cycle, iteration, step=step, loss=1.0, step_s=1.0)
+                throughput = {"tokens_per_s": 1000.0, "tokens_per_s_per_gpu": 500.0, "mfu": None}
+                emit(rank, t, "step_end", pid, cycle, iteration, step=step, loss=1.0, step_s=1.0, **throughput)
                 if step % 4 == 0:
-                    t += 0.5
-                    emit(rank, t, "checkpoint_stall", pid, cycle, iteration, step=step, stall_s=0.5)
+                    stall_s = 0.5 if pid in saved_by else 2.0
+                    saved_by.add(pid)
+                    t += stall_s
+                    emit(rank, t, "checkpoint_stall", pid, cycle, iteration, step=step, stall_s=stall_s)
                     emit(rank, t + 0.3, "checkpoint_write_end", pid, cycle, iteration, step=step, write_s=0.3)
             return t
 
-        t = steps(1, 5, t, pid)  # 5 steps + 1 save = 10.5 s
+        t = steps(1, 5, t, pid)  # 5 steps + 1 save = 12 s
         if rank == 1:
             emit(rank, t, "fault_injected", pid, kind="exception", step=6, target_rank=1)
         emit(rank, t + 1.0, "restart_begin", pid, layer="inprocess")
@@ -74,8 +87,8 @@ def test_breakdown_accounts_for_every_second(run_dir):
     assert b.final_step == 12
     assert b.productive_s == pytest.approx(12.0)  # each step counted once, at its last execution
     assert b.replayed_s == pytest.approx(2.0)  # steps 5 and 9 ran twice
-    assert b.checkpoint_stall_s == pytest.approx(0.5 * 3)  # saves at steps 4, 8 and 12
-    assert b.saves == 3 and b.median_stall_s == pytest.approx(0.5)
+    assert b.checkpoint_stall_s == pytest.approx(2.0 + 0.5 + 2.0)  # saves at steps 4, 8 and 12
+    assert b.saves == 3 and b.median_stall_s == pytest.approx(2.0)
     assert b.restarts == {"inprocess": 1, "launcher": 1}
     total = b.productive_s + b.checkpoint_stall_s + b.replayed_s + b.recovery_s + b.other_s
     assert total == pytest.approx(b.wall_s)
@@ -111,13 +124,120 @@ def test_timeline_marks_every_fault(run_dir, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _rgb(colour) -> tuple[float, ...]:
+    """A drawn or legend colour without its alpha (restart windows are drawn lighter than their key)."""
+    from matplotlib.colors import to_rgb
+
+    return tuple(round(c, 3) for c in to_rgb(colour))
+
+
+def _legend_colours(legend) -> dict[str, tuple[float, ...]]:
+    """Each legend entry's label and colour (a patch's face, a line's colour)."""
+    handles = legend.legend_handles
+    return {
+        text.get_text(): _rgb(h.get_facecolor() if hasattr(h, "get_facecolor") else h.get_color())
+        for text, h in zip(legend.get_texts(), handles, strict=True)
+    }
+
+
+def _timeline_bars(fig) -> dict[tuple[int, tuple[float, ...]], list[tuple[float, float]]]:
+    """(lane, colour) -> the (start, width) of each bar of that colour in that lane, by start."""
+    out: dict[tuple[int, tuple[float, ...]], list[tuple[float, float]]] = {}
+    for collection in fig.axes[0].collections:
+        for path in collection.get_paths():
+            xs, ys = path.vertices[:, 0], path.vertices[:, 1]
+            key = (round(ys.min() + 0.3), _rgb(collection.get_facecolor()[0]))
+            out.setdefault(key, []).append((round(xs.min(), 6), round(xs.max() - xs.min(), 6)))
+    return {key: sorted(bars) for key, bars in out.items()}
+
+
+def test_timeline_draws_each_process_first_save_as_warm_up(run_dir):
+    import matplotlib.pyplot as plt
+
+    run = load_run(run_dir)
+    fig, _ = draw_timeline(run, analyze(run))
+    legend = _legend_colours(fig.legends[0])
+    warm_up, steady = legend["first save of a process (warm-up)"], legend["checkpoint stall"]
+    assert warm_up != steady
+    bars = _timeline_bars(fig)
+    plt.close(fig)
+    for lane in (0, 1):
+        # pid 10x's first save (step 4, at 9 s) and the new pid 20x's after the launcher
+        # restart (step 12, at 32.5 s); step 8, saved by pid 10x after its in-process restart, is steady.
+        assert bars[(lane, warm_up)] == [(9.0, 2.0), (32.5, 2.0)]
+        assert bars[(lane, steady)] == [(19.0, 0.5)]
+
+
+def test_breakdown_splits_first_save_warm_up_from_steady_saves(run_dir):
+    from io import StringIO
+
+    from rich.console import Console
+
+    b = analyze(load_run(run_dir))
+    # Two processes per rank (before and after the launcher restart), each warming up once.
+    assert (b.first_saves, b.first_save_stall_s) == (2, pytest.approx(4.0))
+    assert b.steady_median_stall_s == pytest.approx(0.5)
+    out = StringIO()
+    print_breakdown(b, run_dir, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "median 500 ms over 1 steady save (first saves of 2 processes: 4.0 s of warm-up)" in text
+    cells = [line.split("│")[1:3] for line in text.splitlines() if line.count("│") == 4]
+    rows = {name.strip(): seconds.strip() for name, seconds in cells}
+    assert rows["checkpoint stalls: steady"] == "0.5"
+    assert rows["checkpoint stalls: first saves (warm-up)"] == "4.0"
+
+
+def test_a_process_is_its_host_and_pid():
+    def stall(host, pid, step):
+        return {"event": "checkpoint_stall", "host": host, "pid": pid, "step": step, "stall_s": 1.0}
+
+    stalls = [stall("a", 7, 5), stall("b", 7, 5), stall("a", 7, 10), stall("b", 8, 10)]
+    first, steady = split_first_saves(stalls)
+    assert first == [stalls[0], stalls[1], stalls[3]]  # the same pid on another host is another process
+    assert steady == [stalls[2]]
+
+
+def test_throughput_marks_each_fault_on_both_panels(run_dir):
+    import matplotlib.pyplot as plt
+
+    fig = draw_throughput(load_run(run_dir))
+    for ax in fig.axes:
+        lines = [line for line in ax.lines if _rgb(line.get_color()) == _rgb(FAULT_COLOUR)]
+        assert [list(line.get_xdata()) for line in lines] == [[6, 6], [10, 10]]
+        assert [t.get_text().strip() for t in ax.texts] == ["exception@6:1", "sigkill@10:1"]
+        assert "fault injected" in [t.get_text() for t in ax.get_legend().get_texts()]
+    plt.close(fig)
+
+
+def test_every_colour_drawn_has_a_legend_entry(run_dir):
+    import matplotlib.pyplot as plt
+
+    run = load_run(run_dir)
+    throughput = draw_throughput(run)
+    for ax in throughput.axes:
+        # Each panel's key holds exactly its curves and the fault lines (the grid is not a line).
+        drawn = {_rgb(line.get_color()) for line in ax.lines}
+        assert drawn == set(_legend_colours(ax.get_legend()).values()), ax.get_ylabel()
+    plt.close(throughput)
+    timeline, _ = draw_timeline(run, analyze(run))
+    ax = timeline.axes[0]
+    drawn = {_rgb(c.get_facecolor()[0]) for c in ax.collections}
+    drawn |= {_rgb(p.get_facecolor()) for p in ax.patches} | {_rgb(line.get_color()) for line in ax.lines}
+    legend = _legend_colours(timeline.legends[0])
+    plt.close(timeline)
+    assert legend["first save of a process (warm-up)"] in drawn
+    assert drawn <= set(legend.values())
+
+
 def test_report_command(run_dir, tmp_path):
     out_json = tmp_path / "breakdown.json"
     result = cli_process("report", str(run_dir), "--json", str(out_json), env=WIDE_TERMINAL)
     assert result.returncode == 0, result.stderr
     assert "in-process" in result.stdout and "ft_launcher" in result.stdout
     assert (run_dir / "timeline.png").exists()
-    assert json.loads(out_json.read_text())["restarts"] == {"inprocess": 1, "launcher": 1}
+    breakdown = json.loads(out_json.read_text())
+    assert breakdown["restarts"] == {"inprocess": 1, "launcher": 1}
+    assert (breakdown["first_saves"], breakdown["first_save_stall_s"]) == (2, pytest.approx(4.0))
 
 
 def test_report_on_a_missing_directory_exits_2(tmp_path):
