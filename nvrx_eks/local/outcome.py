@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nvrx_eks.local.report import format_restarts
+from nvrx_eks.local.report import analyze, format_restarts, format_stalls
 from workloads.events import RunEvents, load_run, summarize
 
 
@@ -124,13 +124,9 @@ def print_report(
         table.add_row(
             "local copy skipped", escape(f"rank {skipped['origin_rank']} step {skipped['step']}: {skipped['reason']}")
         )
-    median_stall_s = report.median_stall_s  # None when the run saved nothing
-    if median_stall_s is not None:
-        table.add_row(
-            "checkpoint stall",
-            f"median {median_stall_s * 1000:.1f} ms, max "
-            f"{max(report.stalls_s) * 1000:.1f} ms over {len(report.stalls_s)} saves",
-        )
+    if report.stalls_s:
+        # The steady saves apart from each process's first (warm-up), as `report` gives them.
+        table.add_row("checkpoint stall", format_stalls(analyze(run)))
     table.add_row("goodput", f"{report.goodput:.1%} (replayed steps: {replayed_steps(directory, run)})")
     summary = run_dir / "summary.json"
     if summary.is_file() and summary.stat().st_mtime >= started_at:

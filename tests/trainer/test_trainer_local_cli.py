@@ -53,6 +53,7 @@ def test_local_run_with_exception_and_sigkill_prints_summary(tmp_path, tmp_path_
         "fault sigkill@40:0",
         "recovered by launcher",
         "checkpoint stall",
+        "s of warm-up)",  # each process's first save apart from the steady ones
         "goodput",
     ):
         assert expected in out, out
