@@ -6,7 +6,7 @@
    project rules).
 3. Train on CPU with 2 ranks under ft_launcher while faults are injected: an exception and a
    hang (recovered in process), and a SIGKILL (recovered by ft_launcher).
-4. Print where the time went and write the timeline PNG.
+4. Print where the time went and write the timeline and the loss/throughput PNGs.
 """
 
 from __future__ import annotations
