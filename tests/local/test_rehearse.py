@@ -29,7 +29,7 @@ from nvrx_eks.rehearse.jobset import JobState, jobset_action
 from nvrx_eks.rehearse.pods import SUBSTITUTIONS, NodeDirs, PodIdentity, create_argv
 from nvrx_eks.rehearse.runner import execute, prepare, split_faults
 from nvrx_eks.rehearse.runtime import CONTAINERD_SECCOMP, REHEARSAL_LABEL, Podman
-from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair
+from tests.support.trainer_fixtures import clean_two_node_summary, exclusive_trainer_runs
 
 
 def _jobset(**kwargs) -> dict:
@@ -220,18 +220,6 @@ def test_the_rehearsed_pod_differs_from_the_rendered_one_only_by_the_substitutio
     assert _differences(_rendered_pod(prepared.run.root), inspected, image_env) == set(SUBSTITUTIONS)
 
 
-def _local_state(tmp_path: Path, steps: int) -> str:
-    from nvrx_eks.local.runner import run_local
-
-    run_dir = tmp_path / "local"
-    code = run_local(
-        nproc=1, nodes=2, steps=steps, faults="", run_dir=run_dir, preset="tiny", checkpoint_interval=10,
-        backend="nvrx", port=port_pair(), console=Console(file=io.StringIO()),
-    )  # fmt: skip
-    assert code == 0
-    return json.loads((run_dir / "summary.json").read_text())["state_sha256"]
-
-
 def _no_container_left(podman: Podman) -> None:
     left = podman.run(["ps", "-a", "--filter", f"label={REHEARSAL_LABEL}", "--format", "{{.Names}}"]).stdout
     assert left.split() == []
@@ -240,26 +228,22 @@ def _no_container_left(podman: Podman) -> None:
 @pytest.mark.slow
 @pytest.mark.xdist_group("trainer_runs")
 def test_rehearsals_of_the_p5_pods_end_as_the_bare_process_run_does(tmp_path, tmp_path_factory, podman):
-    """Acceptance: a clean rehearsal and one with a trainer fault, a deleted pod and a killed pod
-    end with the state of `nvrx-eks local` on the same world; each fault is recovered by its
+    """Acceptance: a rehearsal with a trainer fault, a deleted pod and a killed pod ends with the
+    state of `nvrx-eks local` on the same world (its clean run); each fault is recovered by its
     layer; the p5 pod's ranks start under containerd's profile (they bind to their NUMA node
     themselves); no container is left."""
+    expected = clean_two_node_summary(tmp_path_factory)["state_sha256"]
     with exclusive_trainer_runs(tmp_path_factory):
         # 40 steps: past the pod-kill's step 25 the run still has 15 steps (about 1.5 s), time
         # for the runner's poll to see it before the run ends.
-        expected = _local_state(tmp_path, steps=40)
-        clean = _prepare(tmp_path / "clean", podman, steps=40)
-        assert execute(clean) == 0
         faults = "exception@9:1,pod-stop@15:1,pod-kill@25:0"
         faulted = _prepare(tmp_path / "faults", podman, steps=40, faults=faults)
         assert execute(faulted) == 0
-    for prepared in (clean, faulted):
-        summary = json.loads((prepared.trainer_dir / "summary.json").read_text())
-        assert summary["state_sha256"] == expected
     _no_container_left(podman)
-    log = (clean.run.root / "pod-logs" / "train-worker-0-0-a0.log").read_text()
+    log = (faulted.run.root / "pod-logs" / "train-worker-0-0-a0.log").read_text()
     assert "numa: local rank 0 bound to NUMA node 0" in log
     summary = json.loads((faulted.trainer_dir / "summary.json").read_text())
+    assert summary["state_sha256"] == expected
     layers = {f["fault"]: f.get("layer") for f in summary["faults"]}
     assert layers == {"exception@9:1": "inprocess", "pod-stop@15:1": "kubernetes", "pod-kill@25:0": "kubernetes"}
     record = json.loads((faulted.run.root / "rehearsal.json").read_text())

@@ -85,6 +85,7 @@ def local_run(
     interval: int = 5,
     backend: str = "nvrx",
     nproc: int = 2,
+    nodes: int = 1,
     overrides: tuple[str, ...] = (),
 ) -> dict:
     """Run the trainer under ft_launcher like `nvrx-eks local` and return local_run.json."""
@@ -92,6 +93,7 @@ def local_run(
 
     run_local(
         nproc=nproc,
+        nodes=nodes,
         steps=steps,
         faults=faults,
         run_dir=run_dir,
@@ -131,6 +133,14 @@ def shared_local_run(tmp_path_factory, name: str, **kwargs) -> Path:
         if not (run_dir / "local_run.json").is_file():
             local_run(run_dir, **kwargs)
     return run_dir
+
+
+def clean_two_node_summary(tmp_path_factory) -> dict:
+    """summary.json of the clean run on two nodes of one rank (40 steps, a checkpoint every 10)
+    that the spares and the rehearsal compare their faulted runs with: run once per session.
+    Not from inside exclusive_trainer_runs (it takes that lock itself)."""
+    run_dir = shared_local_run(tmp_path_factory, "clean-2x1-40", steps=40, interval=10, nproc=1, nodes=2)
+    return json.loads((run_dir / "summary.json").read_text())
 
 
 def processes_mentioning(text: str) -> list[psutil.Process]:
