@@ -194,7 +194,7 @@ def render(
         sys.stdout.write(rendered.formatted(output))
     else:
         for path in write_documents(rendered, out_dir, output):
-            err.print(f"wrote {escape(str(path))}")
+            err.print(f"wrote {escape(str(path))}", soft_wrap=True)  # a path is one unbroken line
     return rendered
 
 

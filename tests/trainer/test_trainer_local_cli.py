@@ -18,7 +18,14 @@ from workloads.events import load_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
 
-CLI = [sys.executable, "-c", "from nvrx_eks.cli import main; main()"]
+#: Ctrl-C raises KeyboardInterrupt in the command, as in a terminal, whatever the test runner's own
+#: SIGINT disposition (a runner started in the background by a shell without job control ignores
+#: SIGINT, and its children would inherit that).
+CLI = [
+    sys.executable,
+    "-c",
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); from nvrx_eks.cli import main; main()",
+]
 
 
 def test_local_run_with_exception_and_sigkill_prints_summary(tmp_path, tmp_path_factory):
