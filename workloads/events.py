@@ -389,22 +389,6 @@ REASON_CHARS = 100
 SHARED_LINE_STARTS = ("fault ", "cannot continue: ")
 
 
-class FirstOfShared:
-    """Which watched lines a watcher shows: every line, except the copies of one several ranks
-    wrote for one happening (SHARED_LINE_STARTS), after its first."""
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-
-    def shows(self, line: str) -> bool:
-        if not line.startswith(SHARED_LINE_STARTS):
-            return True
-        if line in self._seen:
-            return False
-        self._seen.add(line)
-        return True
-
-
 def _short(reason: str) -> str:
     first = reason.strip().splitlines()[0] if reason.strip() else ""
     return first if len(first) <= REASON_CHARS else first[: REASON_CHARS - 1] + "…"

@@ -14,7 +14,7 @@ from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.training_metrics import EVENT_LINE
 from nvrx_eks.jobs.client import JobClient, api_error
 from nvrx_eks.jobs.status import gpus_per_pod, node_rank
-from workloads.events import FirstOfShared
+from workloads.events import SHARED_LINE_STARTS
 
 
 def stream_logs(
@@ -86,11 +86,18 @@ class EventLineFilter:
     several ranks log for one happening (a node-loss on each rank of its node), only the first."""
 
     def __init__(self) -> None:
-        self._shared = FirstOfShared()
+        self._shown: set[str] = set()
 
     def __call__(self, line: str) -> bool:
         found = EVENT_LINE.search(line)
-        return found is not None and self._shared.shows(found["text"].strip())
+        if found is None:
+            return False
+        text = found["text"].strip()
+        if text.startswith(SHARED_LINE_STARTS):
+            if text in self._shown:
+                return False
+            self._shown.add(text)
+        return True
 
 
 def _log_lines(client: JobClient, pod: k8s.V1Pod, *, follow: bool, tail_lines: int | None) -> Iterator[str]:

@@ -16,7 +16,7 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
     """Rich-markup lines; none for the fabric test."""
     if spec.workload != "train":
         return []
-    from nvrx_eks.ops.plan import duration_text, plan_for_job
+    from nvrx_eks.ops.plan import MODELLED_STEP_S, duration_text, plan_for_job
     from workloads.memory import GIB, describe_checkpointing, estimate_for
 
     train, world = spec.train, spec.world_size
@@ -46,7 +46,7 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
         plan = plan_for_job(config, train, spec.nodes)
     except ConfigError:
         plan = None
-    if plan is not None and plan.step_too_short_to_model:
+    if plan is not None and plan.step_time_s < MODELLED_STEP_S:
         plan, no_estimate = None, "its steps are too short for the plan's model"
     every = f"every {train.checkpoint.interval_steps} steps"
     if plan is not None:

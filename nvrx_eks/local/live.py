@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.status import Status
 
-from workloads.events import FirstOfShared, RunEvents, load_run, watch_line
+from workloads.events import SHARED_LINE_STARTS, RunEvents, load_run, watch_line
 
 #: Without a terminal, the progress (step, loss) is a plain line at most this often: a log of a
 #: long run stays readable, and the event lines still come as they happen.
@@ -39,7 +39,7 @@ class EventLines:
         self._described: set[tuple[Any, ...]] = set()
         #: Lines that stand for several events: a fault every rank of a node recorded, an error
         #: each rank met.
-        self._shared = FirstOfShared()
+        self._once: set[str] = set()
 
     def new_lines(self, run: RunEvents) -> list[str]:
         """From all the run's events so far (a poll reads them all again)."""
@@ -69,7 +69,11 @@ class EventLines:
             lengths = [r.latency_s for r in run.restarts(rank=0) if r.end_t == event["t"] and r.pids[1] == event["pid"]]
             took = lengths[0] if lengths else None
         text = watch_line(event, took)
-        return text if text is not None and self._shared.shows(text) else None
+        if text is not None and text.startswith(SHARED_LINE_STARTS):
+            if text in self._once:
+                return None
+            self._once.add(text)
+        return text
 
 
 def progress_text(run: RunEvents) -> str | None:

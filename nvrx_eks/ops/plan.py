@@ -261,11 +261,6 @@ class Plan:
     #: pod restart for every fault, the NVRx one recovers each by its layer (no spares).
     goodput_by_layer: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def step_too_short_to_model(self) -> bool:
-        """A modelled (not given) step time below MODELLED_STEP_S: no estimate of the job's."""
-        return self.assumed_mfu is not None and self.step_time_s < MODELLED_STEP_S
-
     def lost_cost_per_day(self, plan: StrategyPlan, at_optimal: bool = True) -> float | None:
         if self.usd_per_hour is None:
             return None
@@ -682,7 +677,7 @@ def run(
         )
 
     result = plan_for(job_nodes)
-    if result.step_too_short_to_model:
+    if result.assumed_mfu is not None and result.step_time_s < MODELLED_STEP_S:
         raise ConfigError(
             f"model {train.model.preset}: its modelled step ({result.step_time_s:.1e} s) is too short for the "
             f"plan's compute model (below {MODELLED_STEP_S} s, launch, communication and Python overheads it "
