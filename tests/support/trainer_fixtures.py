@@ -38,12 +38,10 @@ def coordinator_serving(port: int, nnodes: int | str = 1, rdzv_id: str = "nvrx-e
         stop_coordinator(coordinator)
 
 
-def single_rank_config(run_dir: Path, monkeypatch: pytest.MonkeyPatch, steps: int, *settings: str):
-    """A trainer config of one rank in this process (gloo, no in-process layer, no checkpoints,
-    then `settings`), for a test that runs the trainer's attempt (workloads.train.train_attempt)
-    in its own process; with the environment ft_launcher gives a world of one rank."""
+def single_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment ft_launcher gives a world of one rank, for a test that runs the trainer's
+    attempt (workloads.train.train_attempt) in its own process."""
     from nvrx_eks.local.runner import free_port_pair
-    from workloads.config import TrainConfig
 
     for name, value in {
         "RANK": "0",
@@ -53,14 +51,6 @@ def single_rank_config(run_dir: Path, monkeypatch: pytest.MonkeyPatch, steps: in
         "MASTER_PORT": str(free_port_pair()),
     }.items():
         monkeypatch.setenv(name, value)
-    base = [
-        f"run_dir={run_dir}",
-        f"steps={steps}",
-        "distributed.backend=gloo",
-        "inprocess.enabled=false",
-        "checkpoint.backend=none",
-    ]
-    return TrainConfig.from_dict({}, "x", [*base, *settings])
 
 
 @pytest.fixture

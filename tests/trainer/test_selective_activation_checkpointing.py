@@ -18,7 +18,7 @@ from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import INSTANCE_FACTS
 from nvrx_eks.facts.job_presets import JOB_PRESETS
 from tests.support.cli_harness import run_cli
-from tests.support.trainer_fixtures import single_rank_config
+from tests.support.trainer_fixtures import single_rank_env
 from workloads.config import TrainConfig
 from workloads.memory import AUTO_FILL_SHARE, GIB, check_fits, estimate_for
 from workloads.model import checkpointed_block_indices
@@ -196,7 +196,16 @@ def _run(run_dir, monkeypatch, *sets: str) -> list[dict]:
     from workloads.process_state import ProcessState
     from workloads.train import train_attempt
 
-    cfg = single_rank_config(run_dir, monkeypatch, 6, *sets)
+    settings = [
+        f"run_dir={run_dir}",
+        "steps=6",
+        "distributed.backend=gloo",
+        "inprocess.enabled=false",
+        "checkpoint.backend=none",
+        *sets,
+    ]
+    cfg = TrainConfig.from_dict({}, "x", settings)
+    single_rank_env(monkeypatch)
     assert train_attempt(ProcessState(cfg, 0, 1, None)) == {"status": "completed"}
     return load_run(run_dir).events
 

@@ -10,8 +10,26 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.support.trainer_fixtures import single_rank_config
+from tests.support.trainer_fixtures import single_rank_env
+from workloads.config import TrainConfig
 from workloads.device import Runtime
+
+
+def _one_rank_config(tmp_path, monkeypatch, steps: int) -> TrainConfig:
+    """A run of one rank in this process (gloo, no in-process layer, no checkpoints) and the
+    environment ft_launcher would give it."""
+    single_rank_env(monkeypatch)
+    return TrainConfig.from_dict(
+        {},
+        "x",
+        [
+            f"run_dir={tmp_path}",
+            f"steps={steps}",
+            "distributed.backend=gloo",
+            "inprocess.enabled=false",
+            "checkpoint.backend=none",
+        ],
+    )
 
 
 def _overwrite_step_reduces(monkeypatch, overwrite) -> None:
@@ -51,7 +69,7 @@ def test_a_step_whose_all_reduce_returns_what_no_rank_sent_raises(tmp_path, monk
     from workloads.train import train_attempt
 
     bad_step = 3
-    cfg = single_rank_config(tmp_path, monkeypatch, steps=5)
+    cfg = _one_rank_config(tmp_path, monkeypatch, steps=5)
 
     def aborted_at_bad_step(count, tensor):
         if count == bad_step:
@@ -152,7 +170,7 @@ def test_the_same_step_diverging_again_after_the_restart_ends_the_job(tmp_path, 
     from workloads.process_state import ProcessState
     from workloads.train import Unrecoverable, train_attempt
 
-    cfg = single_rank_config(tmp_path, monkeypatch, steps=4)
+    cfg = _one_rank_config(tmp_path, monkeypatch, steps=4)
 
     def diverges_at_step_3(count, tensor):
         if count % 3 == 0:  # step 3 of each attempt (no checkpoint before it)

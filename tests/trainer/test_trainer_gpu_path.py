@@ -19,7 +19,7 @@ from infra.config import resolve_config
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.job_presets import JOB_PRESETS
 from nvrx_eks.jobs.spec import build_jobspec, load_train_config
-from tests.support.trainer_fixtures import single_rank_config
+from tests.support.trainer_fixtures import single_rank_env
 from workloads.config import TrainConfig
 from workloads.memory import (
     GIB,
@@ -478,7 +478,18 @@ def test_one_host_sync_per_step(tmp_path, monkeypatch):
     from workloads.train import train_attempt
 
     steps = 6
-    cfg = single_rank_config(tmp_path, monkeypatch, steps)
+    cfg = TrainConfig.from_dict(
+        {},
+        "x",
+        [
+            f"run_dir={tmp_path}",
+            f"steps={steps}",
+            "distributed.backend=gloo",
+            "inprocess.enabled=false",
+            "checkpoint.backend=none",
+        ],
+    )
+    single_rank_env(monkeypatch)
     syncs = []
     for method in ("item", "tolist"):
         real = getattr(torch.Tensor, method)
