@@ -1,5 +1,5 @@
 """containerd's RuntimeDefault seccomp profile for podman (nvrx_eks/rehearse/seccomp/), and its
-generator (scripts/containerd_seccomp.py).
+provenance: entry by entry the profile containerd's own source builds on linux/amd64.
 
 The committed profile is checked for what the rehearsal relies on: memory-policy syscalls only
 with CAP_SYS_NICE (containerd, unlike podman's own profile), CPU affinity always, a denying
@@ -10,8 +10,10 @@ lets numactl through (the control that shows the failure is the profile's).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -20,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from scripts.containerd_seccomp import ShapeError, generate, main
 from tests.support import REPO_ROOT
 
 SECCOMP_DIR = REPO_ROOT / "nvrx_eks" / "rehearse" / "seccomp"
@@ -97,180 +98,213 @@ def test_clone_without_cap_sys_admin_is_namespace_free_and_clone3_is_enosys(prof
 
 
 # ---------------------------------------------------------------------------------------------
-# The generator, on a source shaped like containerd's
+# Provenance: the committed profile is containerd's DefaultProfile for linux/amd64, entry by entry
 # ---------------------------------------------------------------------------------------------
 
-SOURCE = """//go:build linux
+#: containerd's file, unmodified (tests/upstream/README.md), and its git blob id at tag v2.2.4
+#: (commit 193637f7ee8ae5f5aa5248f49e7baa3e6164966e): the copy is byte for byte upstream's.
+UPSTREAM_SOURCE = REPO_ROOT / "tests" / "upstream" / "containerd" / "seccomp_default.go"
+UPSTREAM_BLOB = "d48983dd6c073c5b5462fe42eaad9446fd285357"
+SOURCE_LABEL = "containerd v2.2.4 contrib/seccomp/seccomp_default.go"
+#: The oldest kernel of the EKS AL2023 AMIs (6.1; 6.12 and 6.18 are newer): a kernel-version test
+#: it passes holds on every node, so its entries are unconditional (podman's schema has no kernel
+#: condition).
+MIN_NODE_KERNEL = (6, 1)
 
-package seccomp
-
-import (
-	"runtime"
-
-	"golang.org/x/sys/unix"
-
-	"github.com/containerd/containerd/v2/pkg/kernelversion"
-	"github.com/opencontainers/runtime-spec/specs-go"
-)
-
-func arches() []specs.Arch {
-	switch runtime.GOARCH {
-	case "amd64":
-		return []specs.Arch{specs.ArchX86_64, specs.ArchX86, specs.ArchX32}
-	case "arm64":
-		return []specs.Arch{specs.ArchARM, specs.ArchAARCH64}
-	default:
-		return []specs.Arch{}
-	}
+#: What the Go file's names mean on linux/amd64 (runtime-spec specs-go/config.go,
+#: golang.org/x/sys/unix zerrors_linux.go).
+SPECS = {
+    "specs.ActAllow": "SCMP_ACT_ALLOW",
+    "specs.ActErrno": "SCMP_ACT_ERRNO",
+    "specs.OpEqualTo": "SCMP_CMP_EQ",
+    "specs.OpLessThan": "SCMP_CMP_LT",
+    "specs.OpGreaterThan": "SCMP_CMP_GT",
+    "specs.OpMaskedEqual": "SCMP_CMP_MASKED_EQ",
+    "specs.ArchX86_64": "SCMP_ARCH_X86_64",
+    "specs.ArchX86": "SCMP_ARCH_X86",
+    "specs.ArchX32": "SCMP_ARCH_X32",
+}
+UNIX = {
+    "unix.AF_ALG": 38,
+    "unix.AF_VSOCK": 40,
+    "unix.ENOSYS": 38,
+    "unix.CLONE_NEWNS": 0x00020000,
+    "unix.CLONE_NEWCGROUP": 0x02000000,
+    "unix.CLONE_NEWUTS": 0x04000000,
+    "unix.CLONE_NEWIPC": 0x08000000,
+    "unix.CLONE_NEWUSER": 0x10000000,
+    "unix.CLONE_NEWPID": 0x20000000,
+    "unix.CLONE_NEWNET": 0x40000000,
 }
 
-// DefaultProfile defines the allowed syscalls for the default seccomp profile.
-func DefaultProfile(sp *specs.Spec) *specs.LinuxSeccomp {
-	nosys := uint(unix.ENOSYS)
-	syscalls := []specs.LinuxSyscall{
-		{
-			Names: []string{
-				"read",
-				"sched_setaffinity", // a comment
-			},
-			Action: specs.ActAllow,
-			Args:   []specs.LinuxSeccompArg{},
-		},
-		{
-			Names:  []string{"socket"},
-			Action: specs.ActAllow,
-			Args: []specs.LinuxSeccompArg{
-				{
-					Index: 0,
-					Value: unix.AF_ALG + 1,
-					Op:    specs.OpEqualTo,
-				},
-			},
-		},
-	}
 
-	s := &specs.LinuxSeccomp{
-		DefaultAction: specs.ActErrno,
-		Architectures: arches(),
-		Syscalls:      syscalls,
-	}
-
-	if ok, err := kernelversion.GreaterEqualThan(
-		kernelversion.KernelVersion{Kernel: 4, Major: 8}); err == nil {
-		if ok {
-			s.Syscalls = append(s.Syscalls, specs.LinuxSyscall{
-				Names:  []string{"ptrace"},
-				Action: specs.ActAllow,
-				Args:   []specs.LinuxSeccompArg{},
-			})
-		}
-	}
-
-	switch runtime.GOARCH {
-	case "arm", "arm64":
-		s.Syscalls = append(s.Syscalls, specs.LinuxSyscall{
-			Names:  []string{"set_tls"},
-			Action: specs.ActAllow,
-		})
-	case "amd64":
-		s.Syscalls = append(s.Syscalls, specs.LinuxSyscall{
-			Names:  []string{"arch_prctl"},
-			Action: specs.ActAllow,
-		})
-	}
-
-	admin := false
-	for _, c := range sp.Process.Capabilities.Bounding {
-		switch c {
-		case "CAP_SYS_ADMIN":
-			admin = true
-			s.Syscalls = append(s.Syscalls, specs.LinuxSyscall{
-				Names:  []string{"mount"},
-				Action: specs.ActAllow,
-				Args:   []specs.LinuxSeccompArg{},
-			})
-		case "CAP_SYS_NICE":
-			s.Syscalls = append(s.Syscalls, specs.LinuxSyscall{
-				Names:  []string{"mbind"},
-				Action: specs.ActAllow,
-				Args:   []specs.LinuxSeccompArg{},
-			})
-		}
-	}
-
-	if !admin {
-		s.Syscalls = append(s.Syscalls, specs.LinuxSyscall{
-			Names:    []string{"clone3"},
-			Action:   specs.ActErrno,
-			ErrnoRet: &nosys,
-		})
-	}
-
-	return s
-}
-"""
+def _go_int(expression: str) -> int:
+    """An integer expression of the file: literals and unix constants joined by `|` or `+`."""
+    value, operator = 0, "|"
+    for token in re.findall(r"[|+]|[\w.]+", expression):
+        if token in "|+":
+            operator = token
+            continue
+        number = UNIX[token] if token in UNIX else int(token, 0)
+        value = value | number if operator == "|" else value + number
+    return value
 
 
-def test_generator_translates_each_condition():
-    out = generate(SOURCE, "src.go")
-    assert out["defaultAction"] == "SCMP_ACT_ERRNO" and out["defaultErrnoRet"] == 1
-    assert out["architectures"] == ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"]
-    by_name = {e["names"][0]: e for e in out["syscalls"]}
-    assert list(by_name) == ["read", "socket", "ptrace", "arch_prctl", "mount", "mbind", "clone3"]
-    assert by_name["read"]["names"] == ["read", "sched_setaffinity"]
-    assert by_name["read"]["includes"] == {} and by_name["read"]["excludes"] == {}
-    assert by_name["socket"]["args"] == [{"index": 0, "value": 39, "valueTwo": 0, "op": "SCMP_CMP_EQ"}]
-    assert by_name["ptrace"]["includes"] == {} and "kernel >= 4.8" in by_name["ptrace"]["comment"]
-    assert by_name["arch_prctl"]["includes"] == {"arches": ["amd64"]}
-    assert by_name["mount"]["includes"] == {"caps": ["CAP_SYS_ADMIN"]}
-    assert by_name["mbind"]["includes"] == {"caps": ["CAP_SYS_NICE"]}
-    assert by_name["clone3"]["excludes"] == {"caps": ["CAP_SYS_ADMIN"]}
-    assert by_name["clone3"]["errnoRet"] == 38 and by_name["clone3"]["action"] == "SCMP_ACT_ERRNO"
-    assert by_name["mbind"]["comment"].startswith("src.go:")
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip("\t"))
 
 
-def test_generator_cli_writes_the_profile(tmp_path):
-    source = tmp_path / "seccomp_default.go"
-    source.write_text(SOURCE)
-    assert main([str(source), "-o", str(tmp_path / "out.json"), "--label", "containerd vX"]) == 0
-    written = json.loads((tmp_path / "out.json").read_text())
-    assert written["syscalls"][0]["comment"].startswith("containerd vX:")
+def _block(lines: list[str], start: int) -> str:
+    """The text from the `{` ending line `start` (0-based) to its matching `}`."""
+    depth, out = 0, []
+    for line in lines[start:]:
+        code = line.split("//")[0]
+        out.append(code)
+        depth += code.count("{") - code.count("}")
+        if depth == 0:
+            return "\n".join(out)
+    raise AssertionError(f"unbalanced braces from line {start + 1}")
 
 
-@pytest.mark.parametrize(
-    ("old", "new", "complaint"),
-    [
-        ("//go:build linux", "//go:build !linux", "go:build linux"),
-        ('Names:  []string{"mbind"},', 'Names:  []string{"mbind"},\n\t\t\t\tComment: "x",', "LinuxSyscall.Comment"),
-        ("admin := false", "admin := false\n\tfmt.Println(admin)", "only assignments"),
-        ('case "CAP_SYS_NICE":', 'default:\n\t\t\tadmin = true\n\t\tcase "CAP_SYS_NICE":', "default case"),
-        ("unix.AF_ALG + 1", "unix.AF_NETLINK", "unix.AF_NETLINK"),
-        ("Kernel: 4, Major: 8", "Kernel: 6, Major: 8", "no minKernel"),
-        ("specs.ActAllow,\n\t\t\tArgs:   []specs.LinuxSeccompArg{},\n\t\t},", "specs.ActNope,\n\t\t},", "ActNope"),
-        ("\t\tSyscalls:      syscalls,\n", "\t\tSyscalls:      syscalls,\n\t\tFlags: nil,\n", "LinuxSeccomp.Flags"),
-        ("if !admin {", "if admin {", "if condition"),
-        ('switch runtime.GOARCH {\n\tcase "arm"', 'switch runtime.GOOS {\n\tcase "arm"', "runtime.GOOS"),
-        ("return s\n", "", "without return"),
-        (
-            'case "CAP_SYS_NICE":',
-            'case "CAP_SYS_NICE":\n\t\t\ts.Syscalls = []specs.LinuxSyscall{}',
-            "conditional assignment",
-        ),
-        ('case "CAP_SYS_NICE":', 'case "CAP_SYS_NICE":\n\t\t\treturn s', "return that depends"),
-    ],
+def _enclosing(lines: list[str], index: int) -> list[int]:
+    """The lines of the constructs around line `index` (0-based), innermost first: each opener
+    with less indentation, and for a `case` also its `switch` (gofmt puts both at one
+    indentation)."""
+    chain, threshold, i = [], _indent(lines[index]), index - 1
+    while i >= 0 and threshold > 0:
+        line = lines[i]
+        if line.strip() and _indent(line) < threshold:
+            chain.append(i)
+            threshold = _indent(line)
+            if line.strip().startswith(("case ", "default:")):
+                while not lines[i].strip().startswith("switch "):  # up to this case's switch
+                    i -= 1
+                chain.append(i)
+        i -= 1
+    return chain
+
+
+def _switch_cases(lines: list[str], switch: int) -> list[str]:
+    """The `case`/`default` lines of the switch opened on line `switch`."""
+    block = _block(lines, switch).splitlines()
+    return [line.strip() for line in block if _indent(line) == _indent(lines[switch]) and line.strip() != "}"][1:]
+
+
+#: Constructs around a literal that make no condition of their own.
+_NEUTRAL = (
+    "func DefaultProfile(",
+    "syscalls := []specs.LinuxSyscall{",
+    "if ok, err := kernelversion.GreaterEqualThan(",
+    "for _, c := range sp.Process.Capabilities.Bounding {",
+    "switch c {",
+    "switch runtime.GOARCH {",
 )
-def test_generator_refuses_what_it_does_not_understand(old, new, complaint):
-    assert old in SOURCE
-    with pytest.raises(ShapeError, match=complaint):
-        generate(SOURCE.replace(old, new, 1))
 
 
-def test_generator_cli_fails_without_writing(tmp_path, capsys):
-    source = tmp_path / "seccomp_default.go"
-    source.write_text(SOURCE.replace("specs.OpEqualTo", "specs.OpSomething"))
-    assert main([str(source), "-o", str(tmp_path / "out.json")]) == 1
-    assert not (tmp_path / "out.json").exists()
-    assert "no profile written" in capsys.readouterr().err
+def _conditions(lines: list[str], chain: list[int], source: str) -> tuple[dict, dict, bool] | None:
+    """(includes, excludes, whether amd64 builds it) of a literal from its enclosing constructs,
+    as podman's schema states them; None for a construct this check does not know."""
+    includes: dict = {}
+    excludes: dict = {}
+    amd64 = True
+    for k, line in enumerate(chain):
+        construct = lines[line].strip()
+        switch = lines[chain[k + 1]].strip() if construct.startswith(("case ", "default:")) else ""
+        if switch == "switch c {":  # in: for _, c := range sp.Process.Capabilities.Bounding
+            includes["caps"] = re.findall(r'"(CAP_\w+)"', construct)
+        elif switch == "switch runtime.GOARCH {":
+            listed = {a for case in _switch_cases(lines, chain[k + 1]) for a in re.findall(r'"(\w+)"', case)}
+            amd64 = '"amd64"' in construct or (construct == "default:" and "amd64" not in listed)
+            includes["arches"] = ["amd64"]
+        elif construct == "if !admin {":
+            assert 'case "CAP_SYS_ADMIN":\n\t\t\tadmin = true' in source
+            excludes["caps"] = ["CAP_SYS_ADMIN"]
+        elif construct == "if ok {":
+            kernel = re.search(r"KernelVersion\{Kernel: (\d+), Major: (\d+)\}", source)
+            assert kernel and tuple(map(int, kernel.groups())) <= MIN_NODE_KERNEL, "a kernel test not every node passes"
+        elif not construct.startswith(_NEUTRAL):
+            return None
+    return includes, excludes, amd64
+
+
+def _entry(lines: list[str], index: int, source: str) -> dict | None:
+    """The profile entry containerd builds on linux/amd64 from the LinuxSyscall literal opened on
+    line `index` (0-based), or None when amd64 never builds it."""
+    chain = _enclosing(lines, index)
+    conditions = _conditions(lines, chain, source)
+    assert conditions is not None, f"line {index + 1}: a construct this check does not know: {chain}"
+    includes, excludes, amd64 = conditions
+    if not amd64:
+        return None
+    block = _block(lines, index)
+    names_part = block[block.index("Names:") : block.index("Action:")]
+    action = re.search(r"Action:\s*(specs\.\w+)", block)
+    entry = {
+        "names": re.findall(r'"([^"]+)"', names_part),
+        "action": SPECS[action[1]],
+        "args": [
+            {"index": int(i), "value": _go_int(value), "valueTwo": int(two or 0), "op": SPECS[op]}
+            for i, value, two, op in re.findall(
+                r"Index:\s*(\d+),\s*Value:\s*([^,]+),(?:\s*ValueTwo:\s*(\d+),)?\s*Op:\s*(specs\.\w+)", block
+            )
+        ],
+        "includes": includes,
+        "excludes": excludes,
+    }
+    if "ErrnoRet: &nosys" in block:
+        assert "nosys := uint(unix.ENOSYS)" in source
+        entry["errnoRet"] = UNIX["unix.ENOSYS"]
+    return entry
+
+
+def upstream_profile_entries(source: str) -> list[tuple[int, dict]]:
+    """(Go line, entry) of every LinuxSyscall literal of DefaultProfile that amd64 builds, in the
+    file's order."""
+    lines = source.splitlines()
+    body = lines.index("func DefaultProfile(sp *specs.Spec) *specs.LinuxSeccomp {")
+    found = []
+    for i in range(body, len(lines)):
+        line = lines[i]
+        opens_literal = line.rstrip().endswith("specs.LinuxSyscall{") and "[]specs" not in line
+        opens_list_item = line.strip() == "{" and lines[i + 1].strip().startswith("Names:")
+        if opens_literal or opens_list_item:
+            entry = _entry(lines, i, source)
+            if entry is not None:
+                found.append((i + 1, entry))
+    return found
+
+
+def test_the_vendored_source_is_containerds_own_file():
+    data = UPSTREAM_SOURCE.read_bytes()
+    assert hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == UPSTREAM_BLOB
+
+
+def test_the_profile_is_containerds_default_profile_for_amd64(profile):
+    """Each entry is the LinuxSyscall literal its comment names (names, action, arguments, errno),
+    under the conditions around it (capability cases, the !admin block, the GOARCH switch); and
+    every literal amd64 builds has its entry, in the file's order."""
+    source = UPSTREAM_SOURCE.read_text()
+    expected = upstream_profile_entries(source)
+    assert [e["comment"].split(";")[0] for e in profile["syscalls"]] == [f"{SOURCE_LABEL}:{n}" for n, _ in expected]
+    for entry, (_, want) in zip(profile["syscalls"], expected, strict=True):
+        assert {k: v for k, v in entry.items() if k != "comment"} == want, entry["comment"]
+    arches = re.search(r'case "amd64":\n\t\treturn \[\]specs.Arch\{([^}]*)\}', source)
+    assert arches and profile["architectures"] == [SPECS[a.strip()] for a in arches[1].split(",")]
+    assert "DefaultAction: specs.ActErrno," in source and profile["defaultAction"] == "SCMP_ACT_ERRNO"
+    assert "DefaultErrnoRet" not in source  # so runc's EPERM, which the profile states
+
+
+def test_the_check_sees_a_changed_literal(profile):
+    """The check is not vacuous: a syscall moved out of a capability case, or an argument changed,
+    no longer matches the committed profile."""
+    source = UPSTREAM_SOURCE.read_text()
+    moved = source.replace('case "CAP_SYS_NICE":', 'case "CAP_SYS_NICE", "CAP_IPC_LOCK":', 1)
+    changed = source.replace("Value: unix.AF_ALG + 1,", "Value: unix.AF_ALG + 2,", 1)
+    for variant in (moved, changed):
+        assert variant != source
+        assert [e for _, e in upstream_profile_entries(variant)] != [
+            {k: v for k, v in e.items() if k != "comment"} for e in profile["syscalls"]
+        ]
 
 
 # ---------------------------------------------------------------------------------------------
