@@ -244,7 +244,7 @@ def status(
 
     deployment, console = _deployment(profile, config), table_console(check_format(output))
     if job_commands.status(deployment, name, console, output) is not None and name is not None:
-        from nvrx_eks.jobs.last_metrics import last_metrics
+        from nvrx_eks.jobs.logs import last_metrics
 
         for line in last_metrics(job_commands.job_client(deployment, console), name):
             console.print(f"last metrics: {escape(line)}", highlight=False, soft_wrap=True)

@@ -1,4 +1,7 @@
-"""`nvrx-eks logs`: the job's pod logs, every node prefixed `nodeN |`, one node's, or one rank's lines."""
+"""`nvrx-eks logs`: the job's pod logs, every node prefixed `nodeN |`, one node's, or one rank's lines;
+and the last metrics a job logged: rank 0's latest `step N loss ...` and `eval step N loss ...`
+lines (nvrx_eks.facts.training_metrics.METRICS_LINE) in node 0's pod log, which `status NAME`
+reads from the end of that log and `logs NAME --follow` repeats when the stream ends."""
 
 from __future__ import annotations
 
@@ -11,10 +14,14 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from nvrx_eks.facts import job_names
 from nvrx_eks.facts.errors import ConfigError
-from nvrx_eks.facts.training_metrics import EVENT_LINE
+from nvrx_eks.facts.training_metrics import EVENT_LINE, METRICS_LINE
 from nvrx_eks.jobs.client import JobClient, api_error
 from nvrx_eks.jobs.status import gpus_per_pod, node_rank
 from workloads.events import SHARED_LINE_STARTS
+
+#: How far back `status` searches: log_every steps apart, rank 0's lines are among the last few
+#: hundred even with every rank's warnings interleaved.
+TAIL_LINES = 2000
 
 
 def stream_logs(
@@ -50,8 +57,6 @@ def stream_logs(
             raise ConfigError(f"--node/--rank: node {node} does not exist; the job has {len(pods)} pods")
         pods = selected
     write = write or (lambda line: client.console.print(line, markup=False, highlight=False, soft_wrap=True))
-    from nvrx_eks.jobs.last_metrics import LastMetrics
-
     latest = LastMetrics()  # rank 0's, repeated when a follow ends
     lock = threading.Lock()
     count = 0
@@ -124,3 +129,29 @@ def _log_lines(client: JobClient, pod: k8s.V1Pod, *, follow: bool, tail_lines: i
             yield buffered.decode(errors="replace")
     finally:
         response.release_conn()
+
+
+class LastMetrics:
+    """The latest training-metrics line and the latest evaluation line of the lines seen."""
+
+    def __init__(self) -> None:
+        self._latest: dict[str, str] = {}
+
+    def see(self, line: str) -> None:
+        found = METRICS_LINE.search(line)
+        if found:
+            self._latest["eval" if found["eval"] else "train"] = line.strip()
+
+    def lines(self) -> list[str]:
+        return [self._latest[kind] for kind in ("train", "eval") if kind in self._latest]
+
+
+def last_metrics(client: JobClient, name: str) -> list[str]:
+    """From the end of node 0's log (rank 0 runs there), if the job has pods."""
+    kind, _ = client.find(name)
+    pods = [p for p in client.pods(kind, name) if node_rank(p) == 0]
+    latest = LastMetrics()
+    for pod in pods[:1]:
+        for line in _log_lines(client, pod, follow=False, tail_lines=TAIL_LINES):
+            latest.see(line)
+    return latest.lines()
