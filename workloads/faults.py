@@ -58,6 +58,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvrx_eks.facts.run_layout import coordinator_pidfile
+
 FAULT_KINDS = (
     "exception",
     "hang",
@@ -176,10 +178,8 @@ def _kill_own_node() -> None:
 
 def _kill_coordinator(run_dir: Path) -> bool:
     """SIGKILL the launch's coordinator; False when this rank cannot see it (no pidfile: a pod)."""
-    from workloads.launch import COORDINATOR_PIDFILE
-
     try:
-        pid = int((run_dir / "pids" / COORDINATOR_PIDFILE).read_text())
+        pid = int(coordinator_pidfile(run_dir).read_text())
         os.kill(pid, signal.SIGKILL)
     except (OSError, ValueError):
         return False

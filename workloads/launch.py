@@ -38,10 +38,6 @@ def _seconds(value: float | None) -> str:
 #: unless this says they are simulated nodes (`nvrx-eks local --nodes`, rehearsed pods).
 MULTI_LAUNCHER_ENV = "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE"
 
-#: Where a local launch records its coordinator's pid, under the run directory's pids/ (the
-#: coordinator-loss fault reads it; in pods no rank can see the coordinator's process).
-COORDINATOR_PIDFILE = "coordinator.pid"
-
 #: The in-process store listens this far above the rendezvous endpoint's port.
 _STORE_PORT_OFFSET = 1
 

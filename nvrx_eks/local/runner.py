@@ -32,6 +32,7 @@ from rich.markup import escape
 
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from nvrx_eks.facts.run_layout import coordinator_pidfile
 from nvrx_eks.local.launcher_command import ft_launcher_command
 from nvrx_eks.local.live import LiveView
 from nvrx_eks.local.outcome import print_report, stop_reason
@@ -40,7 +41,6 @@ from workloads.config import TrainConfig
 from workloads.events import JOBSET_ATTEMPT_ENV, load_run
 from workloads.faults import parse_fault_spec, target_limit
 from workloads.launch import (
-    COORDINATOR_PIDFILE,
     MULTI_LAUNCHER_ENV,
     build_coordinator_argv,
     build_ft_launcher_argv,
@@ -631,8 +631,9 @@ def start_launch(
     launcher.log, node N to launcher-nodeN.log)."""
     with open(run_dir / "coordinator.log", "ab") as log_file:
         coordinator = start_coordinator(cfg, nnodes, port, env, log_file)
-    (run_dir / "pids").mkdir(exist_ok=True)
-    (run_dir / "pids" / COORDINATOR_PIDFILE).write_text(str(coordinator.pid))
+    pidfile = coordinator_pidfile(run_dir)
+    pidfile.parent.mkdir(exist_ok=True)
+    pidfile.write_text(str(coordinator.pid))
     tracker.sample(coordinator.pid)
     launchers = []
     for n, argv in enumerate(launcher_argvs):
