@@ -387,9 +387,10 @@ def build_jobspec(
         default_image = NCCL_TESTS_IMAGE
     train = require_efa_where_expected(train or TrainConfig.model_validate({}), instance_type)
     if spare_nodes:
-        train = TrainConfig.from_dict(
-            train.model_dump(mode="json"), source="--spare-nodes", overrides=[f"distributed.spare_nodes={spare_nodes}"]
-        )
+        # A copy with the one field changed: rebuilt from a full dump, every field would count as
+        # set, and the defaults that follow (run directory, local tier, MFU peak) would be skipped.
+        distributed = train.distributed.model_copy(update={"spare_nodes": spare_nodes})
+        train = train.model_copy(update={"distributed": distributed})
     train = for_gpu_nodes(resolve_train_paths(with_local_tier(peak_tflops_from_facts(train, instance_type)), name))
     try:
         spec = JobSpec(
