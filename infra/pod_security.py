@@ -23,9 +23,19 @@ On the cluster, Pod Security Admission cannot exempt one capability: `enforce: b
 reject every training pod. So PSA only warns and audits against `restricted` (users see what a pod
 lacks), its enforce level stays `privileged`, and every baseline control is enforced by a CEL
 policy bound to the namespace, with two exceptions: IPC_LOCK may be added, and a reviewed
-allow-list of host directories may be mounted, each only by a subdirectory (a job's own). The
-offline validator checks the same controls (pod_security_violations). ValidatingAdmissionPolicy is
-GA since Kubernetes 1.30.
+allow-list of host directories may be mounted. The offline validator checks the same controls
+(pod_security_violations). ValidatingAdmissionPolicy is GA since Kubernetes 1.30.
+
+Two rules go beyond baseline and keep one job's pods out of every other job's files. Both name
+the pod's job by its JOB_LABEL label, which the job templates set to the job's name:
+- a PersistentVolumeClaim (the shared FSx claim) is mounted writable only at the job's own run
+  directory, subPath `runs/<job>` or below it (nvrx_eks.facts.job_names.run_dir_on_claim); every
+  other mount of it is readOnly, so a pod reads datasets and other runs and changes none of them;
+- an allowed host directory is mounted only by subPath `<job>` exactly: its root holds every job's
+  node-local checkpoint copies on the node.
+A pod without the label gets neither. The label is what the pod's creator says it is: anyone who
+may create pods in the namespace can label one as another job's and write that job's directories.
+The rules stop a pod from reaching past the job it names, not a creator from naming another job.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from nvrx_eks.facts.job_names import APP_INSTANCE_LABEL, run_dir_on_claim
 from nvrx_eks.facts.names import TRAINING_NAMESPACE
 
 #: The only capability a trainer container adds (EFA memory registration, see above).
@@ -46,7 +57,7 @@ FABRIC_TEST_CAPABILITIES = TRAINER_CAPABILITIES + SSHD_CAPABILITIES
 #: `${MNT_DIR}/0`, MNT_DIR defaulting to /mnt/k8s-disks.
 NODE_LOCAL_STORAGE_MOUNT = "/mnt/k8s-disks/0"
 #: The node-local checkpoint tier's root on the node (workloads.checkpoint.local_tier); each job's pods mount
-#: their own subdirectory of it (subPath = the job's name), never the root itself.
+#: their own subdirectory of it (subPath = the job's name, JOB_LABEL), never the root itself.
 LOCAL_CHECKPOINT_HOST_PATH = f"{NODE_LOCAL_STORAGE_MOUNT}/nvrx-eks-checkpoints"
 
 #: hostPath volumes a pod may mount, each reviewed. Anything else on the node is out of reach.
@@ -57,6 +68,10 @@ LOCAL_CHECKPOINT_HOST_PATH = f"{NODE_LOCAL_STORAGE_MOUNT}/nvrx-eks-checkpoints"
 HOST_PATH_ALLOW_LIST: tuple[str, ...] = (LOCAL_CHECKPOINT_HOST_PATH,)
 
 SECCOMP_PROFILE = "RuntimeDefault"
+
+#: The pod label naming the pod's job (the job templates set it to the job's name): the claim's
+#: run directory and the host directory a pod may write are that job's (see the module doc).
+JOB_LABEL = APP_INSTANCE_LABEL
 
 # Pod Security Standards "baseline" (Kubernetes v1.35), control by control: what a pod may set.
 #: The capabilities a container may add.
@@ -144,15 +159,17 @@ def _list(value) -> list:
 def pod_security_violations(
     pod_spec: dict,
     *,
+    labels: dict | None = None,
     annotations: dict | None = None,
     allowed_capabilities: frozenset[str] = PSS_BASELINE_CAPABILITIES,
     allowed_host_paths: tuple[str, ...] = (),
 ) -> list[Violation]:
     """Every Pod Security Standards "baseline" control (kubernetes.io/docs/concepts/security/
-    pod-security-standards) over a pod's spec and annotations, with this project's exceptions:
-    `allowed_capabilities` are all a container may add (baseline's set, or the few a pod of this
-    project needs), `allowed_host_paths` the hostPath volumes accepted (baseline allows none;
-    ours: HOST_PATH_ALLOW_LIST), each mounted only by a fixed subdirectory of its own."""
+    pod-security-standards) over a pod's spec, labels and annotations, with this project's
+    exceptions: `allowed_capabilities` are all a container may add (baseline's set, or the few a
+    pod of this project needs), `allowed_host_paths` the hostPath volumes accepted (baseline allows
+    none; ours: HOST_PATH_ALLOW_LIST), each mounted only by the job's own subdirectory; and the
+    rule that a claim is writable only in the job's own run directory (the module doc)."""
     problems: list[Violation] = []
     for flag in ("hostNetwork", "hostPID", "hostIPC"):
         if pod_spec.get(flag):
@@ -168,14 +185,17 @@ def pod_security_violations(
                     f"{name} is not a safe sysctl (baseline's list: infra/pod_security.py)",
                 )
             )
-    allowed_volumes = set()
+    job = _dict(labels).get(JOB_LABEL)
+    mounts = _MountRules(job if isinstance(job, str) and job else None, writable_claims=set(), host_directories=set())
     for i, volume in enumerate(_list(pod_spec.get("volumes"))):
         volume = _dict(volume)
+        if "persistentVolumeClaim" in volume and _dict(volume["persistentVolumeClaim"]).get("readOnly") is not True:
+            mounts.writable_claims.add(volume.get("name"))
         if "hostPath" not in volume:
             continue
         host_path = _dict(volume["hostPath"]).get("path")
         if host_path in allowed_host_paths:
-            allowed_volumes.add(volume.get("name"))
+            mounts.host_directories.add(volume.get("name"))
         elif allowed_host_paths:
             problems.append(
                 Violation(
@@ -190,7 +210,7 @@ def pod_security_violations(
         for j, container in enumerate(_list(pod_spec.get(section))):
             if isinstance(container, dict):
                 where = ("spec", section, j)
-                problems += _container_problems(where, container, allowed_capabilities, allowed_volumes)
+                problems += _container_problems(where, container, allowed_capabilities, mounts)
     for key, value in _dict(annotations).items():
         if (
             str(key).startswith(APPARMOR_ANNOTATION_PREFIX)
@@ -207,7 +227,7 @@ def pod_security_violations(
 
 
 def _container_problems(
-    where: tuple, container: dict, allowed_capabilities: frozenset[str], allowed_volumes: set
+    where: tuple, container: dict, allowed_capabilities: frozenset[str], mounts: _MountRules
 ) -> list[Violation]:
     problems = []
     csc = _dict(container.get("securityContext"))
@@ -242,30 +262,62 @@ def _container_problems(
                 message = "must not be set: the kubelet would connect to that host from the node"
                 problems.append(Violation((*where, *handler_path, kind, "host"), message))
     for k, mount in enumerate(_list(container.get("volumeMounts"))):
-        problems += _mount_problems((*where, "volumeMounts", k), _dict(mount), allowed_volumes)
+        problems += mounts.problems((*where, "volumeMounts", k), _dict(mount))
     return problems
 
 
-def _mount_problems(where: tuple, mount: dict, allowed_volumes: set) -> list[Violation]:
-    """A mount reaches only what its volume names: no `..` out of it, no subPathExpr (expanded
-    from the environment at start, so no check sees where it leads), and an allowed host
-    directory only by a non-empty subPath (the local tier's root holds every job's node-local
-    copies on that node; each job mounts its own directory)."""
-    problems = []
-    sub_path = mount.get("subPath")
-    if "subPathExpr" in mount:
-        problems.append(Violation((*where, "subPathExpr"), "not allowed: mount a fixed subPath"))
-    if isinstance(sub_path, str) and re.search(PARENT_COMPONENT_PATTERN, sub_path):
-        problems.append(Violation((*where, "subPath"), f"{sub_path!r} has a '..' component that leaves the volume"))
-    elif mount.get("name") in allowed_volumes and not sub_path:
-        problems.append(
-            Violation(
-                (*where, "subPath"),
-                "missing: a host directory is mounted only by this job's own subdirectory of it "
-                "(its root holds every other job's files on the node)",
+@dataclass
+class _MountRules:
+    """What a volume mount may reach, for a pod of `job` (its JOB_LABEL label; None without one)."""
+
+    job: str | None
+    #: Volumes of PersistentVolumeClaims not read-only as a whole, and of allowed host directories.
+    writable_claims: set
+    host_directories: set
+
+    def problems(self, where: tuple, mount: dict) -> list[Violation]:
+        """A mount reaches only what its volume names: no `..` out of it, no subPathExpr
+        (expanded from the environment at start, so no check sees where it leads); an allowed
+        host directory only by the job's own subdirectory (its root holds every job's node-local
+        copies on that node); a claim writable only in the job's own run directory."""
+        problems = []
+        sub_path = mount.get("subPath")
+        if "subPathExpr" in mount:
+            problems.append(Violation((*where, "subPathExpr"), "not allowed: mount a fixed subPath"))
+        if isinstance(sub_path, str) and re.search(PARENT_COMPONENT_PATTERN, sub_path):
+            problems.append(Violation((*where, "subPath"), f"{sub_path!r} has a '..' component that leaves the volume"))
+        elif mount.get("name") in self.host_directories and (self.job is None or sub_path != self.job):
+            problems.append(
+                Violation(
+                    (*where, "subPath"),
+                    f"is {sub_path!r}: a host directory is mounted only by the job's own subdirectory, named by "
+                    f"the pod's {JOB_LABEL} label ({self._job_words}); its root holds every job's files on the node",
+                )
             )
-        )
-    return problems
+        if (
+            mount.get("name") in self.writable_claims
+            and mount.get("readOnly") is not True
+            and not self.in_own_run_dir(sub_path)
+        ):
+            own = f"{run_dir_on_claim(self.job)} or below it" if self.job else self._job_words
+            problems.append(
+                Violation(
+                    (*where, "readOnly"),
+                    f"must be true: the shared claim is writable only in the job's own run directory (subPath "
+                    f"{own}, after the pod's {JOB_LABEL} label); every other job's runs and data are read-only",
+                )
+            )
+        return problems
+
+    def in_own_run_dir(self, sub_path) -> bool:
+        if self.job is None or not isinstance(sub_path, str):
+            return False
+        own = run_dir_on_claim(self.job)
+        return sub_path == own or sub_path.startswith(own + "/")
+
+    @property
+    def _job_words(self) -> str:
+        return repr(self.job) if self.job else "the pod has none"
 
 
 def _security_context_problems(where: tuple, sc: dict) -> list[Violation]:
@@ -295,6 +347,7 @@ def _security_context_problems(where: tuple, sc: dict) -> list[Violation]:
 def pss_baseline_violations(
     pod_spec: dict,
     *,
+    labels: dict | None = None,
     annotations: dict | None = None,
     allowed_extra_capabilities: frozenset[str] = frozenset(),
     allowed_host_paths: tuple[str, ...] = (),
@@ -303,6 +356,7 @@ def pss_baseline_violations(
     (our IPC_LOCK), one `path: message` line per violation."""
     problems = pod_security_violations(
         pod_spec,
+        labels=labels,
         annotations=annotations,
         allowed_capabilities=PSS_BASELINE_CAPABILITIES | allowed_extra_capabilities,
         allowed_host_paths=allowed_host_paths,
@@ -356,8 +410,21 @@ def _no_host_path() -> str:
     )
 
 
+#: The pod's JOB_LABEL label in CEL, and whether it has a non-empty one.
+_CEL_JOB = f"object.metadata.labels['{JOB_LABEL}']"
+_CEL_HAS_JOB = f"(has(object.metadata.labels) && '{JOB_LABEL}' in object.metadata.labels && {_CEL_JOB} != '')"
+
+
+def _cel_run_dir_on_claim() -> str:
+    """job_names.run_dir_on_claim of the pod's job, in CEL: the same formula, not a copy of it."""
+    marker = "\0"
+    before, _, after = run_dir_on_claim(marker).partition(marker)
+    return " + ".join([*([f"'{before}'"] if before else []), _CEL_JOB, *([f"'{after}'"] if after else [])])
+
+
 def _mounts_stay_inside() -> str:
-    """The rule of _mount_problems, over every mount `m` of every container."""
+    """The `..`, subPathExpr and host directory rules of _MountRules.problems, over every mount `m`
+    of every container."""
     allowed_host_volume = (
         "has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == m.name && has(v.hostPath) && "
         f"v.hostPath.path in {_cel_list(HOST_PATH_ALLOW_LIST)})"
@@ -365,8 +432,20 @@ def _mounts_stay_inside() -> str:
     mount = (
         "!has(m.subPathExpr) && "
         f"(!has(m.subPath) || !m.subPath.matches('{PARENT_COMPONENT_PATTERN}')) && "
-        f"((has(m.subPath) && m.subPath != '') || !({allowed_host_volume}))"
+        f"(!({allowed_host_volume}) || ({_CEL_HAS_JOB} && has(m.subPath) && m.subPath == {_CEL_JOB}))"
     )
+    return _each_container(f"!has(c.volumeMounts) || c.volumeMounts.all(m, {mount})")
+
+
+def _claims_written_only_in_own_run_dir() -> str:
+    """The claim rule of _MountRules.problems, over every mount `m` of every container."""
+    writable_claim = (
+        "has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == m.name && "
+        "has(v.persistentVolumeClaim) && !(has(v.persistentVolumeClaim.readOnly) && v.persistentVolumeClaim.readOnly))"
+    )
+    own = _cel_run_dir_on_claim()
+    in_own_run_dir = f"({_CEL_HAS_JOB} && has(m.subPath) && (m.subPath == {own} || m.subPath.startsWith({own} + '/')))"
+    mount = f"!({writable_claim}) || (has(m.readOnly) && m.readOnly) || {in_own_run_dir}"
     return _each_container(f"!has(c.volumeMounts) || c.volumeMounts.all(m, {mount})")
 
 
@@ -387,7 +466,7 @@ def _apparmor_annotations() -> str:
 
 
 #: (CEL expression that must hold, message when it does not), in the policy's order: the
-#: controls of pod_security_violations, one validation each.
+#: controls of pod_security_violations, one validation each (the policy's `object` is the pod).
 VALIDATIONS: tuple[tuple[str, str], ...] = (
     (
         _each_container(_unset_or("c", ("securityContext", "privileged"), "!{}")),
@@ -408,7 +487,13 @@ VALIDATIONS: tuple[tuple[str, str], ...] = (
     (
         _mounts_stay_inside(),
         "a volume mount may not use subPathExpr or a subPath with '..', and an allowed host directory is "
-        "mounted only by a non-empty subPath (the job's own subdirectory)",
+        f"mounted only by the job's own subdirectory: subPath equal to the pod's {JOB_LABEL} label",
+    ),
+    (
+        _claims_written_only_in_own_run_dir(),
+        "a PersistentVolumeClaim is mounted readOnly except in the job's own run directory: subPath "
+        + run_dir_on_claim(f"<the pod's {JOB_LABEL} label>")
+        + " or below it",
     ),
     (
         _each_container("!has(c.ports) || c.ports.all(p, !has(p.hostPort) || p.hostPort == 0)"),

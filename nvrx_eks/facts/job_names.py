@@ -6,6 +6,7 @@ tests read these; nothing else spells them.
 from __future__ import annotations
 
 from nvrx_eks.facts.job_kinds import Api
+from nvrx_eks.facts.names import RUNS_DIR
 
 #: Label keys on every object a job consists of, and on its pods.
 APP_NAME_LABEL = "app.kubernetes.io/name"
@@ -23,11 +24,6 @@ JOB_POD_SELECTOR_KEYS = (APP_NAME_LABEL, APP_INSTANCE_LABEL)
 WORLD_SIZE_ANNOTATION = "nvrx-eks.io/world-size"
 #: Annotation on a job with hot spare nodes: how many of its launched nodes are spares.
 SPARE_NODES_ANNOTATION = "nvrx-eks.io/spare-nodes"
-#: Annotation on a training job naming the directories it writes (its run directory, and its
-#: checkpoint directory where that is elsewhere): submit refuses a job whose directory a live job
-#: already writes, since two writers delete each other's checkpoints.
-RUN_DIR_ANNOTATION = "nvrx-eks.io/run-dir"
-CHECKPOINT_DIR_ANNOTATION = "nvrx-eks.io/checkpoint-dir"
 
 #: The replicated job (JobSet) that runs the trainer or the fabric test.
 JOBSET_REPLICATED_JOB = "worker"
@@ -52,6 +48,13 @@ INPROCESS_STORE_PORT_NAME = "inprocess-store"
 
 def trainer_container(api: Api) -> str:
     return PYTORCHJOB_CONTAINER if api == "pytorchjob" else TRAINER_CONTAINER
+
+
+def run_dir_on_claim(job: str) -> str:
+    """The job's own directory relative to the FSx claim's root: its run directory by default,
+    and the only place on the claim its pods may write. The name is a DNS label (no `/`, never
+    `.` or `..`), so no other job's directory lies inside it or holds it."""
+    return f"{RUNS_DIR}/{job}"
 
 
 def config_map_name(job: str) -> str:

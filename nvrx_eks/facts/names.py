@@ -11,6 +11,10 @@ FSX_STORAGE_CLASS = ""  # static provisioning: empty class so no dynamic provisi
 #: Directory of the file system that holds the jobs' run directories (checkpoints, events);
 #: pods see it as <mount path>/runs. Exported to S3 as the second copy of checkpoints.
 FSX_RUNS_PATH = "/runs"
+#: The same directory relative to the claim's root, as a pod's volume mount names it (subPath):
+#: each job's run directory is <RUNS_DIR>/<job name> (job_names.run_dir_on_claim), the only part
+#: of the claim its pods may mount writable (infra/pod_security.py).
+RUNS_DIR = FSX_RUNS_PATH.strip("/")
 #: Prefix of the data bucket that receives that export.
 RUNS_COPY_PREFIX = "runs"
 

@@ -7,8 +7,9 @@ validation) so admission webhooks and schema checks run before anything is creat
 are the NetworkPolicy, the ConfigMap and the job created (the policy first, so no pod of the job
 starts reachable from the whole cluster), and if the job is refused the others are removed again.
 The policy and the ConfigMap are then owned by the job, so deleting the job deletes them. Before
-any of that, `submit` refuses a job whose run or checkpoint directory a live job of this tool
-already writes.
+any of that, `submit` refuses a name a job of either kind already has: a job writes only its own
+directory, /fsx/runs/<name> (nvrx_eks.jobs.spec.own_run_dir), so the name is what keeps two jobs
+from writing one run directory.
 
 `delete` keeps the NetworkPolicy until the job's pods are gone: they run on for up to their
 termination grace period, finishing the save in flight, with stores that have no authentication.
@@ -17,10 +18,8 @@ termination grace period, finishing the save in flight, with stores that have no
 from __future__ import annotations
 
 import json
-import posixpath
 import time
 from collections.abc import Callable
-from pathlib import PurePosixPath
 from typing import TypeVar
 
 from kubernetes import client as k8s
@@ -154,12 +153,7 @@ class JobClient:
         kind = JOB_KINDS[spec.api]
         if not self.serves(kind):
             raise ConfigError(f"the cluster does not serve {kind.kind} ({kind.api_version}): {_INSTALL_HINT[kind.api]}")
-        if self._get_job(kind, spec.name) is not None:
-            raise ConfigError(
-                f"{kind.kind} {spec.name!r} already exists in {self.namespace!r}; delete it first "
-                f"(`nvrx-eks delete {spec.name}`) or choose another --name"
-            )
-        self._refuse_directories_in_use(rendered.job_document)
+        self._refuse_a_taken_name(kind, spec.name)
         # The NetworkPolicy before the job, so no pod of it is ever reachable from the whole cluster.
         documents = sorted(rendered.documents, key=lambda d: d["kind"] != "NetworkPolicy")
         for document in documents:
@@ -178,27 +172,18 @@ class JobClient:
                 self._own(obj, job)
         return job
 
-    def _refuse_directories_in_use(self, job: dict) -> None:
-        """Two jobs writing one run or checkpoint directory delete each other's checkpoints (each
-        one's retention removes the other's saves in flight) and mix their events and reports:
-        refuse a job whose directory a live job of this tool writes, is inside one, or holds one."""
-        ours = _written_directories(job)
-        if not ours:
-            return
-        for kind, other in self.list_jobs():
-            if JobStatus.from_objects(kind, other, []).phase in _FINISHED_PHASES:
-                continue
-            name = other["metadata"]["name"]
-            for their_what, theirs in _written_directories(other):
-                for what, path in ours:
-                    relation = _nesting(PurePosixPath(path), PurePosixPath(theirs))
-                    if relation:
-                        raise ConfigError(
-                            f"this job's {what} {path} {relation} {theirs}, the {their_what} of {kind.kind} "
-                            f"{name!r}, which is still running: two jobs writing one directory delete each "
-                            f"other's checkpoints; delete that job first (`nvrx-eks delete {name}`) or choose "
-                            "another run_dir (--set run_dir=...; checkpoint.dir likewise)"
-                        )
+    def _refuse_a_taken_name(self, kind: JobKind, name: str) -> None:
+        """A job of either kind, running or finished, under this name. A job's pods write only
+        /fsx/runs/<name>: a JobSet and a PyTorchJob of one name would write one run directory and
+        delete each other's checkpoints. (The cluster would refuse the second only at its ConfigMap,
+        by name, with the API server's words.)"""
+        for existing in JOB_KINDS.values():
+            if (existing == kind or self.serves(existing)) and self._get_job(existing, name) is not None:
+                raise ConfigError(
+                    f"{existing.kind} {name!r} already exists in {self.namespace!r}; delete it first "
+                    f"(`nvrx-eks delete {name}`) or choose another --name (a job writes the run directory "
+                    "of its name)"
+                )
 
     def _create(self, document: dict, *, dry_run: bool) -> dict:
         kind = document["kind"]
@@ -329,10 +314,6 @@ class JobClient:
         return JobStatus.from_objects(kind, obj, self.pods(kind, name))
 
 
-#: Phases of a job that writes nothing any more (JobStatus's, for either kind).
-_FINISHED_PHASES = ("Succeeded", "Failed")
-
-
 def _owner_reference(api_version: str, kind: str, metadata: dict) -> dict:
     return {
         "apiVersion": api_version,
@@ -341,27 +322,3 @@ def _owner_reference(api_version: str, kind: str, metadata: dict) -> dict:
         "uid": metadata["uid"],
         "blockOwnerDeletion": False,
     }
-
-
-def _written_directories(job: dict) -> list[tuple[str, str]]:
-    """(what, normalised path) of each directory a training job's annotations say it writes."""
-    annotations = (job.get("metadata") or {}).get("annotations") or {}
-    return [
-        (what, posixpath.normpath(annotations[key]))
-        for what, key in (
-            ("run directory", job_names.RUN_DIR_ANNOTATION),
-            ("checkpoint directory", job_names.CHECKPOINT_DIR_ANNOTATION),
-        )
-        if annotations.get(key)
-    ]
-
-
-def _nesting(path: PurePosixPath, other: PurePosixPath) -> str:
-    """How `path` and `other` share files: "is also", "lies inside", "holds", or "" when they do not."""
-    if path == other:
-        return "is also"
-    if path.is_relative_to(other):
-        return "lies inside"
-    if other.is_relative_to(path):
-        return "holds"
-    return ""

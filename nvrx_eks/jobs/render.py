@@ -27,11 +27,11 @@ from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from nvrx_eks.facts.instances import InstanceFacts
 from nvrx_eks.jobs.claim_mounts import claim_mounts
 from nvrx_eks.jobs.spec import (
-    FSX_MOUNT_PATH,
     TRAIN_CONFIG_DIR,
     TRAIN_CONFIG_KEY,
     TRAIN_CONFIG_PATH,
     JobSpec,
+    own_run_dir,
 )
 from nvrx_eks.resources import templates_dir
 from workloads import do_not_requeue
@@ -43,11 +43,10 @@ from workloads.transport import NET_PLUGIN
 #: How long a pod waits for the rendezvous host's DNS record before failing (and being retried).
 RENDEZVOUS_DNS_WAIT_S = 300
 #: nccl-tests: port of the per-pod sshd mpirun launches ranks through, how long pods wait for
-#: each other, the whole test's deadline, and where pods exchange the launcher's public key.
+#: each other, and the whole test's deadline.
 NCCL_SSH_PORT = 2222
 NCCL_WAIT_S = 600
 NCCL_DEADLINE_S = 1800
-NCCL_EXCHANGE_ROOT = f"{FSX_MOUNT_PATH}/.nvrx-eks/nccl-tests"
 #: Open MPI as the EFA installer puts it in the nccl-tests image.
 MPIRUN = "/opt/amazon/openmpi/bin/mpirun"
 
@@ -217,13 +216,11 @@ def _common_context(spec: JobSpec) -> dict:
         "annotations": {
             "world_size": job_names.WORLD_SIZE_ANNOTATION,
             "spare_nodes": job_names.SPARE_NODES_ANNOTATION,
-            "run_dir": job_names.RUN_DIR_ANNOTATION,
-            "checkpoint_dir": job_names.CHECKPOINT_DIR_ANNOTATION,
         },
         "replicated_job": job_names.JOBSET_REPLICATED_JOB,
         "disrupted_pattern": job_kinds.DISRUPTED_MESSAGE_PATTERN,
         "exit_do_not_requeue": EXIT_DO_NOT_REQUEUE,
-        "claim_mounts": claim_mounts(spec, NCCL_EXCHANGE_ROOT),
+        "claim_mounts": claim_mounts(spec, nccl_exchange_dir(spec)),
         "node": {
             "label_key": conventions.GPU_NODE_LABEL_KEY,
             "label_value": conventions.GPU_NODE_LABEL_VALUE,
@@ -306,7 +303,7 @@ def _render_fabric_test(spec: JobSpec, context: dict) -> list[str]:
     script = _ENV.get_template("scripts/nccl-tests.sh.j2").render(
         **context,
         env=env,
-        exchange_root=NCCL_EXCHANGE_ROOT,
+        exchange_root=nccl_exchange_dir(spec),
         wait_s=NCCL_WAIT_S,
         ssh_port=NCCL_SSH_PORT,
         # Pod names by the loop's $node index.
@@ -386,6 +383,12 @@ def local_checkpoint_volume(spec: JobSpec) -> dict | None:
     if not local.enabled:
         return None
     return {"host_path": pod_security.LOCAL_CHECKPOINT_HOST_PATH, "mount_path": local.dir, "sub_path": spec.name}
+
+
+def nccl_exchange_dir(spec: JobSpec) -> str:
+    """Where the fabric test's pods exchange the launcher's public key: in the job's own directory,
+    the one part of the shared claim its pods may write."""
+    return f"{own_run_dir(spec.name)}/key-exchange"
 
 
 def nccl_max_bytes(facts: InstanceFacts) -> str:

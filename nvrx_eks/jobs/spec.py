@@ -229,19 +229,50 @@ def resolve_train_paths(train: TrainConfig, job_name: str) -> TrainConfig:
 
     Pods are ephemeral, so every path the trainer writes or reads must be on the FSx claim:
     relative paths in the TrainConfig are taken relative to FSX_MOUNT_PATH, and a run directory
-    left at its default becomes `runs/<job name>` so two jobs never share checkpoints.
+    left at its default becomes the job's own directory (own_run_dir). What the job writes (run_dir,
+    checkpoint.dir) must lie there: its pods may write nothing else of the claim (infra/pod_security.py).
     """
-    run_dir = train.run_dir if "run_dir" in train.model_fields_set else f"runs/{job_name}"
+    run_dir = train.run_dir if "run_dir" in train.model_fields_set else own_run_dir(job_name)
     data = train.model_dump(mode="json")
     data["run_dir"] = _on_fsx(run_dir, "run_dir")
     if train.checkpoint.dir:
         data["checkpoint"]["dir"] = _on_fsx(train.checkpoint.dir, "checkpoint.dir")
+    for field, path in (("run_dir", data["run_dir"]), ("checkpoint.dir", data["checkpoint"]["dir"])):
+        problem = path and own_run_dir_problem(path, job_name)
+        if problem:
+            raise ConfigError(f"--train-config/--set {field}: {problem}")
     if train.data.path:
         data["data"]["path"] = _on_fsx(train.data.path, "data.path")
     if train.checkpoint.local.enabled:
         # The node's instance store, not FSx: that is the point of the tier.
         data["checkpoint"]["local"]["dir"] = LOCAL_CHECKPOINT_MOUNT_PATH
     return TrainConfig.from_dict(data, source="the trainer config placed on FSx")
+
+
+def own_run_dir(job_name: str) -> str:
+    """The job's own directory as its pods see it (/fsx/runs/<job name>)."""
+    return f"{FSX_MOUNT_PATH}/{job_names.run_dir_on_claim(job_name)}"
+
+
+def own_run_dir_problem(path: str, job_name: str) -> str | None:
+    """Why `path`, a directory the job writes, is not inside the job's own directory, or None.
+    Another job's run, every run (/fsx/runs) or a dataset would be written over by this job, and
+    its pods could not write there anyway: the claim is mounted read-only outside their own
+    directory. Judged on the normalised path."""
+    own = PurePosixPath(own_run_dir(job_name))
+    where = PurePosixPath(posixpath.normpath(path))
+    if where.is_relative_to(own):
+        return None
+    runs = own.parent
+    resume = (
+        f", or resume that run under its own name (--name {where.relative_to(runs).parts[0]})"
+        if where.is_relative_to(runs) and where != runs
+        else ""
+    )
+    return (
+        f"{path} is outside this job's own directory {own}, the only place on the shared file system its "
+        f"pods may write; leave it unset or give a path under {own}{resume}"
+    )
 
 
 #: On GPU nodes the local tier saves this many times per FSx interval unless the trainer config
@@ -387,9 +418,10 @@ def build_jobspec(
         default_image = NCCL_TESTS_IMAGE
     train = require_efa_where_expected(train or TrainConfig.model_validate({}), instance_type)
     if spare_nodes:
-        train = TrainConfig.from_dict(
-            train.model_dump(mode="json"), source="--spare-nodes", overrides=[f"distributed.spare_nodes={spare_nodes}"]
-        )
+        # A copy with the one field changed: rebuilt from a full dump, every field would count as
+        # set, and the defaults that follow (run directory, local tier, MFU peak) would be skipped.
+        distributed = train.distributed.model_copy(update={"spare_nodes": spare_nodes})
+        train = train.model_copy(update={"distributed": distributed})
     train = for_gpu_nodes(resolve_train_paths(with_local_tier(peak_tflops_from_facts(train, instance_type)), name))
     try:
         spec = JobSpec(

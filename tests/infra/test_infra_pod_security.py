@@ -1,7 +1,8 @@
 """Pod security of the training namespace, checked on the synthesized cluster manifests: the
-namespace's Pod Security labels and the ValidatingAdmissionPolicy ("baseline except IPC_LOCK"),
-whose CEL expressions are evaluated offline with cel-python against pods that must be rejected
-and the project's own rendered pods, which must pass.
+namespace's Pod Security labels and the ValidatingAdmissionPolicy ("baseline except IPC_LOCK",
+and each job's pods writing only their own directories), whose CEL expressions are evaluated
+offline with cel-python against pods that must be rejected and the project's own rendered pods,
+which must pass.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import yaml
 from infra.pod_security import (
     APPARMOR_ANNOTATION_PREFIX,
     HOST_PATH_ALLOW_LIST,
+    JOB_LABEL,
     LOCAL_CHECKPOINT_HOST_PATH,
     pss_baseline_violations,
 )
@@ -69,12 +71,17 @@ def violations(policy: dict, pod: dict) -> list[str]:
     return failed
 
 
-def trainer_pod() -> dict:
-    """A pod like the trainer's: IPC_LOCK added, the FSx claim mounted, nothing else special."""
+def trainer_pod(labels: dict | None = None) -> dict:
+    """A pod like the trainer's, of job `train`: IPC_LOCK added, the FSx claim mounted read-only
+    with its own run directory writable on top, nothing else special."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "trainer", "namespace": TRAINING_NAMESPACE},
+        "metadata": {
+            "name": "trainer",
+            "namespace": TRAINING_NAMESPACE,
+            "labels": {JOB_LABEL: "train"} if labels is None else labels,
+        },
         "spec": {
             "containers": [
                 {
@@ -82,6 +89,10 @@ def trainer_pod() -> dict:
                     "image": "example.com/trainer:1",
                     "ports": [{"containerPort": 29500}],
                     "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}},
+                    "volumeMounts": [
+                        {"name": "fsx", "mountPath": "/fsx", "readOnly": True},
+                        {"name": "fsx", "mountPath": "/fsx/runs/train", "subPath": "runs/train"},
+                    ],
                 }
             ],
             "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-lustre"}}],
@@ -93,6 +104,22 @@ def _with(pod: dict, change) -> dict:
     pod = copy.deepcopy(pod)
     change(pod["spec"])
     return pod
+
+
+def _claim_mount(spec: dict, mount_path: str) -> dict:
+    return next(m for m in spec["containers"][0]["volumeMounts"] if m["mountPath"] == mount_path)
+
+
+def _run_dir_at(sub_path: str):
+    """The writable run-directory mount pointed at `sub_path` of the claim."""
+    return lambda s: _claim_mount(s, "/fsx/runs/train").update(subPath=sub_path)
+
+
+def _claim_in(section: str, mount: dict):
+    """A second container in `section` mounting the claim as `mount` says."""
+    return lambda s: s.setdefault(section, []).append(
+        {"name": "side", "image": "busybox:1", "volumeMounts": [{"name": "fsx", **mount}]}
+    )
 
 
 REJECTED = {
@@ -135,6 +162,20 @@ REJECTED = {
     "the local tier mounted with an empty subPath": lambda s: _mount_local_tier(s, {"subPath": ""}),
     "a subPath out of its volume": lambda s: _mount_local_tier(s, {"subPath": "../../etc"}),
     "a subPathExpr": lambda s: _mount_local_tier(s, {"subPathExpr": "$(POD_NAME)"}),
+    # The job's own directories: the local tier by exactly the job's subdirectory ...
+    "the local tier's root as '.'": lambda s: _mount_local_tier(s, {"subPath": "."}),
+    "the local tier's root as './'": lambda s: _mount_local_tier(s, {"subPath": "./"}),
+    "another job's local-tier directory": lambda s: _mount_local_tier(s, {"subPath": "other-job"}),
+    # ... and the claim writable only in the job's own run directory.
+    "the claim writable at /fsx": lambda s: _claim_mount(s, "/fsx").pop("readOnly"),
+    "the claim at /fsx with readOnly false": lambda s: _claim_mount(s, "/fsx").update(readOnly=False),
+    "the claim's root writable as '.'": _run_dir_at("."),
+    "every run writable": _run_dir_at("runs"),
+    "another job's run writable": _run_dir_at("runs/other-job"),
+    "a run whose name only begins with the job's": _run_dir_at("runs/train2"),
+    "a second container with the claim writable": _claim_in("containers", {"mountPath": "/data"}),
+    "an init container with the claim writable": _claim_in("initContainers", {"mountPath": "/data"}),
+    "an ephemeral container with the claim writable": _claim_in("ephemeralContainers", {"mountPath": "/data"}),
 }
 
 #: What baseline still allows: a pod with each of these is admitted.
@@ -151,14 +192,50 @@ ADMITTED = {
     "procMount Default": lambda s: s["containers"][0]["securityContext"].update(procMount="Default"),
     "the job's own local-tier directory": lambda s: _mount_local_tier(s, {"subPath": "train"}),
     "a probe without a host": lambda s: s["containers"][0].update(livenessProbe={"tcpSocket": {"port": 29500}}),
+    "a subdirectory of the job's run writable": _run_dir_at("runs/train/checkpoints"),
+    "another job's run read-only": _claim_in(
+        "containers", {"mountPath": "/other", "subPath": "runs/other-job", "readOnly": True}
+    ),
+    "the claim read-only anywhere in an init container": _claim_in(
+        "initContainers", {"mountPath": "/data", "readOnly": True}
+    ),
+    "the claim read-only as a volume": lambda s: _claim_volume_read_only(s),
 }
+
+#: Pods whose labels decide: (the pod's labels, a change to its spec), each rejected.
+REJECTED_BY_LABELS = {
+    "the run directory writable without a job label": ({}, lambda s: None),
+    "the run directory writable with an empty job label": ({JOB_LABEL: ""}, lambda s: None),
+    "the run directory writable for a pod of another job": ({JOB_LABEL: "other"}, lambda s: None),
+    "the local tier without a job label": ({}, lambda s: _local_tier_beside_a_read_only_run(s)),
+}
+
+
+def _claim_volume_read_only(spec: dict) -> None:
+    """The claim's volume read-only as a whole: no mount of it writes, whatever the mount says."""
+    spec["volumes"][0]["persistentVolumeClaim"]["readOnly"] = True
+    _claim_mount(spec, "/fsx").pop("readOnly")
+
+
+def _local_tier_beside_a_read_only_run(spec: dict) -> None:
+    """The job's local-tier directory, with nothing of the claim writable: only the label decides."""
+    _claim_mount(spec, "/fsx/runs/train")["readOnly"] = True
+    _mount_local_tier(spec, {"subPath": "train"})
 
 
 def _mount_local_tier(spec: dict, how: dict) -> None:
     """Mount the node-local checkpoint tier's host directory, as the job templates do, `how`
     (subPath or subPathExpr) set as given."""
     spec["volumes"].append({"name": "local", "hostPath": {"path": LOCAL_CHECKPOINT_HOST_PATH}})
-    spec["containers"][0]["volumeMounts"] = [{"name": "local", "mountPath": "/local-checkpoints", **how}]
+    spec["containers"][0]["volumeMounts"].append({"name": "local", "mountPath": "/local-checkpoints", **how})
+
+
+def _case_pod(case: str) -> dict:
+    """The trainer-like pod changed as the case of REJECTED, ADMITTED or REJECTED_BY_LABELS says."""
+    if case in REJECTED_BY_LABELS:
+        labels, change = REJECTED_BY_LABELS[case]
+        return _with(trainer_pod(labels), change)
+    return _with(trainer_pod(), {**REJECTED, **ADMITTED}[case])
 
 
 def test_namespace_warns_and_audits_restricted(manifests):
@@ -188,9 +265,9 @@ def test_a_trainer_like_pod_with_ipc_lock_is_admitted(policy):
     assert violations(policy, trainer_pod()) == []
 
 
-@pytest.mark.parametrize("violation", sorted(REJECTED))
+@pytest.mark.parametrize("violation", sorted(REJECTED) + sorted(REJECTED_BY_LABELS))
 def test_each_baseline_violation_is_rejected(policy, violation):
-    assert len(violations(policy, _with(trainer_pod(), REJECTED[violation]))) == 1
+    assert len(violations(policy, _case_pod(violation))) == 1
 
 
 @pytest.mark.parametrize("violation", sorted(REJECTED))
@@ -218,15 +295,19 @@ def test_apparmor_annotation_other_than_default_or_localhost_is_rejected(policy,
         assert violations(policy, pod) == []
 
 
-@pytest.mark.parametrize("case", sorted(REJECTED) + sorted(ADMITTED))
+@pytest.mark.parametrize("case", sorted(REJECTED) + sorted(REJECTED_BY_LABELS) + sorted(ADMITTED))
 def test_the_offline_check_agrees_with_the_policy(policy, case):
     """The validator's check (pod_security_violations) and the admission policy reject the same
-    pods: one statement of baseline, two enforcers."""
-    pod = _with(trainer_pod(), {**REJECTED, **ADMITTED}[case])
+    pods: one statement of the rules, two enforcers."""
+    pod = _case_pod(case)
     offline = pss_baseline_violations(
-        pod["spec"], allowed_extra_capabilities=frozenset({"IPC_LOCK"}), allowed_host_paths=HOST_PATH_ALLOW_LIST
+        pod["spec"],
+        labels=pod["metadata"]["labels"],
+        allowed_extra_capabilities=frozenset({"IPC_LOCK"}),
+        allowed_host_paths=HOST_PATH_ALLOW_LIST,
     )
     assert bool(offline) == bool(violations(policy, pod)), offline
+    assert bool(offline) == (case not in ADMITTED), offline
 
 
 def test_the_reviews_privileged_hostpath_pod_is_rejected(policy):
@@ -253,19 +334,27 @@ def test_the_reviews_privileged_hostpath_pod_is_rejected(policy):
     assert len(violations(policy, pod)) == 4  # privileged, host namespaces, hostPath, capability
 
 
-def _pod_specs(node) -> list[dict]:
+def _pod_templates(node) -> list[dict]:
+    """Every pod template (metadata and spec) in a document."""
     if isinstance(node, dict):
-        if "containers" in node:
+        if "containers" in _dict(node.get("spec")):
             return [node]
-        return [spec for value in node.values() for spec in _pod_specs(value)]
+        return [template for value in node.values() for template in _pod_templates(value)]
     if isinstance(node, list):
-        return [spec for value in node for spec in _pod_specs(value)]
+        return [template for value in node for template in _pod_templates(value)]
     return []
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
 
 
 @pytest.mark.parametrize("golden", ["p5-jobset-2n.yaml", "p5-pytorchjob-2n.yaml", "p5-fabric-2n.yaml"])
 def test_the_rendered_job_pods_are_admitted(policy, golden):
-    specs = [spec for doc in yaml.safe_load_all((GOLDEN / golden).read_text()) if doc for spec in _pod_specs(doc)]
-    assert specs
-    for spec in specs:
-        assert violations(policy, {"apiVersion": "v1", "kind": "Pod", "spec": spec}) == []
+    """Each pod as its controller creates it: the template's metadata (its job's labels) and spec."""
+    documents = [doc for doc in yaml.safe_load_all((GOLDEN / golden).read_text()) if doc]
+    templates = [template for doc in documents for template in _pod_templates(doc)]
+    assert templates
+    for template in templates:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": template["spec"]}
+        assert violations(policy, pod) == []

@@ -1,17 +1,12 @@
 """A job's pods write only their own directories on the shared FSx claim: the claim is mounted
 read-only at /fsx and the job's run directory (and a checkpoint directory set apart from it) on
 top of it, writable, through subPath. Before, every pod mounted the whole claim read-write and
-could plant a checkpoint or data file in any other job's directory."""
+could plant a checkpoint or data file in any other job's directory. (That these directories lie in
+the job's own, /fsx/runs/<name>, is tests/jobs/test_own_run_dir.py's.)"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-import pytest
-
 from infra.config import resolve_config
-from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import build_jobspec, load_train_config
 
@@ -35,34 +30,22 @@ def test_the_claim_is_read_only_and_only_the_run_directory_is_writable():
 
 
 def test_a_checkpoint_directory_apart_from_the_run_is_writable_too():
-    mounts = _fsx_mounts(["run_dir=runs/a", "checkpoint.dir=ckpt/a"])
+    mounts = _fsx_mounts(["run_dir=runs/train/run", "checkpoint.dir=runs/train/ckpt"])
     assert _described(mounts) == [
         ("/fsx", None, True),
-        ("/fsx/ckpt/a", "ckpt/a", False),
-        ("/fsx/runs/a", "runs/a", False),
+        ("/fsx/runs/train/ckpt", "runs/train/ckpt", False),
+        ("/fsx/runs/train/run", "runs/train/run", False),
     ]
 
 
 def test_a_checkpoint_directory_inside_the_run_shares_its_mount():
-    mounts = _fsx_mounts(["run_dir=runs/a", "checkpoint.dir=runs/a/ckpt"])
-    assert _described(mounts) == [("/fsx", None, True), ("/fsx/runs/a", "runs/a", False)]
+    mounts = _fsx_mounts(["checkpoint.dir=runs/train/ckpt"])
+    assert _described(mounts) == [("/fsx", None, True), ("/fsx/runs/train", "runs/train", False)]
 
 
-def test_the_fabric_test_writes_only_its_exchange_directory():
+def test_the_fabric_test_writes_only_its_exchange_directory_in_its_own():
     mounts = _fsx_mounts([], workload="nccl-test")
-    assert [m.get("readOnly", False) for m in mounts] == [True, False]
-    assert mounts[1]["subPath"] == ".nvrx-eks/nccl-tests"
-
-
-def test_a_run_directory_that_is_the_whole_claim_is_refused_naming_the_field():
-    with pytest.raises(ConfigError, match=r"^run_dir: /fsx is the whole shared file system"):
-        _fsx_mounts(["run_dir=/fsx"])
-    rendered = subprocess.run(
-        [sys.executable, "-c", "from nvrx_eks.cli import main; main()", "render", "--set", "run_dir=/fsx"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert rendered.returncode == 2, rendered.stderr
-    assert "run_dir: /fsx is the whole shared file system" in rendered.stderr
-    assert "Traceback" not in rendered.stderr
+    assert _described(mounts) == [
+        ("/fsx", None, True),
+        ("/fsx/runs/train/key-exchange", "runs/train/key-exchange", False),
+    ]

@@ -507,19 +507,20 @@ def test_the_same_pod_inside_the_jobset_is_rejected_too():
     } <= paths
 
 
-def _pod_specs_of(documents):
-    from nvrx_eks.jobs.validate.rules.base import pod_specs
+def _pod_templates_of(documents) -> list[tuple[dict, dict]]:
+    """(labels, spec) of every pod template: the labels name the job whose directories it may write."""
+    from nvrx_eks.jobs.validate.rules.base import get, pod_specs
 
-    return [spec for doc in documents for _, spec in pod_specs(doc)]
+    return [(get(doc, [*path[:-1], "metadata", "labels"]), spec) for doc in documents for path, spec in pod_specs(doc)]
 
 
 @pytest.mark.parametrize("case", GOLDEN_CASES, ids=lambda c: c.id)
 def test_rendered_pods_pass_pod_security_baseline_with_only_ipc_lock_added(case: Case):
     from infra.pod_security import FABRIC_TEST_CAPABILITIES, HOST_PATH_ALLOW_LIST, pss_baseline_violations
 
-    specs = _pod_specs_of(case.render().documents)
-    assert specs
-    for spec in specs:
+    templates = _pod_templates_of(case.render().documents)
+    assert templates
+    for labels, spec in templates:
         if spec["containers"][0]["name"] == "coordinator":
             # The job's coordinator needs nothing beyond baseline, and runs as no one.
             assert pss_baseline_violations(spec) == []
@@ -528,7 +529,9 @@ def test_rendered_pods_pass_pod_security_baseline_with_only_ipc_lock_added(case:
             continue
         allowed = frozenset({"IPC_LOCK"})
         assert (
-            pss_baseline_violations(spec, allowed_extra_capabilities=allowed, allowed_host_paths=HOST_PATH_ALLOW_LIST)
+            pss_baseline_violations(
+                spec, labels=labels, allowed_extra_capabilities=allowed, allowed_host_paths=HOST_PATH_ALLOW_LIST
+            )
             == []
         )
         # IPC_LOCK and the reviewed node-local checkpoint directory (training pods) are the
@@ -541,7 +544,7 @@ def test_rendered_pods_pass_pod_security_baseline_with_only_ipc_lock_added(case:
         assert host_paths == (
             [] if case.api == "fabric" else ["spec.volumes[2].hostPath: hostPath volumes are not allowed"]
         )
-        assert pss_baseline_violations(spec) == host_paths + [
+        assert pss_baseline_violations(spec, labels=labels) == host_paths + [
             "spec.containers[0].securityContext.capabilities.add: IPC_LOCK is beyond baseline"
         ]
         container = spec["containers"][0]["securityContext"]

@@ -36,11 +36,12 @@ def _train(**overrides: str) -> TrainConfig:
 
 def test_paths_are_normalised_onto_fsx():
     train = _train(
-        run_dir="runs//a/./b", **{"checkpoint.dir": "/fsx/ckpt/", "data.source": "memmap", "data.path": "./data/shards"}
+        run_dir="runs//train/./b",
+        **{"checkpoint.dir": "/fsx/runs/train/ckpt/", "data.source": "memmap", "data.path": "./data/shards"},
     )
     spec = build_jobspec(resolve_config("p5"), nodes=2, name="train", train=train, image=GOLDEN_IMAGE)
-    assert spec.train.run_dir == "/fsx/runs/a/b"
-    assert spec.train.checkpoint.dir == "/fsx/ckpt"
+    assert spec.train.run_dir == "/fsx/runs/train/b"
+    assert spec.train.checkpoint.dir == "/fsx/runs/train/ckpt"
     assert spec.train.data.path == "/fsx/data/shards"
 
 

@@ -1,5 +1,7 @@
-"""`submit` refuses a job whose run or checkpoint directory a live job of this tool already writes
-(two writers delete each other's checkpoints), against the loopback Kubernetes API test server."""
+"""Two jobs never write one run directory: a job writes only /fsx/runs/<its name> (render refuses
+a run_dir or checkpoint.dir elsewhere, so before anything is sent to the cluster), and `submit`
+refuses a name that a job of either kind already has, running or finished. Against the loopback
+Kubernetes API test server."""
 
 from __future__ import annotations
 
@@ -33,62 +35,55 @@ def _jobs(cluster) -> set[str]:
     }
 
 
+def _sent_for(cluster, name: str) -> list:
+    return [r for r in cluster.requests if r.method == "POST" and r.body["metadata"]["name"].startswith(name)]
+
+
+def _finish(cluster, kind, name: str) -> None:
+    job = cluster.objects[(kind.api_version, kind.plural, "training", name)]
+    job["status"] = {"conditions": [{"type": "Completed", "status": "True"}, {"type": "Succeeded", "status": "True"}]}
+
+
 @pytest.mark.parametrize(
-    "overrides, ours, relation, theirs",
+    "overrides, field, path",
     [
-        (["--set", "run_dir=runs/first"], "run directory /fsx/runs/first", "is also", "/fsx/runs/first"),
-        (["--set", "run_dir=/fsx/runs/./first/"], "run directory /fsx/runs/first", "is also", "/fsx/runs/first"),
-        (
-            ["--set", "checkpoint.dir=runs/first/checkpoints"],
-            "checkpoint directory /fsx/runs/first/checkpoints",
-            "lies inside",
-            "/fsx/runs/first",
-        ),
-        (["--set", "run_dir=runs"], "run directory /fsx/runs", "holds", "/fsx/runs/first"),
+        (["--set", "run_dir=runs/first"], "run_dir", "/fsx/runs/first"),
+        (["--set", "checkpoint.dir=runs/first/checkpoints"], "checkpoint.dir", "/fsx/runs/first/checkpoints"),
+        (["--set", "run_dir=runs"], "run_dir", "/fsx/runs"),
     ],
-    ids=["same run_dir", "same run_dir spelled differently", "checkpoint.dir inside its run_dir", "run_dir above it"],
+    ids=["its run_dir", "checkpoint.dir inside its run_dir", "run_dir above it"],
 )
-def test_submit_refuses_a_directory_a_live_job_writes(cluster, overrides, ours, relation, theirs):
+def test_submit_refuses_another_jobs_run_even_once_it_finished(cluster, overrides, field, path):
+    """Before, only a live writer was refused: a finished run could be written over (and resumed
+    from, by a job it was not)."""
     assert _submit("--name", "first").code == 0
+    _finish(cluster, JOBSET, "first")
     result = _submit("--name", "second", *overrides)
     assert result.code == 2, result.output
     assert "Traceback" not in result.output
-    message = " ".join(result.stderr.split())
-    assert f"this job's {ours} {relation} {theirs}, the run directory of JobSet 'first'" in message
-    assert "nvrx-eks delete first" in message and "another run_dir" in message
+    assert f"--set {field}: {path} is outside this job's own directory /fsx/runs/second" in result.stderr
     # Refused before anything was sent: not even a dry run of the second job.
-    assert not [r for r in cluster.requests if r.method == "POST" and r.body["metadata"]["name"].startswith("second")]
+    assert not _sent_for(cluster, "second")
     assert _jobs(cluster) == {"first"}
 
 
-def test_a_job_set_apart_by_its_checkpoint_dir_blocks_on_that_too(cluster):
-    assert _submit("--name", "first", "--set", "checkpoint.dir=shared/ckpt").code == 0
-    result = _submit("--name", "second", "--set", "checkpoint.dir=shared/ckpt")
-    assert result.code == 2
-    assert "the checkpoint directory of JobSet 'first'" in " ".join(result.stderr.split())
+@pytest.mark.parametrize("finished", [False, True], ids=["running", "finished"])
+def test_submit_refuses_a_name_a_job_of_the_other_kind_has(cluster, finished):
+    """A JobSet and a PyTorchJob of one name would write one run directory."""
+    assert _submit("--name", "first", "--api", "pytorchjob").code == 0
+    if finished:
+        _finish(cluster, PYTORCHJOB, "first")
+    sent = len(cluster.requests)
+    result = _submit("--name", "first")
+    assert result.code == 2, result.output
+    assert "PyTorchJob 'first' already exists in 'training'" in result.stderr
+    assert "nvrx-eks delete first" in result.stderr and "another --name" in result.stderr
+    assert not [r for r in cluster.requests[sent:] if r.method != "GET"]  # refused before anything was sent
 
 
-def test_jobs_on_their_own_directories_run_side_by_side(cluster):
+def test_jobs_of_their_own_names_run_side_by_side(cluster):
     assert _submit("--name", "first").code == 0
     # runs/firsts shares a prefix with runs/first, not a directory.
-    assert _submit("--name", "second", "--set", "run_dir=runs/firsts").code == 0
-    assert _submit("--name", "third").code == 0
-    assert _jobs(cluster) == {"first", "second", "third"}
-
-
-@pytest.mark.parametrize("condition", ["Completed", "Failed"])
-def test_a_finished_jobset_does_not_block(cluster, condition):
-    assert _submit("--name", "first").code == 0
-    first = cluster.objects[(JOBSET.api_version, JOBSET.plural, "training", "first")]
-    first["status"] = {"conditions": [{"type": condition, "status": "True"}]}
-    assert _submit("--name", "second", "--set", "run_dir=runs/first").code == 0
-
-
-def test_a_live_pytorchjob_blocks_and_a_finished_one_does_not(cluster):
-    assert _submit("--name", "first", "--api", "pytorchjob").code == 0
-    result = _submit("--name", "second", "--set", "run_dir=runs/first")
-    assert result.code == 2
-    assert "the run directory of PyTorchJob 'first'" in " ".join(result.stderr.split())
-    first = cluster.objects[(PYTORCHJOB.api_version, PYTORCHJOB.plural, "training", "first")]
-    first["status"] = {"conditions": [{"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}]}
-    assert _submit("--name", "second", "--set", "run_dir=runs/first").code == 0
+    assert _submit("--name", "firsts").code == 0
+    assert _submit("--name", "third", "--api", "pytorchjob").code == 0
+    assert _jobs(cluster) == {"first", "firsts", "third"}

@@ -1,6 +1,7 @@
-"""`validate` holds every pod to Pod Security baseline (infra/pod_security.py): hostile variants of
-a rendered JobSet, each rejected at the path of the offending field, and what baseline allows still
-passes."""
+"""`validate` holds every pod to Pod Security baseline (infra/pod_security.py) and to the job's own
+directories (the claim writable only in its run directory, the local tier only in its own
+subdirectory, the pods labelled as the job's NetworkPolicy selects): hostile variants of a rendered
+JobSet, each rejected at the path of the offending field, and what is allowed still passes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from infra.pod_security import APPARMOR_ANNOTATION_PREFIX, LOCAL_CHECKPOINT_HOST_PATH, pss_baseline_violations
+from nvrx_eks.facts.job_names import APP_INSTANCE_LABEL, APP_NAME_LABEL
 from nvrx_eks.jobs.validate import validate_documents
 from nvrx_eks.jobs.validate.findings import format_path
 from tests.support.manifest_cases import GOLDEN_DIR, Case
@@ -19,6 +21,7 @@ CASE = Case("p5", "jobset", 2)
 TEMPLATE = ["spec", "replicatedJobs", 0, "template", "spec", "template"]
 POD = [*TEMPLATE, "spec"]
 CONTAINER = [*POD, "containers", 0]
+COORDINATOR_TEMPLATE = ["spec", "replicatedJobs", 1, "template", "spec", "template"]
 
 
 def _documents() -> list[dict]:
@@ -50,6 +53,32 @@ def _local_tier_path(docs: list[dict], field: str) -> list:
 
 def _add_init_container(docs: list[dict], security_context: dict) -> None:
     _pod(docs)["initContainers"] = [{"name": "init", "image": "busybox:1.36", "securityContext": security_context}]
+
+
+def _template(docs: list[dict], index: int = 0) -> dict:
+    return _job(docs)["spec"]["replicatedJobs"][index]["template"]["spec"]["template"]
+
+
+def _claim_mount(docs: list[dict], mount_path: str) -> tuple[int, dict]:
+    """The trainer's mount of the FSx claim at `mount_path` (its index and the mount)."""
+    mounts = _pod(docs)["containers"][0]["volumeMounts"]
+    return next((i, m) for i, m in enumerate(mounts) if m["name"] == "fsx" and m["mountPath"] == mount_path)
+
+
+def _claim_path(docs: list[dict], mount_path: str) -> list:
+    return [*CONTAINER, "volumeMounts", _claim_mount(docs, mount_path)[0], "readOnly"]
+
+
+def _run_dir_mount_at(sub_path: str) -> Callable[[list], None]:
+    """The run directory's writable mount pointed at `sub_path` of the claim instead."""
+    return lambda d: _claim_mount(d, "/fsx/runs/train")[1].update(subPath=sub_path)
+
+
+def _claim_in_another_container(section: str) -> Callable[[list], None]:
+    mount = {"name": "fsx", "mountPath": "/data"}
+    return lambda d: (
+        _pod(d).setdefault(section, []).append({"name": "side", "image": "busybox:1.36", "volumeMounts": [mount]})
+    )
 
 
 # (id, mutation, path of the offending field in the JobSet; a callable when it depends on the documents)
@@ -155,6 +184,87 @@ HOSTILE: list[tuple[str, Callable[[list], None], list | Callable[[list], list]]]
         lambda d: _local_tier_mount(d)[1].update(subPathExpr="$(POD_NAME)"),
         lambda d: _local_tier_path(d, "subPathExpr"),
     ),
+    # The job's own directories: the local tier by its own subdirectory alone (V3, V4) ...
+    (
+        "the local tier's root, as '.'",
+        lambda d: _local_tier_mount(d)[1].update(subPath="."),
+        lambda d: _local_tier_path(d, "subPath"),
+    ),
+    (
+        "the local tier's root, as './'",
+        lambda d: _local_tier_mount(d)[1].update(subPath="./"),
+        lambda d: _local_tier_path(d, "subPath"),
+    ),
+    (
+        "another job's local-tier directory",
+        lambda d: _local_tier_mount(d)[1].update(subPath="other-job"),
+        lambda d: _local_tier_path(d, "subPath"),
+    ),
+    # ... the claim writable only in its own run directory (V5, V6) ...
+    (
+        "the claim writable at /fsx",
+        lambda d: _claim_mount(d, "/fsx")[1].pop("readOnly"),
+        lambda d: _claim_path(d, "/fsx"),
+    ),
+    (
+        "the claim at /fsx with readOnly false",
+        lambda d: _claim_mount(d, "/fsx")[1].update(readOnly=False),
+        lambda d: _claim_path(d, "/fsx"),
+    ),
+    ("the claim's root writable, as '.'", _run_dir_mount_at("."), lambda d: _claim_path(d, "/fsx/runs/train")),
+    ("every run writable", _run_dir_mount_at("runs"), lambda d: _claim_path(d, "/fsx/runs/train")),
+    ("another job's run writable", _run_dir_mount_at("runs/other-job"), lambda d: _claim_path(d, "/fsx/runs/train")),
+    (
+        "a run whose name only begins with the job's",
+        _run_dir_mount_at("runs/train2"),
+        lambda d: _claim_path(d, "/fsx/runs/train"),
+    ),
+    (
+        "a second container with the claim writable",
+        _claim_in_another_container("containers"),
+        [*POD, "containers", 1, "volumeMounts", 0, "readOnly"],
+    ),
+    (
+        "an init container with the claim writable",
+        _claim_in_another_container("initContainers"),
+        [*POD, "initContainers", 0, "volumeMounts", 0, "readOnly"],
+    ),
+    (
+        "a pod without its job label writing the run directory",
+        lambda d: _template(d)["metadata"]["labels"].pop(APP_INSTANCE_LABEL),
+        lambda d: _claim_path(d, "/fsx/runs/train"),
+    ),
+    (
+        "a pod without its job label on the local tier",
+        lambda d: _template(d)["metadata"]["labels"].pop(APP_INSTANCE_LABEL),
+        lambda d: _local_tier_path(d, "subPath"),
+    ),
+    (
+        "a pod labelled as another job",
+        lambda d: _template(d)["metadata"]["labels"].update({APP_INSTANCE_LABEL: "other"}),
+        lambda d: _claim_path(d, "/fsx/runs/train"),
+    ),
+    # ... and every pod labelled as the job's NetworkPolicy selects (V8).
+    (
+        "worker pods labelled as another job",
+        lambda d: _template(d)["metadata"]["labels"].update({APP_INSTANCE_LABEL: "other"}),
+        [*TEMPLATE, "metadata", "labels", APP_INSTANCE_LABEL],
+    ),
+    (
+        "the coordinator's pod labelled as another job",
+        lambda d: _template(d, 1)["metadata"]["labels"].update({APP_INSTANCE_LABEL: "other"}),
+        [*COORDINATOR_TEMPLATE, "metadata", "labels", APP_INSTANCE_LABEL],
+    ),
+    (
+        "worker pods of another app",
+        lambda d: _template(d)["metadata"]["labels"].update({APP_NAME_LABEL: "other-app"}),
+        [*TEMPLATE, "metadata", "labels", APP_NAME_LABEL],
+    ),
+    (
+        "the job labelled as another job",
+        lambda d: _job(d)["metadata"]["labels"].update({APP_INSTANCE_LABEL: "other"}),
+        ["metadata", "labels", APP_INSTANCE_LABEL],
+    ),
 ]
 
 
@@ -169,6 +279,13 @@ def test_each_baseline_violation_is_rejected_at_its_path(variant, mutate, path):
     expected = format_path(path(documents) if callable(path) else path)
     found = [(f.document, f.path) for f in validate_documents(documents, CASE.expectations()).errors]
     assert ("JobSet/train", expected) in found, f"{variant}: expected {expected}, got {found}"
+
+
+def _claim_volume_read_only(docs: list[dict]) -> None:
+    """The claim's volume read-only as a whole: no mount of it can write, whatever it says."""
+    next(v for v in _pod(docs)["volumes"] if v["name"] == "fsx")["persistentVolumeClaim"]["readOnly"] = True
+    _claim_mount(docs, "/fsx")[1].pop("readOnly")
+    _claim_mount(docs, "/fsx/runs/train")[1]["subPath"] = "runs/other-job"
 
 
 ALLOWED: list[tuple[str, Callable[[list], None]]] = [
@@ -195,6 +312,19 @@ ALLOWED: list[tuple[str, Callable[[list], None]]] = [
         "a probe on the pod's own port",
         lambda d: _pod(d)["containers"][0].update(livenessProbe={"tcpSocket": {"port": 29500}}),
     ),
+    (
+        "a subdirectory of the run directory writable",
+        lambda d: _pod(d)["containers"][0]["volumeMounts"].append(
+            {"name": "fsx", "mountPath": "/scratch", "subPath": "runs/train/scratch"}
+        ),
+    ),
+    (
+        "another job's run read-only",
+        lambda d: _pod(d)["containers"][0]["volumeMounts"].append(
+            {"name": "fsx", "mountPath": "/other", "subPath": "runs/other-job", "readOnly": True}
+        ),
+    ),
+    ("the claim read-only as a volume, at any subPath", _claim_volume_read_only),
 ]
 
 
@@ -233,7 +363,11 @@ def test_a_pod_of_any_document_is_held_to_baseline_too():
 def test_the_baseline_check_reads_the_apparmor_annotation():
     spec = copy.deepcopy(_pod(_documents()))
     annotations = {f"{APPARMOR_ANNOTATION_PREFIX}trainer": "unconfined"}
-    extra = {"allowed_extra_capabilities": frozenset({"IPC_LOCK"}), "allowed_host_paths": (LOCAL_CHECKPOINT_HOST_PATH,)}
+    extra = {
+        "labels": _template(_documents())["metadata"]["labels"],
+        "allowed_extra_capabilities": frozenset({"IPC_LOCK"}),
+        "allowed_host_paths": (LOCAL_CHECKPOINT_HOST_PATH,),
+    }
     assert pss_baseline_violations(spec, **extra) == []
     assert pss_baseline_violations(spec, annotations=annotations, **extra) == [
         f"metadata.annotations[\"{APPARMOR_ANNOTATION_PREFIX}trainer\"]: AppArmor profile 'unconfined' is not "

@@ -5,13 +5,14 @@ so no trainer runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nvrx_eks.deploy.deployment import load_deployment
 from nvrx_eks.facts.job_names import SPARE_NODES_ANNOTATION, WORLD_SIZE_ANNOTATION
-from nvrx_eks.jobs.commands import JobOptions, build_spec
+from nvrx_eks.jobs.commands import DEFAULT_JOB_NAME, JobOptions, build_spec
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.local import runner
 from tests.support.cli_harness import run_cli
@@ -28,7 +29,13 @@ def _rendered_job(tmp_path, *, nodes: int, spare_nodes: int) -> dict[str, int]:
     holds every launched node."""
     config = profile_file(tmp_path / "profile", gpu_nodes__max_size=nodes + spare_nodes)
     train = runner.local_config(
-        run_dir=tmp_path / "job", steps=10, faults="", preset="tiny", checkpoint_interval=5, backend="nvrx"
+        # In the job's own directory on the claim, the only run_dir render places a job in.
+        run_dir=Path("runs") / DEFAULT_JOB_NAME["train"],
+        steps=10,
+        faults="",
+        preset="tiny",
+        checkpoint_interval=5,
+        backend="nvrx",
     )
     (train_config := tmp_path / "train.yaml").write_text(train.to_yaml())
     options = JobOptions(nodes=nodes, spare_nodes=spare_nodes, ranks_per_node=1, train_config=str(train_config))

@@ -5,9 +5,9 @@ NetworkPolicy that admits only the job's pods."""
 from __future__ import annotations
 
 from infra import pod_security
-from nvrx_eks.facts.job_names import JOB_POD_SELECTOR_KEYS
+from nvrx_eks.facts.job_names import APP_INSTANCE_LABEL, JOB_POD_SELECTOR_KEYS
 from nvrx_eks.jobs.validate.findings import document_id
-from nvrx_eks.jobs.validate.rules.base import MISSING, PodSite, RuleBase, get
+from nvrx_eks.jobs.validate.rules.base import MISSING, PodSite, RuleBase, get, pod_specs
 from workloads.numa import GPUS_PER_NUMA_ENV
 
 #: ft_launcher's own NUMA binding (NVRx 0.7.0 fault_tolerance/launcher.py): numactl per rank.
@@ -20,11 +20,14 @@ class SecurityRules(RuleBase):
     def _check_pod_security(self, doc: dict, spec_path: list, spec: dict, allowed_capabilities: frozenset[str]) -> None:
         """Pod Security baseline, with this project's exceptions (infra/pod_security.py), for a pod
         in whatever document it comes: every control the cluster's admission policy enforces."""
-        # A PodSpec is the `spec` of a Pod or a PodTemplateSpec, whose metadata holds the annotations.
+        # A PodSpec is the `spec` of a Pod or a PodTemplateSpec, whose metadata holds the labels
+        # (the job a pod belongs to, which decides what of the claim it may write) and annotations.
         pod_path = spec_path[:-1]
+        labels = get(doc, pod_path + ["metadata", "labels"])
         annotations = get(doc, pod_path + ["metadata", "annotations"])
         for problem in pod_security.pod_security_violations(
             spec,
+            labels=labels if isinstance(labels, dict) else None,
             annotations=annotations if isinstance(annotations, dict) else None,
             allowed_capabilities=allowed_capabilities,
             allowed_host_paths=pod_security.HOST_PATH_ALLOW_LIST,
@@ -94,6 +97,7 @@ class SecurityRules(RuleBase):
         labels = get(job, ["metadata", "labels"])
         labels = labels if isinstance(labels, dict) else {}
         job_selector = {k: labels.get(k) for k in JOB_POD_SELECTOR_KEYS}
+        self._check_pod_labels(job, job_selector)
 
         def selects_job(selector) -> bool:
             match = get(selector, ["matchLabels"])
@@ -134,6 +138,32 @@ class SecurityRules(RuleBase):
                             + ", ".join(f"{k}={v}" for k, v in job_selector.items()),
                         )
             self.doc_id = doc_id
+
+    def _check_pod_labels(self, job: dict, job_selector: dict) -> None:
+        """Every pod of the job carries the labels its NetworkPolicy selects by, and its job label
+        is the job's name. A pod labelled otherwise falls outside its own job's policy (open to the
+        namespace, or inside another job's), and the admission policy would let it write the run
+        directory its label names (infra/pod_security.py), not its own."""
+        name = get(job, ["metadata", "name"])
+        instance = job_selector.get(APP_INSTANCE_LABEL)
+        if instance != name:
+            self.error(
+                ["metadata", "labels", APP_INSTANCE_LABEL],
+                ("missing" if instance is None else f"is {instance!r}")
+                + f", but the job is named {name!r}: its pods are told apart, and write their run directory, "
+                f"by this label; set it to {name!r}",
+            )
+        for spec_path, _ in pod_specs(job):
+            template_labels = get(job, [*spec_path[:-1], "metadata", "labels"])
+            template_labels = template_labels if isinstance(template_labels, dict) else {}
+            for key, value in job_selector.items():
+                if value is not None and template_labels.get(key) != value:
+                    self.error(
+                        [*spec_path[:-1], "metadata", "labels", key],
+                        ("missing" if key not in template_labels else f"is {template_labels[key]!r}")
+                        + f", but the job's NetworkPolicy selects its pods by {key}={value}: this pod would fall "
+                        f"outside it (reachable from any pod, or inside another job's policy); set it to {value!r}",
+                    )
 
     def _check_security(self, site: PodSite) -> None:
         if site.container is None:

@@ -9,7 +9,13 @@ from infra import pod_security
 from nvrx_eks.facts import job_names
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import InstanceFacts
-from nvrx_eks.jobs.spec import FSX_MOUNT_PATH, TRAIN_CONFIG_KEY, fsx_path_problem, parent_component_problem
+from nvrx_eks.jobs.spec import (
+    FSX_MOUNT_PATH,
+    TRAIN_CONFIG_KEY,
+    fsx_path_problem,
+    own_run_dir_problem,
+    parent_component_problem,
+)
 from nvrx_eks.jobs.validate.findings import Finding, document_id, format_path
 from nvrx_eks.jobs.validate.rules.base import MISSING, PodSite, get
 from nvrx_eks.jobs.validate.rules.entrypoint import EntrypointRules
@@ -78,12 +84,13 @@ class TrainingRules(PodRules, SecurityRules, PolicyRules, EntrypointRules):
                         f"{fault.label} targets rank {fault.rank}, but the job has {world_size} ranks",
                     )
                 )
-            # Where the run writes must be on FSx; the data it reads (which may be baked into the
-            # image) must at least not climb out of where it is placed.
-            paths = [
-                ("run_dir", train.run_dir, fsx_path_problem),
-                ("checkpoint.dir", train.checkpoint_dir, fsx_path_problem),
-            ]
+
+            # Where the run writes must be the job's own directory on FSx; the data it reads (which
+            # may be baked into the image) must at least not climb out of where it is placed.
+            def written(path: str) -> str | None:
+                return fsx_path_problem(path) or own_run_dir_problem(path, str(name))
+
+            paths = [("run_dir", train.run_dir, written), ("checkpoint.dir", train.checkpoint_dir, written)]
             if train.data.path:
                 paths.append(("data.path", train.data.path, parent_component_problem))
             for label, value, check in paths:
