@@ -86,7 +86,7 @@ def plan(
     train_config: str | None = typer.Option(
         None, "--train-config", help="Trainer config YAML: preset, batch, sequence length and checkpoint interval."
     ),
-    nodes: int | None = typer.Option(None, min=1, help="GPU nodes (default: the profile's desired_size)."),
+    nodes: int | None = typer.Option(None, min=1, help="GPU nodes (default: desired_size, or max_size if 0)."),
     node_mtbf_hours: float | None = typer.Option(None, min=1, help="Mean time between failures of one node."),
     sync_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of a synchronous save."),
     async_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of an NVRx async save."),

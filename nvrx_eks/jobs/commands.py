@@ -32,7 +32,14 @@ from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_session, read_stack_outputs
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.job_kinds import JOB_KINDS, Api
-from nvrx_eks.jobs.capacity import NodeLimit, deployed_nodes, live_limits, profile_limit, refuse_beyond
+from nvrx_eks.jobs.capacity import (
+    NodeLimit,
+    default_nodes,
+    deployed_nodes,
+    live_limits,
+    profile_limit,
+    refuse_beyond,
+)
 from nvrx_eks.jobs.options import JobOptions, data_overrides
 from nvrx_eks.jobs.render import RenderedJob, list_items, render_job, write_documents
 from nvrx_eks.jobs.spec import JobSpec, build_jobspec, check_faults, check_global_batch, load_train_config
@@ -76,7 +83,7 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
         raise ConfigError(f"--train-config {options.train_config} is a directory; give a trainer config YAML file")
     if options.train_config and not Path(options.train_config).exists():
         raise ConfigError(f"--train-config {options.train_config} does not exist; give a trainer config YAML file")
-    nodes = options.nodes or (outputs.node_count if outputs else deployment.config.gpu_nodes.desired_size)
+    nodes = options.nodes or default_nodes(deployment.config, outputs)
     train = (
         None
         if options.fabric_test
