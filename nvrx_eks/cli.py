@@ -314,9 +314,10 @@ def preflight(
     nodes: int | None = typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes to plan for (default: max_size)."),
     output: str = OutputFormatOption,
 ) -> None:
-    """Before deploying: credentials, vCPU quota, instance offering, reservation, FSx quota, EKS version,
-    no documentation placeholders in the profile, and API endpoint access from this machine. With a
-    cluster: section, the existing cluster instead: its context, namespace, claim, job API and GPU nodes."""
+    """Before deploying: credentials, the admin principal (exists, is you), vCPU quota, instance offering,
+    GPU capacity (a reservation or block; quota is not capacity), FSx quota, EKS version, no documentation
+    placeholders in the profile, and API endpoint access from this machine. With a cluster: section, the
+    existing cluster instead: its context, namespace, claim, job API and GPU nodes."""
     from nvrx_eks.ops import preflight as checks
 
     checks.run(_deployment(profile, config), nodes, table_console(check_format(output)), output=output)

@@ -55,9 +55,14 @@ def api_error(error: Exception, doing: str) -> ConfigError:
         except (ValueError, AttributeError):
             pass
         if error.status == 401:
+            # EKS authenticates through access entries only (authentication mode API): a valid
+            # token of a principal no entry names is refused as unauthenticated.
             return ConfigError(
-                f"the cluster rejected the authentication token while {doing}; check that your AWS "
-                "credentials are for the account of the cluster"
+                f"the cluster did not accept your AWS identity while {doing} (401 Unauthorized): most likely no EKS "
+                "access entry names it; the stacks create one, for admin_principal_arn in the profile. Compare it "
+                "with `aws sts get-caller-identity` (`nvrx-eks preflight` does), then use that principal's "
+                "credentials or add an access entry for yours (aws eks create-access-entry, then "
+                "associate-access-policy); credentials for another account are refused the same way"
             )
         if error.status == 403:
             return ConfigError(
