@@ -354,6 +354,40 @@ def teardown(
         raise typer.Exit(1)
 
 
+# ----- GPU capacity: scale the deployed GPU node group --------------------------------------
+
+capacity_app = typer.Typer(no_args_is_help=True, help="Scale the deployed GPU node group up to a job's nodes, or to 0.")
+app.add_typer(capacity_app, name="capacity")
+WaitOption = typer.Option(30, "--wait-minutes", min=1, help="How long to wait for the nodes before giving up.")
+
+
+@capacity_app.command("up")
+def capacity_up(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    nodes: int | None = typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes (default: desired_size, or max)."),
+    wait_minutes: int = WaitOption,
+) -> None:
+    """Scale the GPU node group up (a Capacity Block: once it is active) and wait until the nodes are Ready;
+    a shortfall is named with what to do."""
+    from nvrx_eks.ops.gpu_capacity import capacity_up as scale_up
+
+    scale_up(_deployment(profile, config), nodes, Console(), timeout_s=wait_minutes * 60)
+
+
+@capacity_app.command("down")
+def capacity_down(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    force: bool = typer.Option(False, "--force", help="Scale down even while a training job is running."),
+    wait_minutes: int = WaitOption,
+) -> None:
+    """Scale the GPU node group to 0 (refused while a training job of this tool runs, unless --force)."""
+    from nvrx_eks.ops.gpu_capacity import capacity_down as scale_down
+
+    scale_down(_deployment(profile, config), Console(), force=force, timeout_s=wait_minutes * 60)
+
+
 @app.command()
 def local(
     nproc: int = typer.Option(2, "--nproc", help="CPU ranks (gloo) per simulated node."),

@@ -144,6 +144,10 @@ class JobClient:
             jobs.extend((kind, item) for item in items)
         return jobs
 
+    def live_jobs(self) -> list[tuple[JobKind, dict]]:
+        """This tool's jobs that have not finished (pending or running: they hold or want nodes)."""
+        return [(k, j) for k, j in self.list_jobs() if JobStatus.from_objects(k, j, []).phase not in _FINISHED_PHASES]
+
     def pods(self, kind: JobKind, name: str) -> list[k8s.V1Pod]:
         try:
             pods = self.core.list_namespaced_pod(self.namespace, label_selector=kind.pod_selector(name)).items
@@ -190,9 +194,7 @@ class JobClient:
         ours = _written_directories(job)
         if not ours:
             return
-        for kind, other in self.list_jobs():
-            if JobStatus.from_objects(kind, other, []).phase in _FINISHED_PHASES:
-                continue
+        for kind, other in self.live_jobs():
             name = other["metadata"]["name"]
             for their_what, theirs in _written_directories(other):
                 for what, path in ours:

@@ -281,10 +281,16 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
         err.print(
             f"[yellow]note:[/] the job launches {spec.launched_nodes} nodes and the GPU node group "
             f"{escape(deployed.nodegroup)} runs {deployed.desired_size}; pods wait in Pending until it is scaled "
-            f"up (aws eks update-nodegroup-config --cluster-name {escape(outputs.cluster_name)} --nodegroup-name "
-            f"{escape(deployed.nodegroup)} --scaling-config desiredSize={spec.launched_nodes})"
+            f"up: `nvrx-eks capacity up --nodes {spec.launched_nodes}{_again(deployment)}`"
         )
     return _create(client, rendered, deployment, err)
+
+
+def _again(deployment: Deployment) -> str:
+    """The flags that make another nvrx-eks command use the same deployment."""
+    if deployment.config_path is not None:
+        return f" -c {deployment.config_path}"
+    return f" -p {deployment.profile}" if deployment.profile else ""
 
 
 def _submit_to_existing_cluster(deployment: Deployment, options: JobOptions, err: Console) -> RenderedJob:
@@ -309,7 +315,7 @@ def _create(client: JobClient, rendered: RenderedJob, deployment: Deployment, er
         f"created {job['kind']} {job['metadata']['name']} in {client.namespace} "
         f"({spec.nodes} x {spec.instance_type}, world size {spec.world_size})"
     )
-    again = "" if deployment.config_path is None else f" -c {deployment.config_path}"
+    again = _again(deployment)
     err.print(f"follow it: nvrx-eks status {spec.name}{again}   nvrx-eks logs {spec.name}{again} -f")
     return rendered
 
