@@ -143,8 +143,17 @@ class _Scaler:
             issues,
         )
 
-    def scale(self, group: NodeGroup, desired: int) -> str:
-        """Ask EKS for `desired` nodes; the update's id."""
+    def scale(self, group: NodeGroup, desired: int) -> str | None:
+        """Ask EKS for `desired` nodes; the update's id, None where the group asks for them already:
+        then there is nothing to update (and an update that changes nothing may be refused: EKS
+        refuses some, e.g. "No changes needed" for cluster configs; not verified for node groups)."""
+        if group.desired_size == desired:
+            self.console.print(f"{group.name} is set to {desired} nodes already")
+            return None
+        self.console.print(
+            f"scaling {group.name} ({self.config.gpu_nodes.instance_type}, {self.config.gpu_availability_zone}) "
+            f"from {group.desired_size} to {desired} nodes"
+        )
         scaling = {"minSize": min(group.min_size, desired), "maxSize": group.max_size, "desiredSize": desired}
         update = self._aws(
             f"scaling node group {group.name}",
@@ -258,10 +267,6 @@ def capacity_up(
     found = scaler.block()
     if found is not None:
         _refuse_before_its_start(config, found, wanted, _now(clock))
-    console.print(
-        f"scaling {group.name} ({config.gpu_nodes.instance_type}, {config.gpu_availability_zone}) from "
-        f"{group.desired_size} to {wanted} nodes"
-    )
     update_id = scaler.scale(group, wanted)
     group = _wait(scaler, update_id, wanted, console, timeout_s=timeout_s, poll_s=poll_s)
     console.print(f"[green]{wanted} of {wanted} nodes Ready[/] in {group.name}: submit jobs with `nvrx-eks submit`")
@@ -281,15 +286,15 @@ def capacity_up(
     return group
 
 
-def _wait(scaler: _Scaler, update_id: str, wanted: int, console: Console, *, timeout_s: float, poll_s: float):
+def _wait(scaler: _Scaler, update_id: str | None, wanted: int, console: Console, *, timeout_s: float, poll_s: float):
     """Until the update succeeded, the group is ACTIVE and `wanted` nodes are Ready (0: none is
     left); ConfigError with the group's health issues if it fails, degrades or times out."""
     started = time.monotonic()
     seen: set[tuple[str, str]] = set()
-    update_done, last = False, None
+    update_done, last = update_id is None, None
     while True:
         group = scaler.group()
-        if not update_done:
+        if update_id is not None and not update_done:
             status, errors = scaler.update_status(group, update_id)
             if status in ("Failed", "Cancelled"):
                 _fail(scaler, group, f"EKS reports the update {status}: {'; '.join(errors) or 'no reason given'}")
@@ -351,7 +356,6 @@ def capacity_down(
                 f"{reservations.utc_text(end)}: this stops its nodes {reservations.duration_text(left)} before EC2 "
                 "would; the block is paid up front, so those hours go unused (`capacity up` again while it lasts)"
             )
-    console.print(f"scaling {group.name} from {group.desired_size} to 0 nodes")
     update_id = scaler.scale(group, 0)
     group = _wait(scaler, update_id, 0, console, timeout_s=timeout_s, poll_s=poll_s)
     console.print(f"[green]{group.name} has no nodes[/]; `nvrx-eks capacity up` brings them back")

@@ -129,6 +129,19 @@ def test_up_scales_the_group_and_waits_until_its_nodes_are_ready(cluster):
     assert "billed ~$110.08/h while they run" in out
 
 
+def test_up_when_the_group_asks_for_the_nodes_already_only_waits(cluster):
+    """A second `capacity up` sends no update that changes nothing; it waits for the nodes."""
+    group = _deployed(cluster, desired=2)
+    session = _session()
+    fleet = Fleet(session, cluster)
+    fleet.scalings.append({"desiredSize": 2})  # as if scaled before: nodes come on each poll
+    console = Console(width=200, record=True)
+    capacity_up(load_deployment(), 2, console, session=session, poll_s=0)
+    assert fleet.scalings == [{"desiredSize": 2}] and fleet.polls == 0  # no update, none described
+    assert len(fleet.nodes(group)) == 2
+    assert "nvrx-eks-gpu is set to 2 nodes already" in console.export_text()
+
+
 def test_a_capacity_shortfall_names_the_health_issue_and_what_to_do(cluster):
     _deployed(cluster)
     session = _session()
