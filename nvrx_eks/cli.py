@@ -86,7 +86,7 @@ def plan(
     train_config: str | None = typer.Option(
         None, "--train-config", help="Trainer config YAML: preset, batch, sequence length and checkpoint interval."
     ),
-    nodes: int | None = typer.Option(None, min=1, help="GPU nodes (default: the profile's desired_size)."),
+    nodes: int | None = typer.Option(None, min=1, help="GPU nodes (default: desired_size, or max_size if 0)."),
     node_mtbf_hours: float | None = typer.Option(None, min=1, help="Mean time between failures of one node."),
     sync_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of a synchronous save."),
     async_stall_s: float | None = typer.Option(None, min=0, help="Measured stall of an NVRx async save."),
@@ -314,9 +314,10 @@ def preflight(
     nodes: int | None = typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes to plan for (default: max_size)."),
     output: str = OutputFormatOption,
 ) -> None:
-    """Before deploying: credentials, vCPU quota, instance offering, reservation, FSx quota, EKS version,
-    no documentation placeholders in the profile, and API endpoint access from this machine. With a
-    cluster: section, the existing cluster instead: its context, namespace, claim, job API and GPU nodes."""
+    """Before deploying: credentials, the admin principal (exists, is you), vCPU quota, instance offering,
+    GPU capacity (a reservation or block; quota is not capacity), FSx quota, EKS version, no documentation
+    placeholders in the profile, and API endpoint access from this machine. With a cluster: section, the
+    existing cluster instead: its context, namespace, claim, job API and GPU nodes."""
     from nvrx_eks.ops import preflight as checks
 
     checks.run(_deployment(profile, config), nodes, table_console(check_format(output)), output=output)
@@ -351,6 +352,40 @@ def teardown(
     )
     if result.aborted:
         raise typer.Exit(1)
+
+
+# ----- GPU capacity: scale the deployed GPU node group --------------------------------------
+
+capacity_app = typer.Typer(no_args_is_help=True, help="Scale the deployed GPU node group up to a job's nodes, or to 0.")
+app.add_typer(capacity_app, name="capacity")
+WaitOption = typer.Option(30, "--wait-minutes", min=1, help="How long to wait for the nodes before giving up.")
+
+
+@capacity_app.command("up")
+def capacity_up(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    nodes: int | None = typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes (default: desired_size, or max)."),
+    wait_minutes: int = WaitOption,
+) -> None:
+    """Scale the GPU node group up (a Capacity Block: once it is active) and wait until the nodes are Ready;
+    a shortfall is named with what to do."""
+    from nvrx_eks.ops.gpu_capacity import capacity_up as scale_up
+
+    scale_up(_deployment(profile, config), nodes, Console(), timeout_s=wait_minutes * 60)
+
+
+@capacity_app.command("down")
+def capacity_down(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    force: bool = typer.Option(False, "--force", help="Scale down even while a training job is running."),
+    wait_minutes: int = WaitOption,
+) -> None:
+    """Scale the GPU node group to 0 (refused while a training job of this tool runs, unless --force)."""
+    from nvrx_eks.ops.gpu_capacity import capacity_down as scale_down
+
+    scale_down(_deployment(profile, config), Console(), force=force, timeout_s=wait_minutes * 60)
 
 
 @app.command()

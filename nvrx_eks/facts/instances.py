@@ -15,6 +15,18 @@ Sources (checked 2026-11):
   running instance whose type starts with the class letter.
 - On-demand prices: https://aws.amazon.com/ec2/pricing/on-demand/ (us-east-1, Linux), read
   2026-11; p5e.48xlarge is sold through Capacity Blocks only and has no on-demand price.
+- Capacity Block prices (capacity_block_usd_per_hour: the reservation fee per instance-hour,
+  paid up front at purchase for the whole block; the per-second operating-system fee while
+  instances run is not included), read 2026-12-02. ESTIMATES: AWS reprices blocks by supply and
+  demand (https://aws.amazon.com/ec2/capacityblocks/pricing/ says when next) and a block costs the
+  rate of the day it was bought; its real price is on the purchase (the offering's UpfrontFee).
+  The AWS page itself could not be read from here; what was found:
+  p5e.48xlarge $39.80 and p5en.48xlarge $41.61 ("most regions", after a ~15% rise in January 2026
+  from $34.61 and $36.18: sjramblings.io "Your Inference Bill Is Going Up" and
+  administraciondesistemas.com, both quoting the AWS page); p5.48xlarge $34.61 (a third-party
+  "Q2 2026 snapshot" in a public cost calculator; ap-south-1's $37.76 in another is consistent;
+  a copy of the AWS page from before 2025-01-01 listed $39.33 in us-east-1, so read it as $35-40);
+  p4d.24xlarge $14.75 (that same pre-2025 copy: the oldest figure here). g5 is not sold as blocks.
 - Peak dense bf16 tensor throughput per GPU (PEAK_BF16_DENSE_TFLOPS): NVIDIA's datasheets give
   the figures with 2:4 sparsity; dense is half. H100 SXM5 and H200 SXM: 1,979 TFLOPS sparse ->
   989 dense (https://www.nvidia.com/en-us/data-center/h100/, .../h200/); A100 SXM: 312 dense
@@ -82,6 +94,9 @@ class InstanceFacts:
     network_gbps: int
     nvme_gib: int  # local instance-store NVMe, total
     on_demand_usd_per_hour: float | None  # us-east-1; None where no on-demand offer exists
+    #: A Capacity Block's reservation fee per instance-hour (an estimate: module docstring);
+    #: None where the type is not sold as Capacity Blocks.
+    capacity_block_usd_per_hour: float | None = None
     #: Can mount an EFA-enabled FSx for Lustre file system over EFA (with GPUDirect Storage):
     #: FSx names P5, P5e, P5en (and P6-B200) as its EFA/GDS clients; p4d and g5 use TCP (ENA).
     fsx_efa_client: bool = False
@@ -147,6 +162,7 @@ def _p5_class(
     gpu_memory_gib: int,
     cards: int,
     usd: float | None,
+    block_usd: float,
     per_switch: int | None,
     busbw: float | None = None,
 ) -> InstanceFacts:
@@ -154,7 +170,8 @@ def _p5_class(
     return InstanceFacts(
         instance_type, gpu, gpus=8, gpu_memory_gib=gpu_memory_gib, vcpus=192, memory_gib=2048,
         network_cards=cards, efa_interfaces=cards, network_gbps=3200, nvme_gib=8 * 3576,
-        on_demand_usd_per_hour=usd, fsx_efa_client=True, efa_rdma=True, numa_nodes=2,
+        on_demand_usd_per_hour=usd, capacity_block_usd_per_hour=block_usd,
+        fsx_efa_client=True, efa_rdma=True, numa_nodes=2,
         efa_devices_per_pcie_switch=per_switch, published_allreduce_busbw_gb_s=busbw,
     )  # fmt: skip
 
@@ -163,11 +180,11 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
     f.instance_type: f
     for f in (
         # 8x H100 SXM 80 GB; 32 network cards, EFAv2 at 3200 Gbps in total; 8x 3.84 TB NVMe.
-        _p5_class("p5.48xlarge", "H100", 80, cards=32, usd=55.04, per_switch=4, busbw=487.09),
+        _p5_class("p5.48xlarge", "H100", 80, cards=32, usd=55.04, block_usd=34.61, per_switch=4, busbw=487.09),
         # 8x H200 141 GB; same network layout as p5; sold as Capacity Blocks only.
-        _p5_class("p5e.48xlarge", "H200", 141, cards=32, usd=None, per_switch=4),
+        _p5_class("p5e.48xlarge", "H200", 141, cards=32, usd=None, block_usd=39.80, per_switch=4),
         # 8x H200 141 GB; EFAv3 on 16 network cards, 3200 Gbps in total.
-        _p5_class("p5en.48xlarge", "H200", 141, cards=16, usd=63.30, per_switch=None),
+        _p5_class("p5en.48xlarge", "H200", 141, cards=16, usd=63.30, block_usd=41.61, per_switch=None),
         # 8x A100 40 GB; 4 network cards, EFA at 400 Gbps; 8x 1 TB NVMe.
         InstanceFacts(
             "p4d.24xlarge",
@@ -181,6 +198,7 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
             network_gbps=400,
             nvme_gib=8 * 931,
             on_demand_usd_per_hour=21.96,
+            capacity_block_usd_per_hour=14.75,
             efa_rdma=True,
             numa_nodes=2,
         ),  # fmt: skip
@@ -238,3 +256,34 @@ def facts_for(instance_type: str) -> InstanceFacts:
         raise ValueError(
             f"'{instance_type}' is not a supported EFA-capable GPU instance type; use one of: {supported}"
         ) from None
+
+
+#: Where each kind of node price comes from (module docstring), as the cost lines name it.
+ON_DEMAND_PRICE_SOURCE = "the on-demand price, us-east-1 Linux, read 2026-11"
+CAPACITY_BLOCK_PRICE_SOURCE = (
+    "the Capacity Block reservation fee: an ESTIMATE read 2026-12-02 from reports of the AWS page (your block's "
+    "price is on its purchase)"
+)
+
+
+@dataclass(frozen=True)
+class NodePrice:
+    """What one GPU node costs per hour, and on what terms (nvrx_eks/facts/instances.py)."""
+
+    usd_per_hour: float
+    #: How it is bought: "on-demand" or "Capacity Block".
+    basis: str
+    source: str
+    #: A Capacity Block is paid at purchase for its whole duration, used or not: an idle or lost
+    #: hour of it is work not done, not money that stopping would save.
+    paid_up_front: bool
+
+
+def node_price(facts: InstanceFacts, capacity_type: str) -> NodePrice | None:
+    """The price a node group of `capacity_type` (gpu_nodes.capacity_type: on-demand or
+    capacity-block) pays per node-hour; None where the type is not sold that way."""
+    if capacity_type == "capacity-block":
+        usd = facts.capacity_block_usd_per_hour
+        return None if usd is None else NodePrice(usd, "Capacity Block", CAPACITY_BLOCK_PRICE_SOURCE, True)
+    usd = facts.on_demand_usd_per_hour
+    return None if usd is None else NodePrice(usd, "on-demand", ON_DEMAND_PRICE_SOURCE, False)

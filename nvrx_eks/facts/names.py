@@ -35,3 +35,5 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
 #: Tag put on every resource of a deployment; teardown sweeps orphans by it.
 DEPLOYMENT_TAG_KEY = "nvrx-eks:deployment"
+#: Label EKS puts on every node of a managed node group: the group's name.
+NODEGROUP_LABEL_KEY = "eks.amazonaws.com/nodegroup"

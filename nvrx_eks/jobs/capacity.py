@@ -1,4 +1,9 @@
-"""How many GPU nodes a job may launch.
+"""How many GPU nodes a job takes by default, and how many it may launch.
+
+Without --nodes a job (and `nvrx-eks capacity up`) takes gpu_nodes.desired_size, the count the
+GPU node group is scaled up to; a profile that says 0 there (a Capacity Block group, created at 0
+before its block starts) means the group's maximum, gpu_nodes.max_size. A node count of 0 never
+reaches the planner or the trainer config: every per-GPU share divides by it.
 
 Every launched node (active + hot spares: JobSpec.launched_nodes) runs one pod that asks for all
 of a node's GPUs, so a job that launches more nodes than the GPU node group can hold is not an
@@ -18,19 +23,40 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from infra.config import DeploymentConfig
+from nvrx_eks.deploy import reservations
 from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_error
 from nvrx_eks.facts.errors import ConfigError, FieldPath
 from nvrx_eks.facts.stack_outputs import OutputKey
-from nvrx_eks.jobs.spec import JobSpec
+
+if TYPE_CHECKING:
+    from nvrx_eks.jobs.spec import JobSpec
 
 #: Error codes of a read the caller's IAM identity may not make: submit then goes on without
 #: that check (it needs only the Kubernetes access entry) and says which check it skipped.
 _DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"}
+
+
+def require_nodes(nodes: int, what: str) -> int:
+    """`nodes`, or a ConfigError (exit 2) naming `what` set it to less than one GPU node."""
+    if nodes < 1:
+        raise ConfigError(f"{what} is {nodes}: a job needs at least one GPU node; give --nodes N (N >= 1)")
+    return nodes
+
+
+def default_nodes(config: DeploymentConfig, outputs: StackOutputs | None = None) -> int:
+    """The GPU nodes a job (and `capacity up`) takes without --nodes: the deployed stack's node
+    count where `outputs` are given, else gpu_nodes.desired_size, else gpu_nodes.max_size."""
+    if outputs is not None:
+        return require_nodes(outputs.node_count, f"the stack output {OutputKey.GPU_NODE_COUNT.value}")
+    gpu_nodes = config.gpu_nodes
+    return require_nodes(gpu_nodes.desired_size or gpu_nodes.max_size, "gpu_nodes.max_size")
 
 
 @dataclass(frozen=True)
@@ -123,15 +149,13 @@ def deployed_nodes(deployment: Deployment, outputs: StackOutputs, session: boto3
     reservation_id = config.gpu_nodes.capacity_reservation_id
     if reservation_id is not None:
         try:
-            found = session.client("ec2", region_name=config.region).describe_capacity_reservations(
-                CapacityReservationIds=[reservation_id]
-            )["CapacityReservations"]
-            reservation_total, reservation_missing = (found[0]["TotalInstanceCount"], False) if found else (0, True)
+            found = reservations.describe(session, config.region, reservation_id)
+            # A Capacity Block not started yet shows no instances but holds them from its start.
+            reservation_total = 0 if found is None else reservations.reserved_instances(found)
+            reservation_missing = found is None
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
-            if code == "InvalidCapacityReservationId.NotFound":
-                reservation_total, reservation_missing = 0, True
-            elif code in _DENIED:
+            if code in _DENIED:
                 skipped.append(
                     f"the size of capacity reservation {reservation_id} (ec2:DescribeCapacityReservations denied)"
                 )

@@ -54,9 +54,14 @@ def api_error(error: Exception, doing: str) -> ConfigError:
         except (ValueError, AttributeError):
             pass
         if error.status == 401:
+            # EKS authenticates through access entries only (authentication mode API): a valid
+            # token of a principal no entry names is refused as unauthenticated.
             return ConfigError(
-                f"the cluster rejected the authentication token while {doing}; check that your AWS "
-                "credentials are for the account of the cluster"
+                f"the cluster did not accept your AWS identity while {doing} (401 Unauthorized): most likely no EKS "
+                "access entry names it; the stacks create one, for admin_principal_arn in the profile. Compare it "
+                "with `aws sts get-caller-identity` (`nvrx-eks preflight` does), then use that principal's "
+                "credentials or add an access entry for yours (aws eks create-access-entry, then "
+                "associate-access-policy); credentials for another account are refused the same way"
             )
         if error.status == 403:
             return ConfigError(
@@ -137,6 +142,10 @@ class JobClient:
                 raise api_error(e, f"listing {kind.kind}s") from None
             jobs.extend((kind, item) for item in items)
         return jobs
+
+    def live_jobs(self) -> list[tuple[JobKind, dict]]:
+        """This tool's jobs that have not finished (pending or running: they hold or want nodes)."""
+        return [(k, j) for k, j in self.list_jobs() if JobStatus.from_objects(k, j, []).phase not in _FINISHED_PHASES]
 
     def pods(self, kind: JobKind, name: str) -> list[k8s.V1Pod]:
         try:
@@ -312,6 +321,10 @@ class JobClient:
     def status(self, name: str) -> JobStatus:
         kind, obj = self.find(name)
         return JobStatus.from_objects(kind, obj, self.pods(kind, name))
+
+
+#: Phases of a job that holds and wants no nodes any more (JobStatus's, for either kind).
+_FINISHED_PHASES = ("Succeeded", "Failed")
 
 
 def _owner_reference(api_version: str, kind: str, metadata: dict) -> dict:

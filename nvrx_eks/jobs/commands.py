@@ -32,7 +32,14 @@ from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_session, read_stack_outputs
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.job_kinds import JOB_KINDS, Api
-from nvrx_eks.jobs.capacity import NodeLimit, deployed_nodes, live_limits, profile_limit, refuse_beyond
+from nvrx_eks.jobs.capacity import (
+    NodeLimit,
+    default_nodes,
+    deployed_nodes,
+    live_limits,
+    profile_limit,
+    refuse_beyond,
+)
 from nvrx_eks.jobs.options import JobOptions, data_overrides
 from nvrx_eks.jobs.render import RenderedJob, list_items, render_job, write_documents
 from nvrx_eks.jobs.spec import JobSpec, build_jobspec, check_faults, check_global_batch, load_train_config
@@ -76,7 +83,7 @@ def build_spec(deployment: Deployment, options: JobOptions, outputs: StackOutput
         raise ConfigError(f"--train-config {options.train_config} is a directory; give a trainer config YAML file")
     if options.train_config and not Path(options.train_config).exists():
         raise ConfigError(f"--train-config {options.train_config} does not exist; give a trainer config YAML file")
-    nodes = options.nodes or (outputs.node_count if outputs else deployment.config.gpu_nodes.desired_size)
+    nodes = options.nodes or default_nodes(deployment.config, outputs)
     train = (
         None
         if options.fabric_test
@@ -274,10 +281,16 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
         err.print(
             f"[yellow]note:[/] the job launches {spec.launched_nodes} nodes and the GPU node group "
             f"{escape(deployed.nodegroup)} runs {deployed.desired_size}; pods wait in Pending until it is scaled "
-            f"up (aws eks update-nodegroup-config --cluster-name {escape(outputs.cluster_name)} --nodegroup-name "
-            f"{escape(deployed.nodegroup)} --scaling-config desiredSize={spec.launched_nodes})"
+            f"up: `nvrx-eks capacity up --nodes {spec.launched_nodes}{_again(deployment)}`"
         )
     return _create(client, rendered, deployment, err)
+
+
+def _again(deployment: Deployment) -> str:
+    """The flags that make another nvrx-eks command use the same deployment."""
+    if deployment.config_path is not None:
+        return f" -c {deployment.config_path}"
+    return f" -p {deployment.profile}" if deployment.profile else ""
 
 
 def _submit_to_existing_cluster(deployment: Deployment, options: JobOptions, err: Console) -> RenderedJob:
@@ -302,7 +315,7 @@ def _create(client: JobClient, rendered: RenderedJob, deployment: Deployment, er
         f"created {job['kind']} {job['metadata']['name']} in {client.namespace} "
         f"({spec.nodes} x {spec.instance_type}, world size {spec.world_size})"
     )
-    again = "" if deployment.config_path is None else f" -c {deployment.config_path}"
+    again = _again(deployment)
     err.print(f"follow it: nvrx-eks status {spec.name}{again}   nvrx-eks logs {spec.name}{again} -f")
     return rendered
 

@@ -30,7 +30,7 @@ MAX_STEP_TIME_S = 24 * 3600.0
 JOB_FLAGS: dict[str, tuple[object, Any]] = {
     "nodes": (
         int | None,
-        typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes (default: the profile's desired_size)."),
+        typer.Option(None, "--nodes", "-n", min=1, help="GPU nodes (default: desired_size, or max_size if 0)."),
     ),
     "api": (str, typer.Option("jobset", "--api", help="jobset (default) or pytorchjob (needs the training operator).")),
     "fabric_test": (

@@ -36,6 +36,7 @@ from nvrx_eks.facts.job_kinds import Api
 from nvrx_eks.facts.job_presets import JOB_PRESETS
 from nvrx_eks.facts.names import FSX_PVC_NAME, GPU_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, TRAINING_NAMESPACE
 from nvrx_eks.jobs.backstop import active_deadline_s
+from nvrx_eks.jobs.capacity import default_nodes
 from nvrx_eks.jobs.options import Workload
 from workloads.config import TrainConfig
 from workloads.launch import inprocess_store_port
@@ -357,7 +358,7 @@ def load_train_config(
     if path:
         return TrainConfig.from_yaml(path, overrides=overrides)
     if config is not None:
-        return default_job(config, nodes or config.gpu_nodes.desired_size, overrides)
+        return default_job(config, nodes or default_nodes(config), overrides)
     return TrainConfig.from_dict({}, source="--set/--faults", overrides=overrides)
 
 

@@ -17,6 +17,7 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
     if spec.workload != "train":
         return []
     from nvrx_eks.ops.plan import MODELLED_STEP_S, duration_text, plan_for_job
+    from nvrx_eks.ops.plan_cost import run_cost_text
     from workloads.memory import GIB, describe_checkpointing, estimate_for
 
     train, world = spec.train, spec.world_size
@@ -65,7 +66,7 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
         lines.append(f"estimate: n/a for model {train.model.preset} ({no_estimate})")
     else:
         run_s = train.steps * plan.step_time_s
-        cost = "" if plan.usd_per_hour is None else f", ~${plan.usd_per_hour * run_s / 3600:,.0f} on demand"
+        cost = run_cost_text(plan.node_price, plan.usd_per_hour, run_s)
         lines.append(
             f"estimate: {train.steps:,} steps x ~{plan.step_time_s:.2f} s = {duration_text(run_s)}{cost} "
             "(assumed MFU; `nvrx-eks plan` says which)"

@@ -31,7 +31,11 @@ from rich.table import Table
 
 from infra.config import DeploymentConfig
 from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.instances import NodePrice, node_price
+from nvrx_eks.jobs.capacity import default_nodes, require_nodes
 from nvrx_eks.jobs.options import check_step_time
+from nvrx_eks.ops.plan_cost import cost_line, lost_column_title, lost_value_line
+from nvrx_eks.ops.still_billed import kept_after_run_line
 from workloads.memory import (
     CHECKPOINT_BYTES_PER_PARAM,
     GIB,
@@ -246,6 +250,7 @@ class Plan:
     job_mtbf_s: float
     state_bytes: int
     step_time_s: float
+    #: What the job's nodes cost per hour together, at node_price (None: no price known).
     usd_per_hour: float | None
     strategies: list[StrategyPlan]
     #: The MFU the step time assumes (None: the step time was given) and where that figure is from.
@@ -260,6 +265,8 @@ class Plan:
     #: Each strategy's goodput at its optimal interval over fault_classes: the sync strategy pays a
     #: pod restart for every fault, the NVRx one recovers each by its layer (no spares).
     goodput_by_layer: dict[str, float] = field(default_factory=dict)
+    #: One node's price and its terms: on demand, or a Capacity Block paid up front.
+    node_price: NodePrice | None = None
 
     def lost_cost_per_day(self, plan: StrategyPlan, at_optimal: bool = True) -> float | None:
         if self.usd_per_hour is None:
@@ -282,7 +289,7 @@ def make_plan(
     memory: MemoryEstimate | None = None,
 ) -> Plan:
     facts = config.gpu_nodes.facts
-    nodes = nodes or config.gpu_nodes.desired_size
+    nodes = default_nodes(config) if nodes is None else require_nodes(nodes, "--nodes")
     gpus = nodes * facts.gpus
     params = parameter_count(MODEL_PRESETS[preset])
     state_bytes = params * CHECKPOINT_BYTES_PER_PARAM
@@ -322,7 +329,7 @@ def make_plan(
                 goodput_at_configured=expected_goodput(configured_s, s.stall_s, job_mtbf_s, s.recovery_s),
             )
         )
-    price = facts.on_demand_usd_per_hour
+    price = node_price(facts, config.gpu_nodes.capacity_type)
     return Plan(
         nodes=nodes,
         gpus=gpus,
@@ -330,7 +337,7 @@ def make_plan(
         job_mtbf_s=job_mtbf_s,
         state_bytes=state_bytes,
         step_time_s=step_time_s,
-        usd_per_hour=None if price is None else price * nodes,
+        usd_per_hour=None if price is None else price.usd_per_hour * nodes,
         strategies=plans,
         assumed_mfu=assumed_mfu,
         step_time_source="given" if assumed_mfu is None else MFU_SOURCE,
@@ -341,6 +348,7 @@ def make_plan(
             sync.name: goodput_by_layer(classes, sync.stall_s, lambda _: POD_RESTART_RECOVERY_S),
             layered.name: goodput_by_layer(classes, layered.stall_s, lambda c: c.recovery_s),
         },
+        node_price=price,
     )
 
 
@@ -354,7 +362,7 @@ def plan_for_job(config: DeploymentConfig, train, nodes: int, **assumptions) -> 
     measured or assumed figures)."""
     from workloads.memory import estimate_for
 
-    gpus = nodes * config.gpu_nodes.facts.gpus
+    gpus = require_nodes(nodes, "--nodes") * config.gpu_nodes.facts.gpus
     data = train.data
     micro_step = gpus * data.batch_size * data.seq_len
     try:
@@ -450,8 +458,8 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
         "goodput at configured",
     ):
         table.add_column(column, justify="right" if column != "strategy" else "left")
-    if plan.usd_per_hour is not None:
-        table.add_column("lost $/day", justify="right")
+    if plan.node_price is not None:
+        table.add_column(lost_column_title(plan.node_price), justify="right")
     for p in plan.strategies:
         steps = interval_steps(plan, p)
         row = [
@@ -463,23 +471,17 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
             duration_text(p.configured_interval_s),
             f"{p.goodput_at_configured:.2%}",
         ]
-        if plan.usd_per_hour is not None:
+        if plan.node_price is not None:
             row.append(f"{plan.lost_cost_per_day(p):,.0f}")
         table.add_row(*row)
     print_table(console, table)
-    if plan.usd_per_hour is not None:
+    if plan.node_price is not None:
         for p in plan.strategies:
-            console.print(
-                f"  {p.strategy.name}: lost ${plan.lost_cost_per_day(p, at_optimal=False):,.0f}/day at the "
-                f"configured interval, ${plan.lost_cost_per_day(p):,.0f}/day at the optimal one"
-            )
-    if plan.usd_per_hour is not None:
-        console.print(
-            f"Cost: ${plan.usd_per_hour:,.2f}/h, ${plan.usd_per_hour * 24:,.0f}/day at the on-demand price "
-            "(nvrx_eks/facts/instances.py, us-east-1, read 2026-11)"
-        )
-    else:
-        console.print(f"Cost: {facts.instance_type} has no on-demand price (Capacity Blocks only)")
+            at_configured, at_optimal = plan.lost_cost_per_day(p, at_optimal=False), plan.lost_cost_per_day(p)
+            assert at_configured is not None and at_optimal is not None  # priced: node_price is set
+            console.print(lost_value_line(plan.node_price, p.strategy.name, at_configured, at_optimal))
+    console.print(cost_line(plan.node_price, plan.nodes, config))
+    console.print(kept_after_run_line(config))
     console.print(
         "[dim]Stalls are estimates (sync: state / FSx throughput; async: shard / "
         f"{DEFAULT_D2H_GBPS:g} GB/s host copy) unless "
@@ -659,7 +661,7 @@ def run(
 
     check_measured(node_mtbf_hours, sync_stall_s, async_stall_s, step_time_s)
     config = resolve_config(profile, config_path)
-    job_nodes = nodes or config.gpu_nodes.desired_size
+    job_nodes = default_nodes(config) if nodes is None else require_nodes(nodes, "--nodes")
     if train_config_path:
         train = TrainConfig.from_yaml(train_config_path)
     else:

@@ -7,21 +7,24 @@ AWS credentials and always run: the profile must hold no documentation placehold
 admin role, endpoint CIDRs: infra/config/placeholders.py), and with a public API endpoint this
 machine's address, as https://checkip.amazonaws.com sees it, must be in endpoint.public_cidrs.
 
-A config with a `cluster:` section names a cluster that exists already: nothing is deployed, so
-the checks are of that cluster instead (cluster_checks): its kubeconfig context, its Kubernetes
-version, the namespace, the claim, the job API and the GPU nodes the pods can land on.
+Quota is not capacity: a vCPU quota lets the account run that many instances, it does not mean
+AWS has them free in the GPU AZ when `nvrx-eks capacity up` asks. Where AWS gives a capacity
+signal (an On-Demand Capacity Reservation's free instances, a Capacity Block's state and size)
+preflight checks it; without a reservation it says the capacity is unchecked.
+
+The identity checks (preflight_identity.py): admin_principal_arn must exist as written, and the
+caller must be it, or nvrx-eks cannot reach the cluster it deploys. A config with a `cluster:`
+section names a cluster that exists already: nothing is deployed, so the checks are of that
+cluster instead (preflight_cluster.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import ipaddress
 import math
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
@@ -29,30 +32,30 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infra.addon_catalog import JOBSET as JOBSET_CHART
 from infra.addon_catalog import managed_addons
 from infra.config import DeploymentConfig, documentation_placeholders
+from nvrx_eks.deploy import reservations
 from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.facts.errors import ConfigError
-from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, VcpuQuota
-from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS
+from nvrx_eks.facts.instances import INSTANCE_FACTS, VcpuQuota
+from nvrx_eks.ops.preflight_cluster import cluster_checks
+from nvrx_eks.ops.preflight_context import (
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    CheckResult,
+    PreflightContext,
+    error_code,
+    error_result,
+)
+from nvrx_eks.ops.preflight_identity import check_admin_principal
 from nvrx_eks.output_format import write_data
 
-if TYPE_CHECKING:
-    from nvrx_eks.jobs.client import JobClient
-
-PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
+__all__ = ["FAIL", "PASS", "SKIP", "WARN", "CheckResult", "PreflightContext", "run", "run_checks"]
 
 #: EKS version states in which new clusters can be created.
 _EKS_VERSION_OK = {"STANDARD_SUPPORT", "EXTENDED_SUPPORT"}
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
 
 
 #: Where this machine learns its public IPv4 address: an AWS service, answering with the address alone.
@@ -65,36 +68,6 @@ def fetch_egress_ip() -> str:
     """This machine's public IPv4 address as AWS sees it (what the API endpoint's CIDR filter sees)."""
     with urllib.request.urlopen(CHECKIP_URL, timeout=CHECKIP_TIMEOUT_S) as response:
         return response.read(64).decode("ascii").strip()
-
-
-@dataclass(frozen=True)
-class PreflightContext:
-    config: DeploymentConfig
-    nodes: int
-    session: boto3.Session
-    #: How to learn this machine's egress address; None: fetch_egress_ip (tests pass their own).
-    egress_ip: Callable[[], str] | None = None
-
-    @property
-    def facts(self) -> InstanceFacts:
-        return self.config.gpu_nodes.facts
-
-    def client(self, service: str):
-        return self.session.client(service, region_name=self.config.region)
-
-
-def _denied(e: ClientError) -> bool:
-    return e.response.get("Error", {}).get("Code", "") in {
-        "AccessDenied",
-        "AccessDeniedException",
-        "UnauthorizedOperation",
-    }
-
-
-def _error_result(name: str, e: Exception, permission: str) -> CheckResult:
-    if isinstance(e, ClientError) and _denied(e):
-        return CheckResult(name, FAIL, f"not allowed: {e.response['Error'].get('Message', '')}", f"grant {permission}")
-    return CheckResult(name, FAIL, f"could not check: {e}", "retry; if it persists, check the AWS service health page")
 
 
 # ----- the checks ---------------------------------------------------------------------------
@@ -128,7 +101,7 @@ def _quota_value(ctx: PreflightContext, service: str, code: str) -> float:
     try:
         return quotas.get_service_quota(ServiceCode=service, QuotaCode=code)["Quota"]["Value"]
     except ClientError as e:
-        if e.response.get("Error", {}).get("Code") != "NoSuchResourceException":
+        if error_code(e) != "NoSuchResourceException":
             raise
     # Never raised by the account: the default applies.
     return quotas.get_aws_default_service_quota(ServiceCode=service, QuotaCode=code)["Quota"]["Value"]
@@ -163,7 +136,7 @@ def check_vcpu_quota(ctx: PreflightContext, reservation: dict | None = None) -> 
     quota = facts.on_demand_vcpu_quota
     name = f"vCPU quota: {quota.name}"
     needed = ctx.nodes * facts.vcpus
-    if reservation is not None and reservation.get("AvailableInstanceCount", 0) >= ctx.nodes:
+    if reservation is not None and reservations.free_instances(reservation) >= ctx.nodes:
         return CheckResult(
             name, PASS, f"{ctx.nodes} instances covered by capacity reservation {reservation['CapacityReservationId']}"
         )
@@ -171,9 +144,9 @@ def check_vcpu_quota(ctx: PreflightContext, reservation: dict | None = None) -> 
         limit = _quota_value(ctx, "ec2", quota.code)
         used = _vcpus_in_use(ctx, quota)
     except (ClientError, BotoCoreError) as e:
-        return _error_result(name, e, "servicequotas:GetServiceQuota and ec2:DescribeInstances")
+        return error_result(name, e, "servicequotas:GetServiceQuota and ec2:DescribeInstances")
     free = limit - used
-    detail = f"need {needed} ({ctx.nodes} x {facts.vcpus}), quota {limit:g}, in use {used}"
+    detail = f"need {needed} ({ctx.nodes} x {facts.vcpus}), quota {limit:g}, in use {used} (a limit, not capacity)"
     if free >= needed:
         return CheckResult(name, PASS, detail)
     return CheckResult(
@@ -194,7 +167,7 @@ def check_instance_offered(ctx: PreflightContext) -> CheckResult:
             Filters=[{"Name": "instance-type", "Values": [instance_type]}],
         )["InstanceTypeOfferings"]
     except (ClientError, BotoCoreError) as e:
-        return _error_result(name, e, "ec2:DescribeInstanceTypeOfferings")
+        return error_result(name, e, "ec2:DescribeInstanceTypeOfferings")
     zones = sorted(o["Location"] for o in offerings)
     if az in zones:
         return CheckResult(name, PASS, f"offered in {', '.join(zones)}")
@@ -210,33 +183,31 @@ def check_instance_offered(ctx: PreflightContext) -> CheckResult:
 
 
 def describe_reservation(ctx: PreflightContext) -> tuple[dict | None, CheckResult]:
+    """The GPU capacity AWS will hold for the nodes: the reservation's, checked; without one, a
+    warning that the quota checked above is not capacity."""
     reservation_id = ctx.config.gpu_nodes.capacity_reservation_id
-    name = "capacity reservation"
     if reservation_id is None:
-        return None, CheckResult(name, SKIP, "none configured (on-demand capacity)")
+        return None, CheckResult(
+            "GPU capacity",
+            WARN,
+            f"not reserved: the vCPU quota is a limit, not capacity; {ctx.nodes} x {ctx.facts.instance_type} start "
+            f"only if {ctx.config.gpu_availability_zone} has them free when `nvrx-eks capacity up` asks (after "
+            "deploy, so a shortfall fails that command, not the deploy)",
+            "for capacity you can count on, buy a Capacity Block or an On-Demand Capacity Reservation in the GPU "
+            "AZ and set gpu_nodes.capacity_reservation_id",
+        )
     name = f"capacity reservation {reservation_id}"
     try:
-        found = ctx.client("ec2").describe_capacity_reservations(CapacityReservationIds=[reservation_id])[
-            "CapacityReservations"
-        ]
-    except ClientError as e:
-        if e.response.get("Error", {}).get("Code") in {
-            "InvalidCapacityReservationId.NotFound",
-            "InvalidCapacityReservationId.Malformed",
-        }:
-            found = []
-        else:
-            return None, _error_result(name, e, "ec2:DescribeCapacityReservations")
-    except BotoCoreError as e:
-        return None, _error_result(name, e, "ec2:DescribeCapacityReservations")
-    if not found:
+        reservation = reservations.describe(ctx.session, ctx.config.region, reservation_id)
+    except (ClientError, BotoCoreError) as e:
+        return None, error_result(name, e, "ec2:DescribeCapacityReservations")
+    if reservation is None:
         return None, CheckResult(
             name,
             FAIL,
             f"does not exist in {ctx.config.region}",
             "check gpu_nodes.capacity_reservation_id and the region",
         )
-    reservation = found[0]
     problems = []
     if reservation["InstanceType"] != ctx.facts.instance_type:
         problems.append(f"is for {reservation['InstanceType']}, not {ctx.facts.instance_type}")
@@ -244,14 +215,13 @@ def describe_reservation(ctx: PreflightContext) -> tuple[dict | None, CheckResul
         problems.append(f"is in {reservation['AvailabilityZone']}, not {ctx.config.gpu_availability_zone}")
     state = reservation["State"]
     # A purchased Capacity Block is `scheduled` until its start time; nodes launch once it is active.
-    acceptable = {"active"} | ({"scheduled"} if ctx.config.gpu_nodes.capacity_type == "capacity-block" else set())
-    if state not in acceptable:
+    block = ctx.config.gpu_nodes.capacity_type == "capacity-block"
+    if state not in {reservations.ACTIVE} | ({reservations.SCHEDULED} if block else set()):
         problems.append(f"is {state}")
-    available = reservation.get("AvailableInstanceCount", 0)
-    if available < ctx.nodes:
-        problems.append(
-            f"has {available} of {reservation.get('TotalInstanceCount', '?')} instances available, need {ctx.nodes}"
-        )
+    # A scheduled block reports 0 available until it starts: its size is in a tag (reservations.py).
+    free, held = reservations.free_instances(reservation), reservations.reserved_instances(reservation)
+    if free < ctx.nodes:
+        problems.append(f"has {free} of {held} instances free, need {ctx.nodes}")
     if problems:
         return reservation, CheckResult(
             name,
@@ -260,12 +230,15 @@ def describe_reservation(ctx: PreflightContext) -> tuple[dict | None, CheckResul
             "use a reservation that is active (or a scheduled Capacity Block), in the GPU AZ, for this "
             "instance type and with enough free instances; or remove capacity_reservation_id",
         )
-    note = f" (starts {reservation.get('StartDate')})" if state == "scheduled" else ""
-    return reservation, CheckResult(
-        name,
-        PASS,
-        f"{state}{note}, {available} x {reservation['InstanceType']} available in {reservation['AvailabilityZone']}",
-    )
+    if state == reservations.SCHEDULED:
+        detail = (
+            f"scheduled: starts {reservations.utc_text(reservation.get('StartDate'))}, then holds {held} x "
+            f"{reservation['InstanceType']} in {reservation['AvailabilityZone']} until "
+            f"{reservations.utc_text(reservation.get('EndDate'))}; deploy now, `nvrx-eks capacity up` once it starts"
+        )
+    else:
+        detail = f"{state}, {free} of {held} x {reservation['InstanceType']} free in {reservation['AvailabilityZone']}"
+    return reservation, CheckResult(name, PASS, detail)
 
 
 def _lustre_storage_quota(ctx: PreflightContext) -> dict | None:
@@ -291,7 +264,7 @@ def check_fsx_quota(ctx: PreflightContext) -> CheckResult:
         for page in ctx.client("fsx").get_paginator("describe_file_systems").paginate():
             used += sum(fs["StorageCapacity"] for fs in page["FileSystems"] if fs["FileSystemType"] == "LUSTRE")
     except (ClientError, BotoCoreError) as e:
-        return _error_result(name, e, "servicequotas:ListServiceQuotas and fsx:DescribeFileSystems")
+        return error_result(name, e, "servicequotas:ListServiceQuotas and fsx:DescribeFileSystems")
     if quota is None:
         return CheckResult(
             name, WARN, "no Lustre storage quota found in Service Quotas", "check Service Quotas > Amazon FSx by hand"
@@ -315,7 +288,7 @@ def check_kubernetes_version(ctx: PreflightContext) -> CheckResult:
     try:
         versions = ctx.client("eks").describe_cluster_versions(clusterVersions=[version])["clusterVersions"]
     except (ClientError, BotoCoreError) as e:
-        return _error_result(name, e, "eks:DescribeClusterVersions")
+        return error_result(name, e, "eks:DescribeClusterVersions")
     usable = [v for v in versions if v.get("clusterVersion") == version and v.get("versionStatus") in _EKS_VERSION_OK]
     if usable:
         return CheckResult(name, PASS, f"{usable[0]['versionStatus'].replace('_', ' ').lower()}")
@@ -374,7 +347,7 @@ def check_addon_versions(ctx: PreflightContext) -> CheckResult:
             else:
                 pinned.append(f"{addon.name} {addon.version}")
     except (ClientError, BotoCoreError) as e:
-        return _error_result(name, e, "eks:DescribeAddonVersions")
+        return error_result(name, e, "eks:DescribeAddonVersions")
     if problems:
         return CheckResult(name, FAIL, "; ".join(problems), "; ".join(fixes))
     return CheckResult(name, PASS, ", ".join(pinned))
@@ -435,9 +408,10 @@ def run_checks(
     offline = [check_placeholders(ctx), check_endpoint_reachable(ctx)]
     if results[0].status == FAIL:
         skipped = (
+            "admin principal",
             "vCPU quota",
             "instance offered",
-            "capacity reservation",
+            "GPU capacity",
             "FSx storage quota",
             "EKS version",
             "EKS add-on versions",
@@ -445,6 +419,7 @@ def run_checks(
         return results + [CheckResult(n, SKIP, "needs working credentials") for n in skipped] + offline
     reservation, reservation_result = describe_reservation(ctx)
     checks: list[Callable[[], CheckResult]] = [
+        lambda: check_admin_principal(ctx),
         lambda: check_vcpu_quota(ctx, reservation if reservation_result.status == PASS else None),
         lambda: check_instance_offered(ctx),
         lambda: reservation_result,
@@ -453,172 +428,6 @@ def run_checks(
         lambda: check_addon_versions(ctx),
     ]
     return results + [check() for check in checks] + offline
-
-
-# ----- an existing cluster -----------------------------------------------------------------
-
-
-def cluster_checks(config: DeploymentConfig, nodes: int) -> list[CheckResult]:
-    """What must be true of the config's existing cluster before a job of `nodes` nodes can run."""
-    from nvrx_eks.jobs.client import JobClient
-    from nvrx_eks.jobs.cluster import api_client
-
-    assert config.cluster is not None
-    cluster = config.cluster
-    name = f"kubeconfig context {cluster.context}"
-    try:
-        client = JobClient(api_client(cluster), cluster.namespace, Console(file=io.StringIO()))
-    except ConfigError as e:
-        skipped = ("Kubernetes version", "namespace", "claim", "job API", "GPU nodes")
-        return [CheckResult(name, FAIL, str(e), "fix cluster.context or cluster.kubeconfig in the config")] + [
-            CheckResult(n, SKIP, "needs a usable kubeconfig context") for n in skipped
-        ]
-    results = [CheckResult(name, PASS, f"API server {client.api_client.configuration.host}")]
-    checks = {
-        "Kubernetes version": _check_version,
-        "namespace": _check_namespace,
-        "claim": _check_claim,
-        "job API": _check_job_api,
-        "GPU nodes": _check_gpu_nodes,
-    }
-    for what, check in checks.items():
-        try:
-            results.append(check(client, config, nodes))
-        except ConfigError as e:  # what the API server, or the way to it, said
-            results.append(CheckResult(what, FAIL, str(e), "see the detail"))
-    return results
-
-
-def _check_version(client: JobClient, config: DeploymentConfig, nodes: int) -> CheckResult:
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError as Urllib3Error
-
-    from nvrx_eks.jobs.client import api_error
-
-    name = f"Kubernetes {config.kubernetes_version}"
-    try:
-        # As kubectl asks (`/version`, as data): VersionApi asks `/version/`, which not every server
-        # routes, and refuses an answer without every build field.
-        code: dict = client.api_client.call_api(
-            "/version",
-            "GET",
-            header_params={"Accept": "application/json"},
-            response_types_map={200: "object"},
-            auth_settings=["BearerToken"],
-            _return_http_data_only=True,
-        )
-    except (ApiException, Urllib3Error) as e:
-        raise api_error(e, "reading the server's version") from None
-    # EKS and others append "+" (or more) to the minor: "35+".
-    served = f"{code.get('major')}.{''.join(c for c in str(code.get('minor')) if c.isdigit())}"
-    build = code.get("gitVersion", served)
-    if served == config.kubernetes_version:
-        return CheckResult(name, PASS, f"the server runs {build}")
-    return CheckResult(
-        name,
-        WARN,
-        f"the server runs {served} ({build}); manifests are validated against kubernetes_version "
-        f"{config.kubernetes_version}",
-        f'set kubernetes_version: "{served}" in the config'
-        if served in SUPPORTED_KUBERNETES_VERSIONS
-        else f"Kubernetes {served} is not one this project validates; use a supported minor "
-        f"({', '.join(SUPPORTED_KUBERNETES_VERSIONS)})",
-    )
-
-
-def _check_namespace(client: JobClient, config: DeploymentConfig, nodes: int) -> CheckResult:
-    from nvrx_eks.jobs.client import unless_missing
-
-    namespace = client.namespace
-    name = f"namespace {namespace}"
-    if unless_missing(lambda: client.core.read_namespace(namespace), f"reading namespace {namespace}") is None:
-        return CheckResult(
-            name,
-            FAIL,
-            "does not exist",
-            f"create it (kubectl create namespace {namespace}) or set cluster.namespace to one that exists",
-        )
-    return CheckResult(name, PASS, "exists")
-
-
-def _check_claim(client: JobClient, config: DeploymentConfig, nodes: int) -> CheckResult:
-    from nvrx_eks.jobs.client import unless_missing
-
-    assert config.cluster is not None
-    pvc, namespace = config.cluster.pvc, client.namespace
-    name = f"claim {pvc}"
-    claim = unless_missing(
-        lambda: client.core.read_namespaced_persistent_volume_claim(pvc, namespace), f"reading claim {pvc}"
-    )
-    if claim is None:
-        return CheckResult(
-            name,
-            FAIL,
-            f"no PersistentVolumeClaim {pvc} in {namespace}",
-            "create a ReadWriteMany claim there (for FSx for Lustre: a static PersistentVolume of the FSx CSI "
-            "driver and a claim bound to it) or set cluster.pvc to yours",
-        )
-    problems = []
-    if "ReadWriteMany" not in (claim.spec.access_modes or []):
-        problems.append(
-            f"access modes {claim.spec.access_modes}: every pod of a job mounts it, so it must be ReadWriteMany"
-        )
-    phase = claim.status.phase if claim.status else None
-    if phase != "Bound":
-        problems.append(f"is {phase or 'not bound'}: the pods would wait in Pending")
-    if problems:
-        return CheckResult(name, FAIL, "; ".join(problems), "use a ReadWriteMany claim that is Bound")
-    capacity = (claim.status.capacity or {}).get("storage", "?")
-    return CheckResult(name, PASS, f"Bound, ReadWriteMany, {capacity}")
-
-
-def _check_job_api(client: JobClient, config: DeploymentConfig, nodes: int) -> CheckResult:
-    from nvrx_eks.facts.job_kinds import JOBSET, PYTORCHJOB
-
-    served = [kind for kind in (JOBSET, PYTORCHJOB) if client.serves(kind)]
-    name = "job API"
-    if JOBSET in served:
-        return CheckResult(name, PASS, ", ".join(f"{k.kind} ({k.api_version})" for k in served))
-    if served:
-        return CheckResult(
-            name,
-            WARN,
-            f"no {JOBSET.kind}; {PYTORCHJOB.kind} is served",
-            "submit with --api pytorchjob, or install JobSet",
-        )
-    return CheckResult(
-        name,
-        FAIL,
-        f"serves neither {JOBSET.kind} ({JOBSET.api_version}) nor {PYTORCHJOB.kind} ({PYTORCHJOB.api_version})",
-        f"install the JobSet controller {JOBSET_CHART.version} (chart {JOBSET_CHART.repository})",
-    )
-
-
-def _check_gpu_nodes(client: JobClient, config: DeploymentConfig, nodes: int) -> CheckResult:
-    from nvrx_eks.facts.names import EFA_RESOURCE, GPU_RESOURCE
-    from nvrx_eks.jobs.cluster import label_command, matching_nodes, node_selector, selector_text
-
-    facts = config.gpu_nodes.facts
-    name = f"{nodes} GPU node(s) for the pods"
-    found = matching_nodes(client.api_client, config)
-    short = [
-        node.metadata.name
-        for node in found
-        if int((node.status.allocatable or {}).get(GPU_RESOURCE, "0")) < facts.gpus
-        or int((node.status.allocatable or {}).get(EFA_RESOURCE, "0")) < facts.efa_interfaces
-    ]
-    detail = f"{len(found)} node(s) match {selector_text(node_selector(config))}"
-    if short:
-        return CheckResult(
-            name,
-            FAIL,
-            f"{detail}; {', '.join(short)} do not offer {facts.gpus} {GPU_RESOURCE} and {facts.efa_interfaces} "
-            f"{EFA_RESOURCE}, which each pod requests",
-            "install the NVIDIA and EFA device plugins on them, or check gpu_nodes.instance_type",
-        )
-    if len(found) < nodes:
-        return CheckResult(name, FAIL, detail, f"add GPU nodes or label them: `{label_command(config)}`")
-    return CheckResult(name, PASS, detail)
 
 
 def results_as_data(results: list[CheckResult]) -> dict:

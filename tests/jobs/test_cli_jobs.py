@@ -270,6 +270,15 @@ def test_forbidden_identity_gets_the_access_entry_hint(cluster):
     assert result.code == 2 and "EKS access entry" in result.stderr
 
 
+def test_unauthenticated_identity_is_told_the_access_entry_is_the_likely_cause(cluster):
+    """(first-contact 1) EKS answers 401 to a valid token whose principal no access entry names."""
+    cluster.inject_error("GET", f"/apis/{JOBSET.api_version}$", 401, "Unauthorized", "Unauthorized")
+    result = run_cli("submit", "--nodes", "2")
+    message = " ".join(result.stderr.split())
+    assert result.code == 2 and "most likely no EKS access entry names it" in message
+    assert "admin_principal_arn" in message and "aws sts get-caller-identity" in message
+
+
 def test_status_shows_phase_pods_and_restarts_per_layer(cluster):
     assert run_cli("submit", "--nodes", "2").code == 0
     jobset = cluster.objects[(JOBSET.api_version, JOBSET.plural, "training", "train")]

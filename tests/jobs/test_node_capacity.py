@@ -179,7 +179,7 @@ def test_submit_within_the_node_group_notes_pods_beyond_its_desired_size(aws, k8
     assert result.code == 0, result.output
     note = " ".join(result.stderr.split())
     assert "the job launches 4 nodes and the GPU node group nvrx-eks-gpu runs 2" in note
-    assert "--scaling-config desiredSize=4" in note
+    assert f"pods wait in Pending until it is scaled up: `nvrx-eks capacity up --nodes 4 -c {config}`" in note
 
 
 def test_submit_refuses_more_than_the_capacity_reservation_holds(gaps, k8s_server, tmp_path):

@@ -5,6 +5,7 @@ with responses checked against botocore's service model."""
 from __future__ import annotations
 
 import datetime
+import json
 import urllib.error
 
 import boto3
@@ -129,10 +130,34 @@ def session(aws):
     return boto3.Session(region_name=REGION)
 
 
+#: A role's trust policy that lets anyone in the account assume it (moto checks nothing more).
+TRUST_POLICY = json.dumps(
+    {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}],
+    }
+)
+
+
+def become(monkeypatch, role: str, path: str = "/", session: str = "jane") -> str:
+    """Create the IAM role and make every new session's credentials its assumed-role session (as
+    `aws sso login` does); returns the role's ARN, with its path."""
+    arn = boto3.client("iam").create_role(RoleName=role, Path=path, AssumeRolePolicyDocument=TRUST_POLICY)["Role"][
+        "Arn"
+    ]
+    credentials = boto3.client("sts").assume_role(RoleArn=arn, RoleSessionName=session)["Credentials"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", credentials["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", credentials["SecretAccessKey"])
+    monkeypatch.setenv("AWS_SESSION_TOKEN", credentials["SessionToken"])
+    return arn
+
+
 @pytest.fixture
 def own_session(aws, monkeypatch):
-    """moto as the user's own account (OWN_ACCOUNT), for profiles with no placeholder."""
+    """moto as the user's own account (OWN_ACCOUNT), for profiles with no placeholder, signed in
+    as the profile's admin role."""
     monkeypatch.setenv("MOTO_ACCOUNT_ID", OWN_ACCOUNT)
+    become(monkeypatch, "Admin")
     return boto3.Session(region_name=REGION)
 
 
@@ -148,9 +173,10 @@ def test_ready_account_passes_every_check(own_session):
     results = preflight.run_checks(own_config(), 2, own_session, egress_ip=lambda: OWN_EGRESS)
     assert [(r.name, r.status) for r in results] == [
         ("AWS credentials", PASS),
+        ("admin principal", PASS),
         ("vCPU quota: Running On-Demand P instances", PASS),
         ("p5.48xlarge offered in us-east-1a", PASS),
-        ("capacity reservation", SKIP),
+        ("GPU capacity", WARN),
         ("FSx for Lustre storage quota", PASS),
         ("EKS offers Kubernetes 1.35", PASS),
         ("EKS add-on versions for 1.35", PASS),
@@ -163,9 +189,9 @@ def test_no_credentials_fails_first_and_skips_the_aws_checks(no_credentials):
     results = preflight.run_checks(resolve_config(), 2, boto3.Session(region_name=REGION))
     assert results[0].status == FAIL and "no credentials" in results[0].detail
     assert "AWS_PROFILE" in results[0].fix
-    assert statuses(results[1:7]) == [SKIP] * 6
+    assert statuses(results[1:8]) == [SKIP] * 7
     # The checks that need no credentials still run: the shipped profile's placeholders fail.
-    assert [(r.name, r.status) for r in results[7:]] == [
+    assert [(r.name, r.status) for r in results[8:]] == [
         ("profile has no placeholders", FAIL),
         ("API endpoint allows this machine", SKIP),
     ]
@@ -190,7 +216,7 @@ def test_vcpu_quota_counts_instances_already_running(session):
     )
     result = preflight.check_vcpu_quota(ctx)
     assert result.status == FAIL
-    assert result.detail == "need 384 (2 x 192), quota 384, in use 192"
+    assert result.detail == "need 384 (2 x 192), quota 384, in use 192 (a limit, not capacity)"
     assert "at least 576 vCPUs" in result.fix and "L-417A185B" in result.fix
     assert gaps.called("GetServiceQuota")[0] == {"ServiceCode": "ec2", "QuotaCode": "L-417A185B"}
 
@@ -257,7 +283,7 @@ def test_reservation_that_matches_passes(session):
         ({"AvailabilityZone": "us-east-1b"}, "is in us-east-1b, not us-east-1a"),
         ({"InstanceType": "p5en.48xlarge"}, "is for p5en.48xlarge, not p5.48xlarge"),
         ({"State": "expired"}, "is expired"),
-        ({"AvailableInstanceCount": 1}, "has 1 of 2 instances available, need 2"),
+        ({"AvailableInstanceCount": 1}, "has 1 of 2 instances free, need 2"),
     ],
 )
 def test_reservation_that_does_not_match_fails(session, overrides, problem):
@@ -273,16 +299,47 @@ def test_reservation_that_does_not_exist_fails(session):
     assert result.status == FAIL and result.detail == "does not exist in us-east-1"
 
 
-def test_scheduled_capacity_block_passes(session):
-    start = datetime.datetime(2026, 12, 1, 11, 30, tzinfo=datetime.UTC)
-    ready_account(session, reservations=[reservation(State="scheduled", StartDate=start)])
+#: A purchased Capacity Block before its start, as EC2 describes it: no capacity shows until it
+#: starts; the instances it will hold are in a tag (EC2 User Guide, "View Capacity Blocks").
+START = datetime.datetime(2026, 12, 8, 11, 30, tzinfo=datetime.UTC)
+END = datetime.datetime(2026, 12, 15, 11, 30, tzinfo=datetime.UTC)
+
+
+def scheduled_block(quantity: int = 2) -> dict:
+    return reservation(
+        State="scheduled",
+        StartDate=START,
+        EndDate=END,
+        TotalInstanceCount=0,
+        AvailableInstanceCount=0,
+        Tags=[{"Key": "aws:ec2capacityreservation:incrementalRequestedQuantity", "Value": str(quantity)}],
+    )
+
+
+def test_scheduled_capacity_block_passes_on_the_size_it_will_have(session):
+    """(deploy review, risk) A block reports 0 available until it starts: preflight failed a valid
+    block. Its size is the quantity tag; so are the vCPU quota's and `capacity up`'s."""
+    ready_account(session, p_vcpus=0, reservations=[scheduled_block()])
+    ctx = PreflightContext(resolve_config("p5-capacity-block"), 2, session)
+    found, result = preflight.describe_reservation(ctx)
+    assert result.status == PASS
+    assert result.detail.startswith(
+        "scheduled: starts 2026-12-08 11:30 UTC, then holds 2 x p5.48xlarge in us-east-1a until 2026-12-15 11:30 UTC"
+    )
+    assert preflight.check_vcpu_quota(ctx, found).status == PASS
+
+
+def test_scheduled_capacity_block_smaller_than_the_job_fails(session):
+    ready_account(session, reservations=[scheduled_block(quantity=1)])
     _, result = preflight.describe_reservation(PreflightContext(resolve_config("p5-capacity-block"), 2, session))
-    assert result.status == PASS and "scheduled (starts 2026-12-01" in result.detail
+    assert result.status == FAIL and "has 1 of 1 instances free, need 2" in result.detail
 
 
-def test_no_reservation_configured_is_skipped(session):
+def test_no_reservation_says_quota_is_not_capacity(session):
     _, result = preflight.describe_reservation(PreflightContext(resolve_config(), 2, session))
-    assert result.status == SKIP
+    assert (result.name, result.status) == ("GPU capacity", WARN)
+    assert result.detail.startswith("not reserved: the vCPU quota is a limit, not capacity; 2 x p5.48xlarge start")
+    assert "Capacity Block or an On-Demand Capacity Reservation" in result.fix
 
 
 # ----- FSx quota ------------------------------------------------------------------------------
@@ -498,7 +555,7 @@ def own_profile(tmp_path) -> str:
 def test_preflight_command_passes_on_a_ready_account(cli_sessions, own_profile):
     result = run_cli("preflight", "--config", own_profile)
     assert result.code == 0, result.output
-    assert "Preflight" in result.stdout and result.stdout.count("PASS") == 8
+    assert "Preflight" in result.stdout and result.stdout.count("PASS") == 9
 
 
 def test_preflight_command_fails_with_the_fix_and_exit_2(cli_sessions, own_profile):
@@ -521,8 +578,10 @@ def test_preflight_command_on_a_shipped_profile_fails_on_its_placeholders(cli_se
         assert f"{field}:" in table
     assert "set it to the 12-digit id of the account you deploy to" in table
     assert "add 198.18.7.9/32 (or your network's range) to endpoint.public_cidrs" in table
+    # The placeholder admin role does not exist in the account either.
     assert (
-        "2 preflight check(s) failed (profile has no placeholders, API endpoint allows this machine)" in result.stderr
+        "3 preflight check(s) failed (admin principal, profile has no placeholders, API endpoint allows this "
+        "machine)" in result.stderr
     )
     assert "Traceback" not in result.output
 

@@ -17,7 +17,8 @@ from nvrx_eks.facts.job_kinds import JOBSET
 from nvrx_eks.facts.names import DEPLOYMENT_TAG_KEY
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import build_jobspec
-from nvrx_eks.ops.teardown import find_orphans, teardown
+from nvrx_eks.ops.teardown import teardown
+from nvrx_eks.ops.teardown_sweep import find_orphans
 from tests.support import cli_harness
 from tests.support.aws_gaps import PlacementGroups, ServiceGaps
 from tests.support.cli_harness import REGION, add_fsx_volume, add_job_pods, deploy_fake_environment, run_cli

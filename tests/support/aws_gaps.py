@@ -2,8 +2,8 @@
 
 Everything else goes to moto. The operations covered here are exactly those moto answers with
 "not implemented" (checked when this was written): EC2 capacity reservations and placement
-groups, Service Quotas outside the VPC service, and EKS DescribeClusterVersions and
-DescribeAddonVersions.
+groups, Service Quotas outside the VPC service, and EKS DescribeClusterVersions,
+DescribeAddonVersions and DescribeUpdate.
 
 Each answer is a function of the call's parameters, and every response is checked against the
 operation's output shape in botocore's service model before the client sees it, so a test cannot
