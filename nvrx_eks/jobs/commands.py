@@ -281,7 +281,8 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
         err.print(
             f"[yellow]note:[/] the job launches {spec.launched_nodes} nodes and the GPU node group "
             f"{escape(deployed.nodegroup)} runs {deployed.desired_size}; pods wait in Pending until it is scaled "
-            f"up: `nvrx-eks capacity up --nodes {spec.launched_nodes}{_again(deployment)}`"
+            f"up: `nvrx-eks capacity up --nodes {spec.launched_nodes}{escape(_again(deployment))}`",
+            soft_wrap=True,  # a command to copy: never broken inside a path
         )
     return _create(client, rendered, deployment, err)
 
