@@ -19,6 +19,7 @@ from infra.constructs.dashboard import TrainingDashboard
 from infra.constructs.fsx_volume import FsxVolume
 from infra.constructs.gpu_nodes import GpuNodeGroup
 from infra.constructs.image import TrainerImage
+from infra.constructs.node_launch_template import system_launch_template
 from infra.constructs.secure_defaults import rotated_key
 from infra.pod_security import admission_policy_manifests
 from nvrx_eks.facts.kubernetes_versions import KUBECTL_LAYER_V35, pins_for
@@ -100,15 +101,19 @@ class TrainingClusterStack(Stack):
             )
 
         system = config.system_nodes
+        # The job's coordinator runs here: one hop to IMDS, as on the GPU nodes (node_launch_template.py).
+        system_template = system_launch_template(self, "SystemNodeLaunchTemplate", config)
         self.system_nodegroup = self.cluster.add_nodegroup_capacity(
             "SystemNodes",
-            nodegroup_name=f"{config.name}-system",
+            nodegroup_name=config.system_nodegroup_name,
             instance_types=[ec2.InstanceType(system.instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=system_template.ref, version=system_template.attr_latest_version_number
+            ),
             min_size=system.min_size,
             desired_size=system.desired_size,
             max_size=system.max_size,
-            disk_size=50,
             subnets=private_subnets,
             labels={GPU_NODE_LABEL_KEY: SYSTEM_NODE_LABEL_VALUE},
             node_role=worker_node_role(self, "SystemNodeRole"),
