@@ -1,6 +1,7 @@
-"""What a first `cdk deploy` depends on, on the synthesized templates: the cluster stack launches
-no GPU instance (the GPU node group is created empty, in every profile), and the system nodes,
-where the job's coordinator runs, keep pods away from IMDS.
+"""What a first `cdk deploy` depends on and leaves behind, on the synthesized templates: the
+cluster stack launches no GPU instance (the GPU node group is created empty, in every profile),
+the log groups that would otherwise grow unbounded exist with a retention before anything writes
+to them, and the system nodes, where the job's coordinator runs, keep pods away from IMDS.
 
 One synthesis per profile per session (tests/conftest.py), shared with the other infra tests."""
 
@@ -9,8 +10,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from aws_cdk import aws_logs as logs
 
 from infra.config import PROFILES_DIR
+from infra.stacks.storage import CONTROL_PLANE_LOG_RETENTION
+from nvrx_eks.facts import training_metrics
+from nvrx_eks.facts.names import RUNS_COPY_PREFIX
 from tests.support.cluster_template import (
     gpu_launch_template_id,
     gpu_nodegroup,
@@ -62,6 +67,60 @@ def test_nothing_in_the_cluster_stack_waits_for_gpu_nodes(synth):
         assert nodegroup_id not in _depends_on(resource), logical_id
 
 
+def _log_group(synthesized, role: str, name: str) -> dict:
+    groups = synthesized.resources(role, "AWS::Logs::LogGroup").values()
+    (group,) = [g for g in groups if g["Properties"]["LogGroupName"] == name]
+    return group
+
+
+def _key_grant_names_only(synthesized, role: str, group: dict, name: str) -> None:
+    key_id = group["Properties"]["KmsKeyId"]["Fn::GetAtt"][0]
+    statements = synthesized.templates[role]["Resources"][key_id]["Properties"]["KeyPolicy"]["Statement"]
+    (logs_grant,) = [s for s in statements if "logs." in json.dumps(s.get("Principal", {}))]
+    context = logs_grant["Condition"]["ArnEquals"]["kms:EncryptionContext:aws:logs:arn"]
+    assert json.dumps(context).endswith(f':log-group:{name}"]]}}'), context
+
+
+def test_the_control_plane_log_group_exists_with_a_retention_before_the_cluster(synth):
+    """EKS writes into /aws/eks/<cluster>/cluster when it exists, and otherwise creates it with no
+    retention. The storage stack (deployed before the cluster stack, kept by a default teardown
+    like the audit log it holds) creates it first."""
+    synthesized = synth("p5")
+    name = f"/aws/eks/{synthesized.config.cluster_name}/cluster"
+    group = _log_group(synthesized, "storage", name)
+    assert CONTROL_PLANE_LOG_RETENTION == logs.RetentionDays.THREE_MONTHS
+    assert group["Properties"]["RetentionInDays"] == 90
+    _key_grant_names_only(synthesized, "storage", group, name)
+    (group_id,) = [k for k, g in synthesized.resources("storage", "AWS::Logs::LogGroup").items() if g is group]
+    (file_system,) = synthesized.resources("storage", "AWS::FSx::FileSystem").values()
+    assert group_id in _depends_on(file_system)  # a name clash fails before FSx's long create
+    manifest = json.loads((synthesized.outdir / "manifest.json").read_text())
+    cluster_stack = manifest["artifacts"][synthesized.stack_names["cluster"]]
+    assert synthesized.stack_names["storage"] in cluster_stack["dependencies"]
+
+
+def test_the_training_metrics_log_group_is_the_deployments_with_a_retention(synth):
+    synthesized = synth("p5")
+    name = training_metrics.log_group(synthesized.config.name)
+    group = _log_group(synthesized, "cluster", name)
+    assert group["Properties"]["RetentionInDays"] == 30
+    _key_grant_names_only(synthesized, "cluster", group, name)
+    (group_id,) = [k for k, g in synthesized.resources("cluster", "AWS::Logs::LogGroup").items() if g is group]
+    (agent,) = [
+        a
+        for a in synthesized.resources("cluster", "AWS::EKS::Addon").values()
+        if a["Properties"]["AddonName"] == "amazon-cloudwatch-observability"
+    ]
+    assert group_id in _depends_on(agent)  # made before the agent runs, deleted after it stops
+
+
+def test_no_training_metrics_log_group_without_the_cloudwatch_add_on(synth):
+    synthesized = synth("g5-smoke")
+    assert not synthesized.config.addons.cloudwatch_observability
+    names = [g["Properties"]["LogGroupName"] for g in synthesized.resources("cluster", "AWS::Logs::LogGroup").values()]
+    assert training_metrics.log_group(synthesized.config.name) not in names
+
+
 def test_system_nodes_keep_pods_away_from_imds(synth):
     """The job's coordinator runs on the system nodes: their launch template allows one hop to
     IMDSv2, as the GPU nodes' does, so no pod outside the host network reaches the node role."""
@@ -103,3 +162,15 @@ def test_a_reservation_made_in_a_cluster_placement_group_launches_into_that_grou
     target = data["CapacityReservationSpecification"]["CapacityReservationTarget"]
     assert target == {"CapacityReservationId": "cr-0123456789abcdef0"}
     assert not synthesized.resources("cluster", "AWS::EC2::PlacementGroup")  # the group is not ours
+
+
+def test_retired_checkpoints_stay_in_s3_for_days_not_a_month(synth):
+    """Every save retires a checkpoint, and the runs export keeps each retired one as a noncurrent
+    version: for the 8b job on 2 p5 (96 GB, a save about every 62 minutes) 30 days parked about
+    67 TB; 3 days park about 7 TB and still undo a mistaken delete found after a weekend."""
+    synthesized = synth("p5")
+    (bucket,) = [
+        b["Properties"] for k, b in synthesized.resources("storage", "AWS::S3::Bucket").items() if k.startswith("Data")
+    ]
+    (runs,) = [r for r in bucket["LifecycleConfiguration"]["Rules"] if r.get("Prefix") == f"{RUNS_COPY_PREFIX}/"]
+    assert runs["NoncurrentVersionExpiration"] == {"NoncurrentDays": 3}
