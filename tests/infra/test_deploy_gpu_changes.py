@@ -24,7 +24,7 @@ from tests.support.cli_harness import REGION, run_cli
 from tests.support.cluster_template import gpu_launch_template_id, gpu_nodegroup_resource
 from tests.support.profiles import config_with
 
-pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS.EKS.Nodegroup:UserWarning")  # moto skips it
+pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS..EKS..Nodegroup:UserWarning")  # moto skips it
 
 
 def _cluster(synthesized) -> dict:
