@@ -13,6 +13,7 @@ Kubernetes minor are pinned by minor in nvrx_eks/facts/kubernetes_versions.py.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -66,6 +67,21 @@ class ManagedAddon:
     after: tuple[str, ...] = ()
     #: The add-on's configuration values (its own JSON schema: describe-addon-configuration).
     configuration: dict | None = None
+    #: Where its configuration takes the AWS region, for a pod that would otherwise read it from
+    #: IMDS, which the nodes' one-hop limit keeps from pods (infra/constructs/node_launch_template.py).
+    region_setting: tuple[str, ...] = ()
+
+    def configured_for(self, region: str) -> ManagedAddon:
+        """The record with the region written where region_setting says (a no-op without one)."""
+        if not self.region_setting:
+            return self
+        configuration = copy.deepcopy(self.configuration or {})
+        *parents, leaf = self.region_setting
+        node = configuration
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = region
+        return replace(self, configuration=configuration)
 
 
 @dataclass(frozen=True)
@@ -132,6 +148,13 @@ FSX_CSI_DRIVER = ManagedAddon(
         grants=(PolicyGrant(actions=("fsx:DescribeFileSystems",), resources=("*",)),),
     ),
     after=(POD_IDENTITY_AGENT,),
+    # The controller (a Deployment, not in the host network) reads its region from IMDS unless
+    # the chart's controller.region sets AWS_REGION; with IMDS out of its reach it cannot start
+    # ("Could not determine region from any metadata service", pkg/driver/controller.go;
+    # aws-fsx-csi-driver docs/install.md sets it for the same reason on EKS Auto Mode). That the
+    # managed add-on's configuration schema takes the chart's controller.region is a guess: no
+    # schema was read here (`aws eks describe-addon-configuration --addon-name aws-fsx-csi-driver`).
+    region_setting=("controller", "region"),
 )
 #: The agent's configuration replaces the add-on's default one, so it restates that default
 #: (Container Insights with its GPU and EFA metrics, Application Signals) and adds the EMF
@@ -246,15 +269,12 @@ def _pinned(record, config: DeploymentConfig):
 
 
 def managed_addons(config: DeploymentConfig) -> list[ManagedAddon]:
-    addons = [
-        _pinned(addon, config)
-        for addon in (VPC_CNI_ADDON, COREDNS_ADDON, KUBE_PROXY_ADDON, POD_IDENTITY_AGENT_ADDON, FSX_CSI_DRIVER)
-    ]
+    chosen = [VPC_CNI_ADDON, COREDNS_ADDON, KUBE_PROXY_ADDON, POD_IDENTITY_AGENT_ADDON, FSX_CSI_DRIVER]
     if config.gpu_nodes.auto_repair:
-        addons.append(_pinned(NODE_MONITORING_AGENT_ADDON, config))
+        chosen.append(NODE_MONITORING_AGENT_ADDON)
     if config.addons.cloudwatch_observability:
-        addons.append(_pinned(CLOUDWATCH_OBSERVABILITY, config))
-    return addons
+        chosen.append(CLOUDWATCH_OBSERVABILITY)
+    return [_pinned(addon, config).configured_for(config.region) for addon in chosen]
 
 
 def helm_addons(config: DeploymentConfig) -> list[HelmAddon]:

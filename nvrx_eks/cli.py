@@ -324,6 +324,30 @@ def preflight(
 
 
 @app.command()
+def deploy(
+    profile: str | None = ProfileOption,
+    config: str | None = ConfigOption,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Deploy without asking, even when running GPU nodes change."),
+    no_rollback: bool = typer.Option(
+        False, "--no-rollback", help="Keep what a failed deploy created, to fix and deploy again (cdk's flag)."
+    ),
+) -> None:
+    """`cdk deploy --all` for the profile. First says what it would do to running GPU nodes (replace each
+    one for a new launch template version, replace the node group, reset its size) and asks."""
+    from nvrx_eks.deploy.deploy import deploy as run_deploy
+
+    status = run_deploy(
+        _deployment(profile, config),
+        yes=yes,
+        no_rollback=no_rollback,
+        console=Console(),
+        confirm=lambda question: typer.confirm(question, default=False),
+    )
+    if status:
+        raise typer.Exit(status)
+
+
+@app.command()
 def teardown(
     profile: str | None = ProfileOption,
     config: str | None = ConfigOption,

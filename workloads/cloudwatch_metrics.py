@@ -18,7 +18,7 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
-from nvrx_eks.facts.training_metrics import LOG_GROUP, NAMESPACE
+from nvrx_eks.facts.training_metrics import NAMESPACE
 
 log = logging.getLogger("workloads.train")
 
@@ -37,15 +37,18 @@ def emf_document(
     dimensions: dict[str, str],
     properties: dict[str, Any] | None = None,
     timestamp_ms: int | None = None,
+    *,
+    log_group: str,
 ) -> dict[str, Any]:
     """One EMF document: `metrics` (name -> value, each with its unit in `units`) under one
-    dimension set, plus `properties`, fields kept in the log event but not made metrics."""
+    dimension set, plus `properties`, fields kept in the log event but not made metrics, for the
+    agent to write to `log_group`."""
     return {
         **dimensions,
         **(properties or {}),
         "_aws": {
             "Timestamp": timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
-            "LogGroupName": LOG_GROUP,
+            "LogGroupName": log_group,
             "CloudWatchMetrics": [
                 {
                     "Dimensions": [list(dimensions)],

@@ -47,7 +47,7 @@ from pydantic import (
 )
 
 from nvrx_eks.facts.errors import ConfigError, validation_issues
-from nvrx_eks.facts.training_metrics import EMF_AGENT_ENDPOINT
+from nvrx_eks.facts.training_metrics import DEFAULT_LOG_GROUP, EMF_AGENT_ENDPOINT
 from workloads.faults import KINDS_NEEDING_CHECKPOINTS, parse_fault_spec
 from workloads.presets import MODEL_PRESETS, ModelShape
 
@@ -238,6 +238,18 @@ class MetricsConfig(_Strict):
         "(nvrx_eks/facts/training_metrics.py); None: on inside a Kubernetes pod",
     )
     emf_endpoint: str = Field(default=EMF_AGENT_ENDPOINT, description="udp://HOST:PORT of the agent's EMF listener")
+    log_group: str = Field(
+        default=DEFAULT_LOG_GROUP,
+        description="CloudWatch log group the agent writes the EMF documents to: the deployment's, "
+        "set by the job commands (nvrx_eks/facts/training_metrics.py)",
+    )
+
+    @field_validator("log_group")
+    @classmethod
+    def _log_group_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[\w./#-]{1,512}", value):
+            raise ValueError(f"{value!r} is not a CloudWatch log group name (letters, digits and _ . / # -)")
+        return value
 
     @field_validator("emf_endpoint")
     @classmethod

@@ -115,7 +115,13 @@ class LiveMetrics:
             dimensions = {**self.job, names.LAYER_DIMENSION: e["layer"]}
             units = {names.RESTART_METRIC: "Count"}
             self.cloudwatch.send(
-                emf_document({names.RESTART_METRIC: 1}, units, dimensions, {"step": e["resumed_from_step"]})
+                emf_document(
+                    {names.RESTART_METRIC: 1},
+                    units,
+                    dimensions,
+                    {"step": e["resumed_from_step"]},
+                    log_group=self.cfg.metrics.log_group,
+                )
             )
 
     def _run_end(self, e: dict[str, Any]) -> None:
@@ -149,7 +155,9 @@ class LiveMetrics:
         if self.cloudwatch is None:
             return
         present = {name: value for name, value in values.items() if value is not None}
-        self.cloudwatch.send(emf_document(present, units, self.job, {"step": step}))
+        self.cloudwatch.send(
+            emf_document(present, units, self.job, {"step": step}, log_group=self.cfg.metrics.log_group)
+        )
 
 
 def for_rank(cfg: TrainConfig, rank: int, current: Callable[[dict[str, Any]], None] | None) -> LiveMetrics | None:

@@ -27,7 +27,7 @@ from infra.config.sections import (
 )
 from nvrx_eks.facts.job_presets import JOB_PRESETS
 from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS, addon_matches_minor, pins_for
-from nvrx_eks.facts.names import DEPLOYMENT_TAG_KEY
+from nvrx_eks.facts.names import DEFAULT_DEPLOYMENT_NAME, DEPLOYMENT_TAG_KEY
 
 #: The stacks of one deployment, in deployment order (see infra/stacks/environment.py).
 STACK_ROLES = ("network", "storage", "cluster")
@@ -40,16 +40,44 @@ _PATTERNS = {
     ),
     "account": (re.compile(r"^\d{12}$"), "'{}' is not a 12-digit AWS account id (quote it in YAML)"),
     "region": (re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$"), "'{}' is not an AWS region name such as us-east-1"),
-    "admin_principal_arn": (
-        re.compile(r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:(role|user|assumed-role)/[\w+=,.@/-]+$"),
-        "'{}' is not an IAM role or user ARN such as arn:aws:iam::123456789012:role/Admin",
-    ),
 }
+
+#: An IAM role (with its path, if it has one) or user: what an EKS access entry accepts.
+_IAM_PRINCIPAL_RE = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/([\w+=,.@-]+/)*[\w+=,.@-]+$")
+#: An STS session: `aws sts get-caller-identity` prints this form for an assumed role (SSO included).
+_ASSUMED_ROLE_RE = re.compile(r"^arn:aws[a-z-]*:sts::\d{12}:assumed-role/(?P<role>[\w+=,.@-]+)/")
+#: How to find a role's full ARN: an SSO role's has a path (aws-reserved/sso.amazonaws.com/...)
+#: that its session ARN leaves out, and the role without its path does not exist.
+ROLE_ARN_COMMAND = "aws iam get-role --role-name {role} --query Role.Arn"
+
+
+def admin_principal_problem(arn: str) -> str | None:
+    """Why `arn` cannot be the admin principal of an EKS access entry, with the fix; None if it can.
+    EKS refuses STS session ARNs ("You can't use the STS session principal type with access
+    entries", CreateAccessEntry), and only after the cluster exists, so the stack rolls back."""
+    if _IAM_PRINCIPAL_RE.match(arn):
+        return None
+    assumed = _ASSUMED_ROLE_RE.match(arn)
+    if assumed:
+        return (
+            f"'{arn}' is an STS session (assumed-role) ARN, which EKS access entries refuse, so the cluster stack "
+            "would roll back 10-15 minutes into the deploy; give the role's own ARN, including its path: "
+            f"`{ROLE_ARN_COMMAND.format(role=assumed.group('role'))}`"
+        )
+    if arn.startswith("arn:") and ":sts::" in arn:
+        return (
+            f"'{arn}' is an STS session ARN, which EKS access entries refuse; give the IAM role or user behind "
+            f"it (a role's full ARN, including its path: `{ROLE_ARN_COMMAND.format(role='NAME')}`)"
+        )
+    return (
+        f"'{arn}' is not an IAM role or user ARN such as arn:aws:iam::123456789012:role/Admin (a role's full ARN, "
+        f"including its path: `{ROLE_ARN_COMMAND.format(role='NAME')}`)"
+    )
 
 
 class DeploymentConfig(StrictModel):
     #: Prefix of the stack names and of the cluster name.
-    name: str = "nvrx-eks"
+    name: str = DEFAULT_DEPLOYMENT_NAME
     account: str
     region: str
     #: The availability zone of the GPU nodes and the file system (EFA traffic stays in one AZ).
@@ -59,7 +87,9 @@ class DeploymentConfig(StrictModel):
     vpc_cidr: str = "10.0.0.0/16"
     kubernetes_version: str = "1.35"
     endpoint: EndpointConfig = EndpointConfig()
-    #: IAM role or user granted cluster admin through an EKS access entry.
+    #: The IAM role or user granted cluster admin through an EKS access entry: whoever runs
+    #: nvrx-eks and kubectl. Required for a deployment: without it only CloudFormation's execution
+    #: role could reach the cluster, and nothing tells you so until after a 40-minute deploy.
     admin_principal_arn: str | None = None
     gpu_nodes: GpuNodeGroupConfig = GpuNodeGroupConfig()
     system_nodes: SystemNodeGroupConfig = SystemNodeGroupConfig()
@@ -87,6 +117,14 @@ class DeploymentConfig(StrictModel):
         if value is not None and not pattern.match(value):
             raise ValueError(message.format(value))
         return value
+
+    @field_validator("admin_principal_arn")
+    @classmethod
+    def _admin_principal(cls, arn: str | None) -> str | None:
+        problem = None if arn is None else admin_principal_problem(arn)
+        if problem:
+            raise ValueError(problem)
+        return arn
 
     @field_validator("vpc_cidr")
     @classmethod
@@ -127,6 +165,16 @@ class DeploymentConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _someone_can_reach_the_cluster(self) -> DeploymentConfig:
+        if self.cluster is None and self.admin_principal_arn is None:
+            raise ValueError(
+                "admin_principal_arn is required: the IAM role or user that runs nvrx-eks and kubectl, granted "
+                "cluster admin through an EKS access entry (without it nobody but CloudFormation can reach the "
+                f"cluster); a role's full ARN, including its path: `{ROLE_ARN_COMMAND.format(role='NAME')}`"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _fsx_efa_needs_efa_clients(self) -> DeploymentConfig:
         if self.fsx.efa_enabled and not self.gpu_nodes.facts.fsx_efa_client:
             raise ValueError(
@@ -163,6 +211,19 @@ class DeploymentConfig(StrictModel):
     @property
     def cluster_name(self) -> str:
         return self.name
+
+    @property
+    def control_plane_log_group(self) -> str:
+        """Where EKS writes the control-plane logs: a fixed name it writes into if it exists."""
+        return f"/aws/eks/{self.cluster_name}/cluster"
+
+    @property
+    def gpu_nodegroup_name(self) -> str:
+        return f"{self.name}-gpu"
+
+    @property
+    def system_nodegroup_name(self) -> str:
+        return f"{self.name}-system"
 
     @property
     def profile_tags(self) -> dict[str, str]:

@@ -15,7 +15,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from infra.config.deployment import DeploymentConfig
+from infra.config.deployment import ROLE_ARN_COMMAND, DeploymentConfig
 
 #: Account ids AWS documentation uses as examples: 111122223333, 444455556666 and 777788889999
 #: (the AWS style for example accounts) and 123456789012 (the older, still ubiquitous one).
@@ -24,7 +24,7 @@ DOCUMENTATION_ACCOUNTS = frozenset({"111122223333", "444455556666", "77778888999
 #: RFC 5737: TEST-NET-1, -2 and -3, reserved for documentation and never routed on the internet.
 DOCUMENTATION_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 
-_ARN_ACCOUNT = re.compile(r"^arn:[^:]+:(?:iam|sts)::(\d{12}):")
+_ARN_ACCOUNT = re.compile(r"^arn:[^:]+:iam::(\d{12}):")
 
 
 def is_documentation_account(account: str) -> bool:
@@ -71,8 +71,9 @@ def documentation_placeholders(config: DeploymentConfig) -> list[Placeholder]:
             Placeholder(
                 "admin_principal_arn",
                 arn,
-                "set it to the IAM role or user that will run kubectl and nvrx-eks (aws sts get-caller-identity "
-                "--query Arn names yours; for an assumed role give the role, arn:aws:iam::<account>:role/<name>)",
+                "set it to the IAM role or user that will run kubectl and nvrx-eks: a role's full ARN, including "
+                f"its path (`{ROLE_ARN_COMMAND.format(role='NAME')}`; NAME is what `aws sts get-caller-identity "
+                "--query Arn` prints after assumed-role/), or a user's (`aws iam get-user --query User.Arn`)",
             )
         )
     cidrs = [c for c in config.endpoint.public_cidrs if is_documentation_cidr(c)]

@@ -25,6 +25,7 @@ _METADATA_IOPS = (1500, 3000, 6000) + tuple(range(12000, 192001, 12000))
 EFA_CAPACITY_STEP_GIB = {1000: 4800, 500: 9600, 250: 19200, 125: 38400}
 
 _RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{8,17}$")
+_PLACEMENT_GROUP_RE = re.compile(r"^(?! *$)[ -~]{1,255}$")
 _IMAGE_URI_RE = re.compile(r"^[a-z0-9.-]+(:\d+)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$")
 
 
@@ -90,15 +91,24 @@ class EndpointConfig(StrictModel):
 
 class GpuNodeGroupConfig(StrictModel):
     instance_type: str = "p5.48xlarge"
-    min_size: Annotated[int, Field(ge=0)] = 0
-    desired_size: Annotated[int, Field(ge=0)] = 2
+    #: The GPU nodes `nvrx-eks capacity up` starts unless told otherwise, and the node count a job
+    #: gets without --nodes. The node group itself is always created empty (infra/constructs/
+    #: gpu_nodes.py): a deploy never waits for GPU capacity, and a shortfall fails one scaling
+    #: request instead of rolling back the cluster stack.
+    desired_size: Annotated[int, Field(ge=1)] = 2
+    #: The most GPU nodes the group may run: the largest job (active plus spare nodes) it can hold.
     max_size: Annotated[int, Field(ge=1)] = 2
     #: on-demand (optionally into an On-Demand Capacity Reservation) or a Capacity Block for ML.
     capacity_type: Literal["on-demand", "capacity-block"] = "on-demand"
     capacity_reservation_id: str | None = None
-    #: Cluster placement group for lowest EFA latency. Must be off with a capacity reservation: a
-    #: reservation is placed when it is created, and a group this stack creates cannot hold it.
+    #: A cluster placement group this stack creates, for lowest EFA latency. Must be off with a
+    #: capacity reservation: a reservation is placed when it is created, and a group this stack
+    #: creates cannot hold it.
     placement_group: bool = True
+    #: An existing cluster placement group to launch into instead: the one an On-Demand Capacity
+    #: Reservation was created in (its PlacementGroupArn), which the EC2 guide has you name when
+    #: launching into such a reservation.
+    placement_group_name: str | None = None
     root_volume_gib: Annotated[int, Field(ge=100, le=16384)] = 500
     #: EKS node auto repair: replaces nodes whose GPU/EFA/kubelet health checks fail. The
     #: eks-node-monitoring-agent add-on that reports those checks is installed with it.
@@ -117,27 +127,40 @@ class GpuNodeGroupConfig(StrictModel):
             raise ValueError(f"'{rid}' is not a capacity reservation id; it looks like cr-0123456789abcdef0")
         return rid
 
+    @field_validator("placement_group_name")
+    @classmethod
+    def _placement_group_name(cls, name: str | None) -> str | None:
+        if name is not None and not _PLACEMENT_GROUP_RE.match(name):
+            raise ValueError(
+                f"'{name}' is not a placement group name (1-255 ASCII characters; `aws ec2 describe-capacity-"
+                "reservations --query 'CapacityReservations[].PlacementGroupArn'` names the reservation's)"
+            )
+        return name
+
     @model_validator(mode="after")
     def _sizes_and_capacity(self) -> GpuNodeGroupConfig:
-        _require_ordered_sizes(self.min_size, self.desired_size, self.max_size)
+        if self.desired_size > self.max_size:
+            raise ValueError(
+                f"desired_size {self.desired_size} is more than max_size {self.max_size}: node counts must satisfy "
+                "desired_size <= max_size; raise max_size or lower desired_size"
+            )
         if self.capacity_type == "capacity-block" and self.capacity_reservation_id is None:
             raise ValueError(
                 "capacity_type 'capacity-block' needs capacity_reservation_id: the id (cr-...) of "
                 "the Capacity Block you purchased"
             )
-        if self.capacity_type == "capacity-block" and (self.desired_size or self.min_size):
-            # EKS: a Capacity Block node group is created at 0 (its instances cannot launch
-            # before the block starts) and node-group updates need desired 0 as well.
-            raise ValueError(
-                f"capacity_type 'capacity-block' needs min_size 0 and desired_size 0 at creation, got "
-                f"min_size {self.min_size} and desired_size {self.desired_size}; set both to 0 and scale "
-                "up when the block is active (aws eks update-nodegroup-config --scaling-config "
-                "minSize=0,maxSize=N,desiredSize=N)"
-            )
         if self.capacity_reservation_id is not None and self.placement_group:
             raise ValueError(
                 "placement_group must be false when capacity_reservation_id is set: the reservation "
-                "fixes placement already and cannot live in a placement group this stack creates"
+                "fixes placement already and cannot live in a placement group this stack creates "
+                "(a reservation made in a cluster placement group: name that group in placement_group_name)"
+            )
+        if self.placement_group_name is not None and (
+            self.placement_group or self.capacity_type != "on-demand" or self.capacity_reservation_id is None
+        ):
+            raise ValueError(
+                "placement_group_name names the cluster placement group an On-Demand Capacity Reservation was "
+                "created in: use it with capacity_type on-demand, capacity_reservation_id and placement_group: false"
             )
         return self
 
@@ -183,8 +206,13 @@ class FsxConfig(StrictModel):
     #: Days S3 keeps the exported copy of a run file (checkpoint shard, commit record, events)
     #: once the file was deleted or replaced on Lustre; the copy of a file still there never
     #: expires. The export is the second copy of checkpoints: FSx takes no backups of a file
-    #: system linked to S3.
-    runs_copy_days: Annotated[int, Field(ge=1, le=3650)] = 30
+    #: system linked to S3. What this parks scales with the checkpoint cadence: every save retires
+    #: the oldest checkpoint, so a run parks (checkpoint size) x (saves per day) x this many days.
+    #: The 8b default job on 2 p5 (96 GB of state, a save about every 62 minutes: `nvrx-eks plan`)
+    #: retires about 2.2 TB a day: 3 days park about 7 TB (some $150 a month in S3 Standard, an
+    #: estimate), where 30 parked about 67 TB. 3 days still undo a mistaken delete found after a
+    #: weekend; raise it if you must reach further back than the checkpoints kept on Lustre.
+    runs_copy_days: Annotated[int, Field(ge=1, le=3650)] = 3
     #: What `cdk destroy` does with the file system and the data bucket. Training data and
     #: checkpoints live there, so they are kept unless the profile says otherwise.
     removal_policy: Literal["retain", "destroy"] = "retain"

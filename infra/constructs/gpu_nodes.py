@@ -4,6 +4,23 @@ The launch template, not the node group, names the instance type: aws_eks_v2 ref
 p5.48xlarge with the NVIDIA AMI type in `instance_types` (its GPU list stops at p4d/g6e), and
 EKS accepts it from the template. Network interfaces follow the EC2 guide for multi-card EFA
 instances: card 0 carries the primary ENA+EFA interface, every other card one EFA-only interface.
+
+The group is created empty, in every profile: ScalingConfig {MinSize 0, DesiredSize 0,
+MaxSize gpu_nodes.max_size}. A group that had to launch p5s inside the cluster stack made the
+whole stack hostage to capacity: an on-demand p5 shortfall in a placement group failed the node
+group (AsgInstanceLaunchFailures, NodeCreationFailure) some 40 minutes in and rolled back the
+cluster, its add-ons and charts. `nvrx-eks capacity up` scales the deployed group
+(UpdateNodegroupConfig, outside CloudFormation) to gpu_nodes.desired_size; a shortfall then fails
+that one request, and nothing bills until it succeeds.
+
+A later `cdk deploy` compares templates, not live state, so the live size survives any deploy
+whose template leaves ScalingConfig as it was: user data, tags, the AMI, labels, taints, add-ons.
+EKS: "Whenever this parameter [desiredSize] changes, the number of worker nodes in the node group
+is updated to the specified size" (NodegroupScalingConfig). DesiredSize stays 0 in every template,
+so it never changes there; MaxSize does when gpu_nodes.max_size changes, and whether
+CloudFormation's update then sends the template's DesiredSize 0 along with it is not documented
+(guess: assume it does, and the running nodes are terminated). `nvrx-eks deploy` warns before such
+a deploy, and before one that replaces the group or rolls its nodes (nvrx_eks/deploy/gpu_changes.py).
 """
 
 from __future__ import annotations
@@ -15,6 +32,11 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra.config import DeploymentConfig
+from infra.constructs.node_launch_template import (
+    encrypted_root_volume,
+    node_metadata_options,
+    node_tag_specifications,
+)
 from infra.constructs.node_user_data import gpu_node_user_data
 from nvrx_eks.facts.instances import InstanceFacts
 from nvrx_eks.facts.names import (
@@ -65,6 +87,9 @@ class GpuNodeGroup(Construct):
         if nodes.placement_group:
             self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
             placement = ec2.CfnLaunchTemplate.PlacementProperty(group_name=self.placement_group.ref)
+        elif nodes.placement_group_name:
+            # The group the On-Demand Capacity Reservation was created in (not ours to create).
+            placement = ec2.CfnLaunchTemplate.PlacementProperty(group_name=nodes.placement_group_name)
 
         reservation = None
         if nodes.capacity_reservation_id:
@@ -87,36 +112,16 @@ class GpuNodeGroup(Construct):
                 placement=placement,
                 capacity_reservation_specification=reservation,
                 instance_market_options=market,
-                block_device_mappings=[
-                    ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
-                        device_name="/dev/xvda",
-                        ebs=ec2.CfnLaunchTemplate.EbsProperty(
-                            volume_size=nodes.root_volume_gib,
-                            volume_type="gp3",
-                            encrypted=True,
-                            delete_on_termination=True,
-                        ),
-                    )
-                ],
-                # IMDSv2 only, and one hop: pods get AWS credentials from EKS Pod Identity, so a
-                # container must not reach the node role through the metadata service.
-                metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
-                    http_tokens="required", http_put_response_hop_limit=1, http_endpoint="enabled"
-                ),
+                block_device_mappings=[encrypted_root_volume(nodes.root_volume_gib)],
+                metadata_options=node_metadata_options(),
                 user_data=Fn.base64(gpu_node_user_data(config)),
-                tag_specifications=[
-                    ec2.CfnLaunchTemplate.TagSpecificationProperty(
-                        resource_type=resource_type,
-                        tags=[{"key": k, "value": v} for k, v in config.profile_tags.items()],
-                    )
-                    for resource_type in ("instance", "volume", "network-interface")
-                ],
+                tag_specifications=node_tag_specifications(config),
             ),
         )
 
         self.nodegroup = cluster.add_nodegroup_capacity(
             "GpuNodes",
-            nodegroup_name=f"{config.name}-gpu",
+            nodegroup_name=config.gpu_nodegroup_name,
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             capacity_type=(
                 eks.CapacityType.CAPACITY_BLOCK
@@ -126,8 +131,9 @@ class GpuNodeGroup(Construct):
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref, version=self.launch_template.attr_latest_version_number
             ),
-            min_size=nodes.min_size,
-            desired_size=nodes.desired_size,
+            # Created empty; `nvrx-eks capacity up` starts the nodes (see the module docstring).
+            min_size=0,
+            desired_size=0,
             max_size=nodes.max_size,
             subnets=ec2.SubnetSelection(subnets=[subnet]),
             node_role=node_role,

@@ -9,18 +9,23 @@ from aws_cdk import CfnOutput, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
+from infra.addon_catalog import CLOUDWATCH_OBSERVABILITY
 from infra.config import DeploymentConfig
 from infra.constructs.addons import install_addons
 from infra.constructs.dashboard import TrainingDashboard
 from infra.constructs.fsx_volume import FsxVolume
 from infra.constructs.gpu_nodes import GpuNodeGroup
 from infra.constructs.image import TrainerImage
+from infra.constructs.log_groups import encrypted_log_group
+from infra.constructs.node_launch_template import system_launch_template
 from infra.constructs.secure_defaults import rotated_key
 from infra.pod_security import admission_policy_manifests
+from nvrx_eks.facts import training_metrics
 from nvrx_eks.facts.kubernetes_versions import KUBECTL_LAYER_V35, pins_for
 from nvrx_eks.facts.names import (
     FSX_PVC_NAME,
@@ -100,15 +105,19 @@ class TrainingClusterStack(Stack):
             )
 
         system = config.system_nodes
+        # The job's coordinator runs here: one hop to IMDS, as on the GPU nodes (node_launch_template.py).
+        system_template = system_launch_template(self, "SystemNodeLaunchTemplate", config)
         self.system_nodegroup = self.cluster.add_nodegroup_capacity(
             "SystemNodes",
-            nodegroup_name=f"{config.name}-system",
+            nodegroup_name=config.system_nodegroup_name,
             instance_types=[ec2.InstanceType(system.instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=system_template.ref, version=system_template.attr_latest_version_number
+            ),
             min_size=system.min_size,
             desired_size=system.desired_size,
             max_size=system.max_size,
-            disk_size=50,
             subnets=private_subnets,
             labels={GPU_NODE_LABEL_KEY: SYSTEM_NODE_LABEL_VALUE},
             node_role=worker_node_role(self, "SystemNodeRole"),
@@ -125,8 +134,20 @@ class TrainingClusterStack(Stack):
         )
 
         # Add-ons need somewhere to run (CoreDNS, controllers, Helm's wait): after system nodes.
-        for addon in install_addons(self, self.cluster, config).values():
+        addons = install_addons(self, self.cluster, config)
+        for addon in addons.values():
             addon.node.add_dependency(self.system_nodegroup)
+        if config.addons.cloudwatch_observability:
+            # The agent writes the trainer's EMF documents here (nvrx_eks/facts/training_metrics.py).
+            # Created before the add-on and deleted after it, so no agent recreates it unbounded.
+            self.training_metrics_logs = encrypted_log_group(
+                self,
+                "TrainingMetricsLogs",
+                name=training_metrics.log_group(config.name),
+                retention=logs.RetentionDays.ONE_MONTH,
+                description=f"{config.name}: training metrics log encryption",
+            )
+            addons[CLOUDWATCH_OBSERVABILITY.name].node.add_dependency(self.training_metrics_logs)
 
         self.fsx_volume = FsxVolume(
             self,

@@ -66,6 +66,9 @@ def build_environment(app: App, config: DeploymentConfig) -> TrainingEnvironment
         env=env,
         description=f"{prefix}: EKS cluster, EFA GPU nodes, add-ons, trainer image",
     )
+    # Explicit, beside the references that imply it: EKS must find its control-plane log group
+    # (storage stack) when it creates the cluster, or it creates one that never expires.
+    cluster.add_stack_dependency(storage, "the EKS control-plane log group exists before the cluster")
     for key, value in config.profile_tags.items():
         Tags.of(app).add(key, value)
     return TrainingEnvironment(network, storage, cluster)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import cast
 
-from aws_cdk import Aws, RemovalPolicy, Stack
+from aws_cdk import Stack
 from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.config import DeploymentConfig
-from infra.constructs.secure_defaults import rotated_key
+from infra.constructs.log_groups import encrypted_log_group
 from nvrx_eks.facts.errors import ConfigError
 
 #: Lustre: TCP 988 (LNet) and 1018-1023 (data channels), from the FSx for Lustre user guide.
@@ -53,31 +52,12 @@ class NetworkStack(Stack):
         for subnet in self.vpc.public_subnets:
             cast(ec2.CfnSubnet, subnet.node.default_child).add_property_override("MapPublicIpOnLaunch", False)
 
-        flow_log_key = rotated_key(self, "FlowLogKey", f"{config.name}: VPC flow log encryption")
-        # Named, so that the key policy can name it: CloudWatch Logs uses the key only with the
-        # log group's ARN as encryption context, and the grant is limited to that context.
-        flow_log_group_name = f"/{config.name}/vpc-flow-logs"
-        flow_log_key.add_to_resource_policy(
-            iam.PolicyStatement(
-                principals=[iam.ServicePrincipal(f"logs.{self.region}.amazonaws.com")],
-                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
-                resources=["*"],
-                conditions={
-                    "ArnEquals": {
-                        "kms:EncryptionContext:aws:logs:arn": (
-                            f"arn:{Aws.PARTITION}:logs:{self.region}:{self.account}:log-group:{flow_log_group_name}"
-                        )
-                    }
-                },
-            )
-        )
-        flow_log_group = logs.LogGroup(
+        flow_log_group = encrypted_log_group(
             self,
             "FlowLogs",
-            log_group_name=flow_log_group_name,
+            name=f"/{config.name}/vpc-flow-logs",
             retention=logs.RetentionDays.ONE_MONTH,
-            encryption_key=flow_log_key,
-            removal_policy=RemovalPolicy.DESTROY,
+            description=f"{config.name}: VPC flow log encryption",
         )
         self.vpc.add_flow_log(
             "FlowLog",

@@ -13,6 +13,13 @@ associations:
   before S3 expires it. Nothing is imported into /runs, so a writer to the bucket cannot plant a
   checkpoint.
 Both are kept on `cdk destroy` unless the profile sets fsx.removal_policy: destroy.
+
+The EKS control-plane log group (the API server's audit log among them) lives here too, created
+with a retention before the cluster exists: EKS writes into /aws/eks/<cluster>/cluster when it
+exists and otherwise creates it without one, and that group outlives every stack. It belongs
+with what a default teardown keeps (who did what to the cluster is wanted most after an
+incident), and a cluster stack that rolls back or is destroyed and deployed again finds it here,
+instead of failing on a name that already exists.
 """
 
 from __future__ import annotations
@@ -20,15 +27,20 @@ from __future__ import annotations
 from aws_cdk import CfnDeletionPolicy, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from infra.config import DeploymentConfig
+from infra.constructs.log_groups import encrypted_log_group
 from infra.constructs.secure_defaults import private_bucket
 from nvrx_eks.facts.names import FSX_RUNS_PATH, RUNS_COPY_PREFIX
 
 #: FSx for Lustre version: 2.15 is required for EFA and is the current long-term release.
 LUSTRE_VERSION = "2.15"
+#: How long the control-plane logs (API, audit, authenticator, controller manager, scheduler)
+#: are kept: long enough to look back on an incident, bounded so they stop adding up.
+CONTROL_PLANE_LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
 
 
 class StorageStack(Stack):
@@ -58,6 +70,14 @@ class StorageStack(Stack):
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(90))],
         )
+        self.control_plane_logs = encrypted_log_group(
+            self,
+            "ControlPlaneLogs",
+            name=config.control_plane_log_group,
+            retention=CONTROL_PLANE_LOG_RETENTION,
+            description=f"{config.name}: EKS control-plane log encryption",
+        )
+
         self.data_bucket = private_bucket(
             self,
             "DataBucket",
@@ -102,6 +122,9 @@ class StorageStack(Stack):
             security_group_ids=[security_group.security_group_id],
             lustre_configuration=lustre,
         )
+        # A log group of that name left by something else fails this stack: let it fail in
+        # seconds, before the file system's twenty-minute create starts.
+        self.file_system.node.add_dependency(self.control_plane_logs)
         policy = CfnDeletionPolicy.RETAIN if keep_data else CfnDeletionPolicy.DELETE
         self.file_system.cfn_options.deletion_policy = policy
         self.file_system.cfn_options.update_replace_policy = policy

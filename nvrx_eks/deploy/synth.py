@@ -119,8 +119,8 @@ def print_summary(result: SynthResult, console: Console) -> None:
     )
     facts_table.add_row(
         "GPU nodes",
-        f"{nodes.max_size}x {facts.instance_type} (desired {nodes.desired_size} at creation; "
-        f"{facts.gpus}x {facts.gpu_model} {facts.gpu_memory_gib} GB, "
+        f"up to {nodes.max_size}x {facts.instance_type}, created with none; `nvrx-eks capacity up` starts "
+        f"{nodes.desired_size} ({facts.gpus}x {facts.gpu_model} {facts.gpu_memory_gib} GB, "
         f"{facts.efa_interfaces} EFA interfaces each), {capacity}, placement group "
         f"{'on' if nodes.placement_group else 'off'}",
     )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+#: A deployment's name when its config gives none: the prefix of its stacks, its cluster's name.
+DEFAULT_DEPLOYMENT_NAME = "nvrx-eks"
+
 #: Namespace where training jobs, the FSx PVC and the trainer ConfigMaps live.
 TRAINING_NAMESPACE = "training"
 #: Static PersistentVolume / PersistentVolumeClaim bound to the FSx for Lustre file system.
@@ -28,6 +31,11 @@ INSTANCE_TYPE_LABEL_KEY = "node.kubernetes.io/instance-type"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "present"
 GPU_TAINT_EFFECT = "NoSchedule"
+#: Taint a GPU node registers with when its Lustre client could not be put on EFA at first boot
+#: (infra/constructs/node_user_data.py): the node joins, so a deploy or scale-up completes, but
+#: no job pod tolerates it, so none trains on a file system reached over TCP.
+LUSTRE_EFA_TAINT_KEY = "nvrx-eks.io/lustre-efa"
+LUSTRE_EFA_TAINT_VALUE = "missing"
 
 #: Extended resources advertised by the device plugins.
 GPU_RESOURCE = "nvidia.com/gpu"

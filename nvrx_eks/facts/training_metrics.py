@@ -5,19 +5,31 @@ Transport: CloudWatch embedded metric format (EMF), one JSON document per UDP da
 EMF listener of the CloudWatch agent that the CloudWatch Observability add-on runs on every node
 (agent config `logs.metrics_collected.emf`, port 25888). The add-on's operator publishes that
 port as the `cloudwatch-agent` Service with internalTrafficPolicy Local, so each pod reaches the
-agent of its own node. The agent writes the documents to LOG_GROUP and CloudWatch extracts the
-metrics into NAMESPACE. UDP because a metric must never block a training step: a datagram that
-finds no agent is dropped.
+agent of its own node. The agent writes the documents to the deployment's log_group and CloudWatch
+extracts the metrics into NAMESPACE. UDP because a metric must never block a training step: a
+datagram that finds no agent is dropped.
 """
 
 from __future__ import annotations
 
 import re
 
+from nvrx_eks.facts.names import DEFAULT_DEPLOYMENT_NAME
+
 #: CloudWatch namespace of the trainer's metrics.
 NAMESPACE = "NvrxEks/Training"
-#: Log group the agent writes the EMF documents to (created by the agent on first use).
-LOG_GROUP = "/nvrx-eks/training-metrics"
+
+
+def log_group(deployment: str) -> str:
+    """The log group the agent writes a deployment's EMF documents to. One per deployment: the
+    cluster stack creates it with a retention (infra/stacks/cluster.py) and deletes it with the
+    cluster, where a group the agent created on first use was shared by every deployment of the
+    account and region and kept forever. The job commands write it into each job's trainer config."""
+    return f"/{deployment}/training-metrics"
+
+
+#: The trainer's default, for a config rendered outside any deployment: the default deployment's.
+DEFAULT_LOG_GROUP = log_group(DEFAULT_DEPLOYMENT_NAME)
 #: The agent's EMF listener as a pod sees it (the add-on's namespace and Service).
 EMF_AGENT_PORT = 25888
 EMF_AGENT_ENDPOINT = f"udp://cloudwatch-agent.amazon-cloudwatch:{EMF_AGENT_PORT}"

@@ -91,15 +91,14 @@ def refuse_beyond(spec: JobSpec, limits: Iterable[NodeLimit]) -> None:
 def profile_limit(deployment: Deployment) -> NodeLimit:
     """The profile's gpu_nodes.max_size: the largest the deployed node group can be."""
     nodes = deployment.config.gpu_nodes
-    # A Capacity Block group must stay at desired 0 in the profile (it is scaled up when the block
-    # starts); an on-demand group runs desired_size nodes, so that must grow with the maximum.
-    sizes = "gpu_nodes.max_size" if nodes.capacity_type == "capacity-block" else "gpu_nodes.max_size and desired_size"
+    # The node group is created empty whatever desired_size says (infra/constructs/gpu_nodes.py):
+    # the maximum alone decides what it can grow to.
     return NodeLimit(
         ("gpu_nodes", "max_size"),
         nodes.max_size,
         f"is {nodes.max_size} in {deployment.source}",
-        f"raise {sizes} in the profile and run `{deployment.deploy_command}` (your vCPU quota or capacity "
-        "reservation must cover the extra nodes: `nvrx-eks preflight --nodes N`)",
+        f"raise gpu_nodes.max_size in the profile and run `{deployment.deploy_command}` (your vCPU quota or "
+        "capacity reservation must cover the extra nodes: `nvrx-eks preflight --nodes N`)",
     )
 
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from infra.config import DeploymentConfig
 from nvrx_eks.deploy.stack_outputs import StackOutputs
-from nvrx_eks.facts import job_names
+from nvrx_eks.facts import job_names, training_metrics
 from nvrx_eks.facts.errors import ConfigError, describe_validation_error
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, facts_for
 from nvrx_eks.facts.job_kinds import Api
@@ -302,6 +302,15 @@ def require_efa_where_expected(train: TrainConfig, instance_type: str) -> TrainC
     return train.model_copy(update={"distributed": distributed})
 
 
+def metrics_to_the_deployment(train: TrainConfig, deployment: str) -> TrainConfig:
+    """metrics.log_group, unless set explicitly, is the deployment's EMF log group (created with a
+    retention by its cluster stack), so the jobs of two deployments never share one."""
+    if "log_group" in train.metrics.model_fields_set:
+        return train
+    metrics = train.metrics.model_copy(update={"log_group": training_metrics.log_group(deployment)})
+    return train.model_copy(update={"metrics": metrics})
+
+
 def peak_tflops_from_facts(train: TrainConfig, instance_type: str) -> TrainConfig:
     """peak_tflops_per_gpu, unless set explicitly, is the GPU's dense bf16 peak from the instance
     facts (None where none is published: MFU is then n/a): the trainer image has no infra/."""
@@ -418,6 +427,7 @@ def build_jobspec(
     if workload == "nccl-test":
         default_image = NCCL_TESTS_IMAGE
     train = require_efa_where_expected(train or TrainConfig.model_validate({}), instance_type)
+    train = metrics_to_the_deployment(train, config.name)
     if spare_nodes:
         # A copy with the one field changed: rebuilt from a full dump, every field would count as
         # set, and the defaults that follow (run directory, local tier, MFU peak) would be skipped.

@@ -17,7 +17,7 @@ from infra.config import PROFILES_DIR, DeploymentConfig, load_config, resolve_co
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import INSTANCE_FACTS, facts_for
 from tests.support import REPO_ROOT
-from tests.support.profiles import profile_data
+from tests.support.profiles import config_with, profile_data
 
 ROOT = REPO_ROOT
 
@@ -44,8 +44,10 @@ def test_default_profile_is_p5_on_demand():
 INVALID = {
     "unknown instance type": ({"gpu_nodes__instance_type": "p9.96xlarge"}, "gpu_nodes.instance_type", "p5.48xlarge"),
     "non-EFA instance type": ({"gpu_nodes__instance_type": "g5.xlarge"}, "gpu_nodes.instance_type", "EFA"),
-    "min above desired": ({"gpu_nodes__min_size": 3}, "gpu_nodes", "min_size <= desired_size"),
+    # The GPU group is always created at 0 with a minimum of 0: there is no minimum to set.
+    "GPU min_size": ({"gpu_nodes__min_size": 0}, "gpu_nodes.min_size", "unknown field"),
     "desired above max": ({"gpu_nodes__desired_size": 4}, "gpu_nodes", "desired_size <= max_size"),
+    "no GPU node to start": ({"gpu_nodes__desired_size": 0}, "gpu_nodes.desired_size", "greater than or equal to 1"),
     "FSx capacity not a PERSISTENT_2 size": (
         {"fsx__storage_gib": 3000, "fsx__efa_enabled": False},
         "fsx",
@@ -90,6 +92,23 @@ INVALID = {
     "misspelled section": ({"gpu_node": {"desired_size": 4}}, "gpu_node", "unknown field"),
     "account id not 12 digits": ({"account": "12345"}, "account", "12-digit"),
     "admin principal not an ARN": ({"admin_principal_arn": "admin"}, "admin_principal_arn", "arn:aws:iam"),
+    # What `aws sts get-caller-identity` prints for an SSO user: EKS access entries refuse it.
+    "admin principal an STS session": (
+        {"admin_principal_arn": "arn:aws:sts::210987654321:assumed-role/AWSReservedSSO_Admin_0123456789abcdef/jane"},
+        "admin_principal_arn",
+        "aws iam get-role --role-name AWSReservedSSO_Admin_0123456789abcdef --query Role.Arn",
+    ),
+    "admin principal a federated STS user": (
+        {"admin_principal_arn": "arn:aws:sts::210987654321:federated-user/jane"},
+        "admin_principal_arn",
+        "EKS access entries refuse",
+    ),
+    "no admin principal": ({"admin_principal_arn": None}, "admin_principal_arn is required", "--query Role.Arn"),
+    "placement group name without a reservation": (
+        {"gpu_nodes__placement_group": False, "gpu_nodes__placement_group_name": "cpg"},
+        "gpu_nodes",
+        "capacity_reservation_id and placement_group: false",
+    ),
     "two DCGM exporters": ({"addons__dcgm_exporter": True}, "addons", "enable only one"),
     "image both built and given": (
         {"image__uri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1"},
@@ -120,6 +139,34 @@ def test_invalid_config_exits_2_naming_field_and_fix(tmp_path, capsys, monkeypat
     assert "Traceback" not in message
 
 
+@pytest.mark.parametrize(
+    "arn",
+    [
+        "arn:aws:iam::210987654321:role/Admin",
+        # An IAM Identity Center role: its ARN has a path, which its session ARN leaves out.
+        "arn:aws:iam::210987654321:role/aws-reserved/sso.amazonaws.com/eu-west-1/AWSReservedSSO_Admin_0123456789abcdef",
+        "arn:aws:iam::210987654321:user/ops/jane",
+        "arn:aws-us-gov:iam::210987654321:role/Admin",
+    ],
+)
+def test_iam_roles_with_their_path_and_users_are_admin_principals(arn):
+    assert config_with(admin_principal_arn=arn).admin_principal_arn == arn
+
+
+def test_an_existing_cluster_needs_no_admin_principal():
+    """Nothing is deployed for a cluster: section, so there is no access entry to make."""
+    cluster = {"context": "team-a", "namespace": "ml", "pvc": "shared", "image": "registry.example/t:1"}
+    config = config_with(admin_principal_arn=None, cluster=cluster)
+    assert config.admin_principal_arn is None
+
+
+def test_a_capacity_block_profile_names_the_nodes_capacity_up_starts():
+    """desired_size is the node count `nvrx-eks capacity up` scales to; the template creates the
+    group at 0 whatever it says (EKS: a Capacity Block group is created, and updated, at 0)."""
+    config = config_with("p5-capacity-block", gpu_nodes__desired_size=2)
+    assert config.gpu_nodes.desired_size == 2 and config.gpu_nodes.capacity_type == "capacity-block"
+
+
 def test_error_lists_every_wrong_field(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(with_changes(account="1", kubernetes_version="1.2")))
@@ -145,7 +192,7 @@ def test_instance_facts_are_consistent():
 
 def _bad_profile(tmp_path) -> Path:
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(with_changes(gpu_nodes__min_size=5)))
+    path.write_text(yaml.safe_dump(with_changes(gpu_nodes__desired_size=5)))
     return path
 
 
@@ -158,7 +205,7 @@ def test_cli_exits_2_with_one_message_and_no_traceback(tmp_path):
         timeout=120,
     )
     assert result.returncode == 2, result.stderr
-    assert "gpu_nodes" in result.stderr and "min_size <= desired_size" in result.stderr
+    assert "gpu_nodes" in result.stderr and "desired_size <= max_size" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
 
 

@@ -19,6 +19,7 @@ from infra.addon_catalog import helm_addons
 from infra.config import DeploymentConfig, resolve_config
 from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS, pins_for
 from nvrx_eks.facts.names import INSTANCE_TYPE_LABEL_KEY
+from tests.support.cluster_template import gpu_nodegroup, launch_template_data
 from tests.support.helm_charts import daemonsets, extract_helm, render, why_not_scheduled
 
 pytestmark = [
@@ -49,12 +50,8 @@ def installed_charts(synthesized) -> dict[str, dict]:
 
 def gpu_node(synthesized) -> tuple[dict[str, str], list[dict]]:
     """Labels and taints a GPU node of this deployment carries once it has joined."""
-    (nodegroup,) = [
-        ng["Properties"]
-        for ng in synthesized.resources("cluster", "AWS::EKS::Nodegroup").values()
-        if ng["Properties"]["NodegroupName"].endswith("-gpu")
-    ]
-    template = synthesized.one("cluster", "AWS::EC2::LaunchTemplate")["Properties"]["LaunchTemplateData"]
+    nodegroup = gpu_nodegroup(synthesized)
+    template = launch_template_data(synthesized)
     labels = {
         **nodegroup["Labels"],
         INSTANCE_TYPE_LABEL_KEY: template["InstanceType"],

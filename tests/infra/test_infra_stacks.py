@@ -35,25 +35,13 @@ from nvrx_eks.facts.names import (
     TRAINING_NAMESPACE,
 )
 from nvrx_eks.facts.stack_outputs import REQUIRED_OUTPUTS
+from tests.support.cluster_template import gpu_nodegroup, launch_template_data, system_nodegroup
 
 pytestmark = [pytest.mark.synth, pytest.mark.xdist_group("synth")]
 
 
 def template(synthesized, role: str) -> Template:
     return Template.from_json(synthesized.templates[role])
-
-
-def launch_template_data(synthesized) -> dict:
-    return synthesized.one("cluster", "AWS::EC2::LaunchTemplate")["Properties"]["LaunchTemplateData"]
-
-
-def gpu_nodegroup(synthesized) -> dict:
-    (nodegroup,) = [
-        ng["Properties"]
-        for ng in synthesized.resources("cluster", "AWS::EKS::Nodegroup").values()
-        if ng["Properties"]["NodegroupName"].endswith("-gpu")
-    ]
-    return nodegroup
 
 
 # --- GPU nodes: launch template wired for EFA --------------------------------------------------
@@ -106,8 +94,10 @@ def test_capacity_block_profile_targets_the_reservation(synth):
     assert "Placement" not in data
     assert not synthesized.resources("cluster", "AWS::EC2::PlacementGroup")
     assert gpu_nodegroup(synthesized)["CapacityType"] == "CAPACITY_BLOCK"
-    # Created empty: instances cannot launch before the block starts (scaled up then).
+    # Created empty, as every profile's (test_first_deploy.py): instances cannot launch before the
+    # block starts; `nvrx-eks capacity up` scales it to desired_size, the block's size, then.
     assert gpu_nodegroup(synthesized)["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}
+    assert synthesized.config.gpu_nodes.desired_size == 2
     assert synthesized.templates["cluster"]["Outputs"]["GpuNodeCount"]["Value"] == "2"
 
 
@@ -116,7 +106,7 @@ def test_gpu_nodegroup(synth):
     nodegroup = gpu_nodegroup(synthesized)
     assert nodegroup["AmiType"] == "AL2023_x86_64_NVIDIA"
     assert nodegroup["CapacityType"] == "ON_DEMAND"
-    assert nodegroup["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 2, "MaxSize": 2}
+    assert nodegroup["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}
     assert nodegroup["Labels"] == {GPU_NODE_LABEL_KEY: GPU_NODE_LABEL_VALUE}
     assert nodegroup["Taints"] == [{"Effect": "NO_SCHEDULE", "Key": GPU_TAINT_KEY, "Value": "present"}]
     assert nodegroup["NodeRepairConfig"] == {"Enabled": True}
@@ -323,11 +313,7 @@ def test_admin_access_entry(synth):
 
 def test_system_node_group_runs_the_add_ons(synth):
     synthesized = synth("p5")
-    (system,) = [
-        ng["Properties"]
-        for ng in synthesized.resources("cluster", "AWS::EKS::Nodegroup").values()
-        if ng["Properties"]["NodegroupName"].endswith("-system")
-    ]
+    system = system_nodegroup(synthesized)
     assert system["AmiType"] == "AL2023_x86_64_STANDARD"
     assert system["InstanceTypes"] == [synthesized.config.system_nodes.instance_type]
     assert "Taints" not in system
@@ -527,7 +513,7 @@ def test_run_directories_are_exported_to_s3_as_the_second_copy_of_checkpoints(sy
     assert runs_rules == [
         {
             "Prefix": f"{RUNS_COPY_PREFIX}/",
-            "NoncurrentVersionExpiration": {"NoncurrentDays": 30},
+            "NoncurrentVersionExpiration": {"NoncurrentDays": synthesized.config.fsx.runs_copy_days},
             "ExpiredObjectDeleteMarker": True,
             "Status": "Enabled",
         }
@@ -604,17 +590,6 @@ def test_access_log_bucket_has_acls_disabled_and_admits_log_delivery(synth):
     ]
     delivery = [s for s in policy["Statement"] if s.get("Principal") == {"Service": "logging.s3.amazonaws.com"}]
     assert delivery and all(s["Effect"] == "Allow" and s["Action"] == "s3:PutObject" for s in delivery)
-
-
-def test_capacity_block_node_group_must_be_created_empty(tmp_path):
-    raw = yaml.safe_load((PROFILES_DIR / "p5-capacity-block.yaml").read_text())
-    raw["gpu_nodes"].update(min_size=2, desired_size=2)
-    path = tmp_path / "cb.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    with pytest.raises(ConfigError) as e:
-        load_config(path)
-    assert "gpu_nodes:" in str(e.value) and "min_size 0 and desired_size 0" in str(e.value)
-    assert "aws eks update-nodegroup-config" in str(e.value)
 
 
 def test_fsx_throughput_is_counted_in_fsx_units(synth):

@@ -33,6 +33,14 @@ def test_every_shipped_profile_carries_the_three_placeholders(profile):
     assert [p.field for p in documentation_placeholders(resolve_config(profile))] == FIELDS
 
 
+def test_the_admin_principal_fix_names_the_roles_full_arn():
+    """An SSO role's ARN has a path its session ARN leaves out; the role without it does not
+    exist, and EKS refuses both the session ARN and the pathless one."""
+    (admin,) = [p for p in documentation_placeholders(resolve_config("p5")) if p.field == "admin_principal_arn"]
+    assert "including its path (`aws iam get-role --role-name NAME --query Role.Arn`" in admin.fix
+    assert "role/<name>" not in admin.fix
+
+
 def test_a_users_own_values_are_no_placeholders():
     assert documentation_placeholders(config_with(**OWN)) == []
 

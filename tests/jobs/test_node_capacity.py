@@ -49,7 +49,7 @@ def test_render_beyond_the_profile_max_size_exits_2_naming_it_and_the_fix():
         run_cli("render", "--nodes", "16"),
         "the job launches 16 GPU nodes (--nodes 16)",
         "gpu_nodes.max_size: is 2 in profile p5",
-        "raise gpu_nodes.max_size and desired_size in the profile and run `cdk deploy --all -c profile=p5`",
+        "raise gpu_nodes.max_size in the profile and run `cdk deploy --all -c profile=p5`",
         "vCPU quota or capacity reservation",
         "or use --nodes <= 2",
     )
@@ -111,7 +111,7 @@ def test_a_config_file_is_named_as_the_source(tmp_path):
 
 
 def test_a_capacity_block_profile_is_not_told_to_raise_desired_size():
-    """Its desired_size must stay 0 in the profile (the group scales up when the block starts)."""
+    """The group is created empty in every profile; only max_size bounds what it can grow to."""
     message = _refused(
         run_cli("render", "--profile", "p5-capacity-block", "--nodes", "4"), "raise gpu_nodes.max_size in the profile"
     )

@@ -184,8 +184,9 @@ def deploy_fake_environment(
         nodegroupName=outputs[OutputKey.GPU_NODEGROUP_NAME.value],
         nodeRole=f"arn:aws:iam::{ACCOUNT}:role/{config.name}-gpu-node",
         subnets=subnets,
+        # As `nvrx-eks capacity up` leaves it: the group is created at 0 and scaled to desired_size.
         scalingConfig={
-            "minSize": nodes.min_size,
+            "minSize": 0,
             "maxSize": max_size,
             "desiredSize": min(nodes.desired_size, max_size),
         },

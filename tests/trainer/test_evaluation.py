@@ -156,7 +156,7 @@ def test_cloudwatch_datagrams_are_embedded_metric_format_as_aws_library_writes_i
     for document in documents:
         assert library_document(document) == document
         assert document[names.JOB_DIMENSION] == eval_run.name
-        assert document["_aws"]["LogGroupName"] == names.LOG_GROUP
+        assert document["_aws"]["LogGroupName"] == names.DEFAULT_LOG_GROUP  # a local run's default
     sent = {m["Name"] for d in documents for m in d["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
     # loss every log_every steps, the evaluations, the saves, the goodput split (mfu is GPU only).
     expected = {*names.STEP_METRICS, *names.EVAL_METRICS, *names.CHECKPOINT_METRICS, *names.GOODPUT_METRICS} - {"mfu"}
