@@ -96,17 +96,11 @@ def _caller(ctx: PreflightContext) -> str | None:
 
 def check_admin_principal(ctx: PreflightContext) -> CheckResult:
     admin = ctx.config.admin_principal_arn
+    # The config requires it for a deployment of the stacks and refuses STS session ARNs
+    # (infra.config.deployment.admin_principal_problem); preflight checks what only AWS can tell.
+    assert admin is not None
     try:
-        caller = _caller(ctx)
-        if admin is None:
-            return CheckResult(
-                NAME,
-                WARN,
-                "admin_principal_arn is not set: the cluster gets no admin access entry, so only CloudFormation's "
-                "role can reach it and nvrx-eks commands that reach the cluster get 401",
-                f"set admin_principal_arn: {caller}" if caller else "set admin_principal_arn to your IAM role's ARN",
-            )
-        return _check(ctx, admin, caller)
+        return _check(ctx, admin, _caller(ctx))
     except _Unresolved as e:
         return e.result
     except (ClientError, BotoCoreError) as e:
@@ -118,15 +112,6 @@ def _check(ctx: PreflightContext, admin: str, caller: str | None) -> CheckResult
     by_hand = "aws iam get-role --role-name NAME --query Role.Arn prints it"
     if principal is None:
         return CheckResult(NAME, FAIL, f"{admin} is not an IAM role or user ARN", f"give the full ARN: {by_hand}")
-    if principal.service == "sts":
-        real = _iam_arn(ctx, principal)
-        return CheckResult(
-            NAME,
-            FAIL,
-            f"{admin} is an STS session ARN: EKS access entries refuse it, and the cluster stack would roll back "
-            "after the cluster is built",
-            f"set admin_principal_arn: {real}" if real else f"set admin_principal_arn to the role's ARN ({by_hand})",
-        )
     if principal.account != ctx.config.account:
         return CheckResult(
             NAME,

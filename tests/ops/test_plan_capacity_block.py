@@ -56,7 +56,8 @@ def test_an_on_demand_plan_names_its_price_and_what_stays_billed_after_the_run()
         "After the run: `nvrx-eks teardown` keeps the data, billed until `teardown --delete-data`: FSx 4800 GiB "
         "at 1000 MB/s/TiB ~$2,880/month, the NAT gateway and its address ~$36/month"
     ) in out
-    assert "deleted checkpoints included for fsx.runs_copy_days (30 days)" in out
+    days = resolve_config("p5").fsx.runs_copy_days
+    assert f"deleted checkpoints included for fsx.runs_copy_days ({days} days)" in out
 
 
 def test_desired_size_is_the_default_where_it_is_set(tmp_path):

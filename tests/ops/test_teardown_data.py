@@ -10,6 +10,7 @@ import boto3
 import pytest
 from rich.console import Console
 
+from nvrx_eks.deploy.deployment import load_deployment
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.prices import HOURS_PER_MONTH, NAT_GATEWAY_USD_PER_HOUR, PUBLIC_IPV4_USD_PER_HOUR
 from nvrx_eks.ops.teardown_data import BUCKET_DELETE_TRIES
@@ -152,7 +153,8 @@ def test_the_plan_and_the_report_price_what_a_default_teardown_keeps(deployed):
         f"in stack {NETWORK} 1.00",  # the KMS key
         "log group /nvrx-eks/vpc-flow-logs 0.0 MB 0.00 in stack nvrx-eks-network; kept 30 days",
         f"S3 bucket {DATA_BUCKET} 2.0 MB 0.00",
-        "its noncurrent versions (deleted or replaced files) 3.0 MB 0.00 S3 expires those under runs/ 30 days",
+        "its noncurrent versions (deleted or replaced files) 3.0 MB 0.00 S3 expires those under runs/ "
+        f"{load_deployment().config.fsx.runs_copy_days} days",
         "log group /aws/eks/nvrx-eks/cluster 0.0 MB 0.00 EKS control-plane and audit log; kept forever",
     ):
         assert row in before, row
