@@ -27,8 +27,16 @@ class Deployment:
         return f"config {self.config_path}" if self.config_path else f"profile {self.profile or DEFAULT_PROFILE}"
 
     @property
+    def cli_flags(self) -> str:
+        """The flags that make another nvrx-eks command use this deployment ("" for the default)."""
+        if self.config_path is not None:
+            return f"-c {self.config_path}"
+        return f"-p {self.profile}" if self.profile else ""
+
+    @property
     def deploy_command(self) -> str:
-        return "cdk deploy --all " + " ".join(self.cdk_context_args)
+        """How to deploy it: `nvrx-eks deploy`, which says first what a deploy does to running GPU nodes."""
+        return f"nvrx-eks deploy {self.cli_flags}".rstrip()
 
 
 def load_deployment(profile: str | None = None, config_path: str | None = None) -> Deployment:

@@ -281,17 +281,10 @@ def submit(deployment: Deployment, options: JobOptions, *, dry_run: bool, out: C
         err.print(
             f"[yellow]note:[/] the job launches {spec.launched_nodes} nodes and the GPU node group "
             f"{escape(deployed.nodegroup)} runs {deployed.desired_size}; pods wait in Pending until it is scaled "
-            f"up: `nvrx-eks capacity up --nodes {spec.launched_nodes}{escape(_again(deployment))}`",
+            f"up: `nvrx-eks capacity up --nodes {spec.launched_nodes}{escape(_flags(deployment))}`",
             soft_wrap=True,  # a command to copy: never broken inside a path
         )
     return _create(client, rendered, deployment, err)
-
-
-def _again(deployment: Deployment) -> str:
-    """The flags that make another nvrx-eks command use the same deployment."""
-    if deployment.config_path is not None:
-        return f" -c {deployment.config_path}"
-    return f" -p {deployment.profile}" if deployment.profile else ""
 
 
 def _submit_to_existing_cluster(deployment: Deployment, options: JobOptions, err: Console) -> RenderedJob:
@@ -316,9 +309,14 @@ def _create(client: JobClient, rendered: RenderedJob, deployment: Deployment, er
         f"created {job['kind']} {job['metadata']['name']} in {client.namespace} "
         f"({spec.nodes} x {spec.instance_type}, world size {spec.world_size})"
     )
-    again = _again(deployment)
+    again = _flags(deployment)
     err.print(f"follow it: nvrx-eks status {spec.name}{again}   nvrx-eks logs {spec.name}{again} -f")
     return rendered
+
+
+def _flags(deployment: Deployment) -> str:
+    """A space and the flags that make another command use this deployment, or nothing for the default."""
+    return f" {deployment.cli_flags}" if deployment.cli_flags else ""
 
 
 def job_client(deployment: Deployment, console: Console) -> JobClient:

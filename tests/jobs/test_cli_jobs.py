@@ -144,7 +144,7 @@ def test_commands_without_a_stack_tell_the_user_to_deploy(aws):
         result = run_cli(*args)
         assert result.code == 2, args
         assert "stack nvrx-eks-cluster does not exist" in result.stderr
-        assert "deploy it first with `cdk deploy --all -c profile=p5`" in result.stderr
+        assert "deploy it first with `nvrx-eks deploy`" in result.stderr
 
 
 def test_stack_without_an_output_asks_for_a_redeploy(aws, k8s_server):

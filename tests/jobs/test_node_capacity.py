@@ -49,7 +49,7 @@ def test_render_beyond_the_profile_max_size_exits_2_naming_it_and_the_fix():
         run_cli("render", "--nodes", "16"),
         "the job launches 16 GPU nodes (--nodes 16)",
         "gpu_nodes.max_size: is 2 in profile p5",
-        "raise gpu_nodes.max_size in the profile and run `cdk deploy --all -c profile=p5`",
+        "raise gpu_nodes.max_size in the profile and run `nvrx-eks deploy`",
         "vCPU quota or capacity reservation",
         "or use --nodes <= 2",
     )
@@ -106,7 +106,7 @@ def test_a_config_file_is_named_as_the_source(tmp_path):
     _refused(
         run_cli("render", "--config", str(config), "--nodes", "4"),
         f"gpu_nodes.max_size: is 3 in config {config}",
-        f"`cdk deploy --all -c config={config}`",
+        f"`nvrx-eks deploy -c {config}`",
     )
 
 
@@ -162,7 +162,7 @@ def test_submit_refuses_more_than_the_deployed_node_group_holds(aws, k8s_server,
     message = _refused(
         run_cli("submit", "--config", str(config), "--nodes", "16"),
         "gpu_nodes.max_size: the deployed node group nvrx-eks-gpu has scalingConfig.maxSize 2 (the profile says 16)",
-        f"deploy the profile (`cdk deploy --all -c config={config}`)",
+        f"deploy the profile (`nvrx-eks deploy -c {config}`)",
         "aws eks update-nodegroup-config --cluster-name nvrx-eks --nodegroup-name nvrx-eks-gpu",
         "or use --nodes <= 2",
     )
@@ -213,7 +213,7 @@ def test_submit_refuses_when_the_reservation_no_longer_exists(gaps, k8s_server, 
     message = _refused(
         run_cli("submit", "--config", str(config), "--nodes", "1"),
         f"gpu_nodes.capacity_reservation_id: capacity reservation {RESERVATION_ID} does not exist in us-east-1",
-        "set gpu_nodes.capacity_reservation_id to a larger reservation or Capacity Block and run `cdk deploy",
+        "set gpu_nodes.capacity_reservation_id to a larger reservation or Capacity Block and run `nvrx-eks deploy",
     )
     assert "<= 0" not in message
 
@@ -247,5 +247,5 @@ def test_submit_when_the_node_group_is_gone_asks_for_a_deploy(aws, k8s_server):
     _refused(
         run_cli("submit", "--nodes", "2"),
         "the GPU node group nvrx-eks-gpu of cluster nvrx-eks (stack output GpuNodegroupName) does not exist",
-        "`cdk deploy --all -c profile=p5`",
+        "`nvrx-eks deploy`",
     )
