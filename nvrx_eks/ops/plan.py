@@ -39,7 +39,7 @@ from workloads.memory import (
     describe_checkpointing,
     parameter_count,
 )
-from workloads.presets import MODEL_PRESETS
+from workloads.presets import MODEL_PRESETS, ModelShape
 
 #: Per-node MTBF: Llama 3 (Meta, 2024, "The Llama 3 Herd of Models", sec. 3.3.4) saw 419
 #: unexpected interruptions in 54 days on 16,384 H100 GPUs (2,048 8-GPU nodes):
@@ -272,7 +272,7 @@ def make_plan(
     config: DeploymentConfig,
     *,
     nodes: int | None = None,
-    preset: str = "8b",
+    shape: ModelShape = MODEL_PRESETS["8b"],
     tokens_per_step: int,
     interval_steps: int,
     node_mtbf_hours: float = DEFAULT_NODE_MTBF_HOURS,
@@ -284,7 +284,7 @@ def make_plan(
     facts = config.gpu_nodes.facts
     nodes = nodes or config.gpu_nodes.desired_size
     gpus = nodes * facts.gpus
-    params = parameter_count(MODEL_PRESETS[preset])
+    params = parameter_count(shape)
     state_bytes = params * CHECKPOINT_BYTES_PER_PARAM
     assumed_mfu = None if step_time_s is not None else ASSUMED_MFU
     if step_time_s is None:
@@ -366,7 +366,7 @@ def plan_for_job(config: DeploymentConfig, train, nodes: int, **assumptions) -> 
     return make_plan(
         config,
         nodes=nodes,
-        preset=train.model.preset,
+        shape=train.model.shape,
         tokens_per_step=tokens_per_step,
         interval_steps=train.checkpoint.interval_steps,
         memory=estimate_for(
@@ -416,10 +416,10 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Console) -> None:
+def print_plan(plan: Plan, config: DeploymentConfig, model: str, console: Console) -> None:
     facts = config.gpu_nodes.facts
     console.print(
-        f"[bold]{config.name}[/]: {plan.nodes}x {facts.instance_type} ({plan.gpus} GPUs), model preset {preset}: "
+        f"[bold]{config.name}[/]: {plan.nodes}x {facts.instance_type} ({plan.gpus} GPUs), model {model}: "
         f"{plan.state_bytes / 1e9:.0f} GB of checkpointed state, ~{plan.step_time_s:.2f} s per step"
     )
     if plan.assumed_mfu is not None:
@@ -495,7 +495,7 @@ def print_memory(memory: MemoryEstimate, config: DeploymentConfig, train, world_
     verdict = "fits" if memory.total <= facts.gpu_memory_gib * GIB else "does NOT fit"
     accumulation = train.data.accumulation(world_size)
     console.print(
-        f"Memory per GPU ({train.model.preset}, {train.data.batch_size} x {train.data.seq_len} tokens per "
+        f"Memory per GPU ({train.model.name}, {train.data.batch_size} x {train.data.seq_len} tokens per "
         f"micro-batch, {accumulation} per step: global batch "
         f"{world_size * train.data.batch_size * train.data.seq_len * accumulation:,} tokens, "
         f"{describe_checkpointing(train, memory)}, "
@@ -679,11 +679,11 @@ def run(
     result = plan_for(job_nodes)
     if result.assumed_mfu is not None and result.step_time_s < MODELLED_STEP_S:
         raise ConfigError(
-            f"model {train.model.preset}: its modelled step ({result.step_time_s:.1e} s) is too short for the "
+            f"model {train.model.name}: its modelled step ({result.step_time_s:.1e} s) is too short for the "
             f"plan's compute model (below {MODELLED_STEP_S} s, launch, communication and Python overheads it "
             "leaves out dominate); give --step-time-s with a measured one (the step_s of a run's step_end events)"
         )
-    print_plan(result, config, train.model.preset, console)
+    print_plan(result, config, train.model.name, console)
     print_two_tier(result, two_tier_plan(result, node_loss_share), console)
     assert result.memory is not None  # plan_for_job always estimates the job's memory
     print_memory(result.memory, config, train, result.gpus, console)

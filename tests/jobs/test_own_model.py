@@ -1,0 +1,83 @@
+"""A job of the user's own model shape (`render --set model.*`, `model.shape_from=config.json`):
+its memory plan is checked with that shape, and a shape that cannot fit is refused with the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from tests.support.cli_harness import run_cli
+from tests.support.hf_checkpoints import LLAMA_3_1_8B
+from tests.support.profiles import profile_file
+from workloads.config import TrainConfig
+from workloads.memory import GIB, estimate_for
+
+#: Llama 3.1 70B's shape: 16 B of state per parameter over 16 H100s is ~66 GiB alone.
+LLAMA_3_1_70B = {
+    **LLAMA_3_1_8B,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+}
+
+
+def _config_json(directory: Path, config: dict) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def _rendered(*args: str) -> tuple[dict, str]:
+    """The trainer config of a render and its summary (one line)."""
+    result = run_cli("render", *args)
+    assert result.code == 0, result.stderr
+    for doc in yaml.safe_load_all(result.stdout):
+        if doc and doc.get("kind") == "ConfigMap" and "train.yaml" in doc.get("data", {}):
+            return yaml.safe_load(doc["data"]["train.yaml"]), " ".join(result.stderr.split())
+    raise AssertionError("no trainer ConfigMap in the render")
+
+
+def _refusal(command: str, *args: str) -> str:
+    result = run_cli(command, *args)
+    assert result.code == 2, result.output
+    assert "Traceback" not in result.output
+    return " ".join(result.stderr.split())
+
+
+def test_render_set_model_fields_checks_the_memory_of_that_shape():
+    train, summary = _rendered("-p", "p5", "--set", "model.vocab_size=32000", "--set", "model.n_layers=40")
+    assert train["model"]["preset"] == "8b"
+    assert (train["model"]["vocab_size"], train["model"]["n_layers"]) == (32000, 40)
+    assert "model 8b with vocab_size=32000, n_layers=40" in summary
+    cfg = TrainConfig.from_dict(train)
+    memory = estimate_for(cfg, 16, ranks_per_node=8, gpu_memory_bytes=80 * GIB)
+    preset = estimate_for(TrainConfig.from_dict({**train, "model": {"preset": "8b"}}), 16, ranks_per_node=8)
+    assert memory.checkpointed_blocks > 0 and memory.total != preset.total
+    assert f"memory: ~{memory.total / GIB:.1f} of 80 GiB per H100" in summary
+    assert f"activation checkpointing on {memory.checkpointed_blocks} of 40 blocks" in summary
+
+
+def test_render_shape_from_a_config_json_writes_the_literal_shape_into_the_configmap(tmp_path):
+    source = _config_json(tmp_path / "llama-3.1-8b", LLAMA_3_1_8B)
+    train, summary = _rendered("-p", "p5", "--set", f"model.shape_from={source}")
+    assert "shape_from" not in train["model"] and str(source) not in json.dumps(train)
+    assert train["model"]["vocab_size"] == 128256 and train["model"]["max_seq_len"] == 131072
+    assert train["model"]["rope_scaling"]["factor"] == 8.0
+    assert "model 8b with max_seq_len=131072" in summary
+
+
+def test_a_shape_that_cannot_fit_is_refused_with_the_fix_and_fits_on_more_nodes(tmp_path):
+    source = _config_json(tmp_path / "llama-3.1-70b", LLAMA_3_1_70B)
+    line = _refusal("render", "-p", "p5", "--set", f"model.shape_from={source}")
+    assert line.startswith(
+        "error: --train-config/--set: model 8b with dim=8192, n_layers=80, n_heads=64, ffn_dim=28672"
+    )
+    assert "exceeds the 80 GiB of one H100 (p5.48xlarge)" in line
+    assert "a smaller data.batch_size (now 2)" in line and "more nodes" in line
+    config = str(profile_file(tmp_path / "profile", gpu_nodes__max_size=16))
+    train, summary = _rendered("-c", config, "--nodes", "8", "--set", f"model.shape_from={source}")
+    assert train["model"]["n_layers"] == 80 and "job train: 8 x p5.48xlarge, world 64" in summary
