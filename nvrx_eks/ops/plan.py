@@ -650,20 +650,17 @@ def run(
     step_time_s: float | None,
     console: Console,
     node_loss_share: float = DEFAULT_NODE_LOSS_SHARE,
+    overrides: list[str] | tuple[str, ...] = (),
 ) -> Plan:
     """Without a trainer config: the profile's default job (what `render` trains), sized for
-    the same number of nodes."""
+    the same number of nodes; `overrides` (--set) on top of either, as `render` applies them."""
     from infra.config import resolve_config
-    from nvrx_eks.jobs.spec import default_job
-    from workloads.config import TrainConfig
+    from nvrx_eks.jobs.spec import load_train_config
 
     check_measured(node_mtbf_hours, sync_stall_s, async_stall_s, step_time_s)
     config = resolve_config(profile, config_path)
     job_nodes = nodes or config.gpu_nodes.desired_size
-    if train_config_path:
-        train = TrainConfig.from_yaml(train_config_path)
-    else:
-        train = default_job(config, job_nodes, [])
+    train = load_train_config(train_config_path, list(overrides), None, config=config, nodes=job_nodes)
 
     def plan_for(n: int) -> Plan:
         return plan_for_job(

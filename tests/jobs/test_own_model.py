@@ -1,9 +1,11 @@
 """A job of the user's own model shape (`render --set model.*`, `model.shape_from=config.json`):
-its memory plan is checked with that shape, and a shape that cannot fit is refused with the fix."""
+its memory plan is checked with that shape, a shape that cannot fit is refused with the fix, and
+`plan` shows the same model."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -81,3 +83,15 @@ def test_a_shape_that_cannot_fit_is_refused_with_the_fix_and_fits_on_more_nodes(
     config = str(profile_file(tmp_path / "profile", gpu_nodes__max_size=16))
     train, summary = _rendered("-c", config, "--nodes", "8", "--set", f"model.shape_from={source}")
     assert train["model"]["n_layers"] == 80 and "job train: 8 x p5.48xlarge, world 64" in summary
+
+
+def test_plan_shows_the_set_shape_its_state_and_its_memory(tmp_path):
+    source = _config_json(tmp_path / "llama-3.1-70b", LLAMA_3_1_70B)
+    config = str(profile_file(tmp_path / "profile", gpu_nodes__max_size=16))
+    result = run_cli("plan", "-c", config, "--nodes", "8", "--set", f"model.shape_from={source}")
+    assert result.code == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "model 8b with dim=8192, n_layers=80, n_heads=64, ffn_dim=28672, max_seq_len=131072:" in out
+    state_gb = float(re.search(r"model [^:]*: (\d+) GB of checkpointed state", out).group(1))
+    assert 840 < state_gb < 850  # 12 B x 70.6 B parameters, not the 8b preset's 96 GB
+    assert re.search(r"Memory per GPU \(8b with dim=8192.*?world 64\): [\d.]+ GiB of 80 GiB \(H100\): fits", out)
