@@ -1,6 +1,7 @@
 """A job of the user's own model shape (`render --set model.*`, `model.shape_from=config.json`):
 its memory plan is checked with that shape, a shape that cannot fit is refused with the fix, and
-`plan` shows the same model."""
+`plan` shows the same model. And the existing-cluster trap: a config on GPUs a job is sized for
+that names no default_job is refused, not given the tiny model."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from infra.config import resolve_config
 from tests.support.cli_harness import run_cli
 from tests.support.hf_checkpoints import LLAMA_3_1_8B
 from tests.support.profiles import profile_file
@@ -95,3 +97,61 @@ def test_plan_shows_the_set_shape_its_state_and_its_memory(tmp_path):
     state_gb = float(re.search(r"model [^:]*: (\d+) GB of checkpointed state", out).group(1))
     assert 840 < state_gb < 850  # 12 B x 70.6 B parameters, not the 8b preset's 96 GB
     assert re.search(r"Memory per GPU \(8b with dim=8192.*?world 64\): [\d.]+ GiB of 80 GiB \(H100\): fits", out)
+
+
+# ----- the existing-cluster trap --------------------------------------------------------------------
+
+#: The README's `cluster:` sample, as a newcomer copies it.
+README_CLUSTER_SAMPLE = {
+    "name": "team-a",
+    "account": "123456789012",
+    "region": "us-east-1",
+    "gpu_availability_zone": "us-east-1a",
+    "kubernetes_version": "1.35",
+    "gpu_nodes": {"instance_type": "p5.48xlarge", "desired_size": 2, "max_size": 4},
+    "image": {"build": False, "uri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0"},
+    "cluster": {
+        "context": "team-a-prod",
+        "namespace": "ml-jobs",
+        "pvc": "shared-lustre",
+        "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0",
+        "node_selector": {"karpenter.sh/nodepool": "training"},
+    },
+}
+
+
+def _cluster_config(tmp_path: Path, **changes) -> str:
+    path = tmp_path / "my-cluster.yaml"
+    path.write_text(yaml.safe_dump({**README_CLUSTER_SAMPLE, **changes}))
+    return str(path)
+
+
+def test_a_p5_cluster_config_without_default_job_is_refused_naming_the_choices(tmp_path):
+    config = _cluster_config(tmp_path)
+    for command in ("render", "plan"):
+        line = _refusal(command, "-c", config)
+        assert line.startswith("error: default_job: the config names none"), line
+        assert "p5.48xlarge (H100) would be the smoke job, the tiny model" in line
+        assert "set default_job: llama3-8b (8b preset" in line and "default_job: smoke to prove the plumbing" in line
+        assert "or give --train-config" in line
+
+
+def test_the_corrected_readme_sample_renders_the_8b_job(tmp_path):
+    train, summary = _rendered("-c", _cluster_config(tmp_path, default_job="llama3-8b"))
+    assert train["model"]["preset"] == "8b" and "job train: 2 x p5.48xlarge, world 16, model 8b," in summary
+    smoke, _ = _rendered("-c", _cluster_config(tmp_path, default_job="smoke"))
+    assert smoke["model"]["preset"] == "tiny"
+
+
+def test_a_trainer_config_needs_no_default_job(tmp_path):
+    trainer = tmp_path / "train.yaml"
+    trainer.write_text(yaml.safe_dump({"steps": 10, "model": {"preset": "1b"}}))
+    train, _ = _rendered("-c", _cluster_config(tmp_path), "--train-config", str(trainer))
+    assert train["model"]["preset"] == "1b" and train["steps"] == 10
+
+
+def test_gpus_no_job_is_sized_for_keep_the_smoke_job_without_default_job(tmp_path):
+    config = profile_file(tmp_path, "g5-smoke", default_job=None)
+    assert resolve_config(None, str(config)).default_job is None
+    train, _ = _rendered("-c", str(config))
+    assert train["model"]["preset"] == "tiny"
