@@ -160,17 +160,20 @@ class ModelConfig(BaseModel):
     @model_validator(mode="after")
     def _a_shape_the_model_can_take(self) -> ModelConfig:
         shape, problems = self.shape, []
-        heads_that_fit = _divisors_near(shape.dim, shape.n_heads, even_quotient=True) or "another model.dim"
+
+        def heads_that_fit() -> str:
+            return _divisors_near(shape.dim, shape.n_heads, even_quotient=True) or "another model.dim"
+
         if shape.dim % shape.n_heads:
             problems.append(
                 f"model.n_heads: {shape.n_heads} does not divide model.dim ({shape.dim}), so the heads cannot "
-                f"split it; use model.n_heads {heads_that_fit}"
+                f"split it; use model.n_heads {heads_that_fit()}"
             )
         elif (shape.dim // shape.n_heads) % 2:
             problems.append(
                 f"model.n_heads: {shape.dim} / {shape.n_heads} heads is {shape.dim // shape.n_heads} dimensions "
                 "per head, an odd number, and RoPE rotates pairs of a head's dimensions; use model.n_heads "
-                f"{heads_that_fit}"
+                f"{heads_that_fit()}"
             )
         if shape.n_heads % shape.n_kv_heads:
             problems.append(
