@@ -10,7 +10,8 @@ a bound of time and memory, never a traceback or a hang:
 * A name the index gives is a path relative to the directory, without `..`, that resolves
   (symlinks followed) to a file inside it, or inside the blobs of the Hugging Face cache
   repository when the directory is a cache snapshot (`<repo>/snapshots/<rev>`, whose files are
-  symlinks to `<repo>/blobs/`): `init_from` is a boundary, not a starting point.
+  symlinks to `<repo>/blobs/`: https://huggingface.co/docs/hub/local-cache): `init_from` is a
+  boundary, not a starting point.
 * Every JSON document has a byte bound checked before it is read, and all of them together
   share one budget; nesting too deep for the parser is refused, not a RecursionError.
 * A safetensors header is checked as the library checks it before its data is trusted (the
