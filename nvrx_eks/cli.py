@@ -94,6 +94,9 @@ def plan(
     node_loss_share: float | None = typer.Option(
         None, help="Share of faults that lose a node and its local checkpoints (default: Llama 3's hardware, 0.75)."
     ),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Trainer config override KEY=VALUE (repeatable), as render takes it: model.shape_from=..."
+    ),
     output: str = OutputFormatOption,
 ) -> None:
     """Optimal checkpoint interval (Young/Daly), expected goodput and the cost of lost time."""
@@ -117,6 +120,7 @@ def plan(
         step_time_s,
         table_console(output),
         node_loss_share=DEFAULT_NODE_LOSS_SHARE if node_loss_share is None else node_loss_share,
+        overrides=overrides,
     )
     write_data(plan_as_data(result), output)
 

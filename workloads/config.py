@@ -41,7 +41,6 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -49,102 +48,11 @@ from pydantic import (
 from nvrx_eks.facts.errors import ConfigError, validation_issues
 from nvrx_eks.facts.training_metrics import DEFAULT_LOG_GROUP, EMF_AGENT_ENDPOINT
 from workloads.faults import KINDS_NEEDING_CHECKPOINTS, parse_fault_spec
-from workloads.presets import MODEL_PRESETS, ModelShape
+from workloads.model_config import ModelConfig
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-#: Presets that recompute each block's activations in backward by default: without it the 8b
-#: preset's saved activations alone (~176 KB per token per layer in bf16, workloads.memory) come
-#: to ~92 GB at 2 x 8192 tokens per GPU, more than an H100 holds.
-ACTIVATION_CHECKPOINTING_BY_DEFAULT = frozenset({"1b", "8b"})
-
-
-class RopeScalingConfig(_Strict):
-    """Llama 3.x's RoPE frequency scaling, as its config.json states it (rope_type llama3; Llama
-    3.1 8B: factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192)."""
-
-    factor: float = Field(gt=0)
-    low_freq_factor: float = Field(gt=0)
-    high_freq_factor: float = Field(gt=0)
-    original_max_position_embeddings: int = Field(ge=1)
-
-    @model_validator(mode="after")
-    def _bands_ordered(self) -> RopeScalingConfig:
-        if not self.high_freq_factor > self.low_freq_factor:
-            raise ValueError("model.rope_scaling.high_freq_factor: must exceed model.rope_scaling.low_freq_factor")
-        return self
-
-
-class ModelConfig(_Strict):
-    preset: Literal["tiny", "small", "1b", "8b"] = "tiny"
-    rope_scaling: RopeScalingConfig | None = Field(
-        default=None, description="Llama 3.x RoPE scaling (workloads.model); default: none, plain RoPE"
-    )
-    init_from: str | None = Field(
-        default=None,
-        description="a Hugging Face Llama checkpoint directory (config.json + safetensors) to start from "
-        "instead of a random initialization; a committed checkpoint of the run still wins",
-    )
-    activation_checkpointing: bool | Literal["auto"] | None = Field(
-        default=None,
-        description="recompute blocks in backward: true (model.checkpoint_blocks of them, default all), false, or "
-        "auto (the fewest whose memory estimate fits the GPU at the job's world size, workloads.memory); "
-        "default: true for the 1b and 8b presets",
-    )
-    checkpoint_blocks: int | None = Field(
-        default=None,
-        ge=0,
-        description="how many of the preset's blocks recompute in backward, spread evenly over the depth "
-        "(half: every other block); turns activation_checkpointing on, refused with false or auto; default: all",
-    )
-    loss_chunk_tokens: int = Field(
-        default=2048,
-        ge=1,
-        description="tokens per chunk of the output projection + cross-entropy; each chunk's "
-        "logits are recomputed in backward, so only one chunk's exist at a time",
-    )
-
-    @property
-    def shape(self) -> ModelShape:
-        return MODEL_PRESETS[self.preset]
-
-    @property
-    def rope_scaling_settings(self) -> dict[str, Any] | None:
-        """model.rope_scaling as the mapping the model and a config.json take, or None."""
-        return self.rope_scaling.model_dump() if self.rope_scaling is not None else None
-
-    @field_validator("checkpoint_blocks")
-    @classmethod
-    def _blocks_of_the_preset(cls, blocks: int | None, info: ValidationInfo) -> int | None:
-        if blocks is None:
-            return blocks
-        setting = info.data.get("activation_checkpointing")
-        if setting is False or setting == "auto":
-            raise ValueError(
-                f"counts the recomputed blocks only with model.activation_checkpointing=true (now {setting}); "
-                "remove it, or set that to true"
-            )
-        preset = info.data.get("preset")
-        if preset is not None and blocks > MODEL_PRESETS[preset].n_layers:
-            n_layers = MODEL_PRESETS[preset].n_layers
-            raise ValueError(f"{blocks} exceeds the {n_layers} blocks of the {preset} preset; give at most {n_layers}")
-        return blocks
-
-    @property
-    def checkpointed_blocks(self) -> int | Literal["auto"]:
-        """How many blocks recompute in backward, or "auto": workloads.memory chooses the count for
-        the GPU and the world size (workloads.memory.resolve_checkpointed_blocks)."""
-        setting = self.activation_checkpointing
-        if setting is None:
-            setting = self.preset in ACTIVATION_CHECKPOINTING_BY_DEFAULT or self.checkpoint_blocks is not None
-        if setting == "auto":
-            return "auto"
-        if not setting:
-            return 0
-        return self.shape.n_layers if self.checkpoint_blocks is None else self.checkpoint_blocks
 
 
 class DataConfig(_Strict):
@@ -484,8 +392,8 @@ class TrainConfig(_Strict):
         shape = self.model.shape
         if self.data.seq_len > shape.max_seq_len:
             problems.append(
-                f"data.seq_len: {self.data.seq_len} exceeds the {self.model.preset} "
-                f"preset's max_seq_len {shape.max_seq_len}; lower it"
+                f"data.seq_len: {self.data.seq_len} exceeds the max_seq_len of {self.model.noun}, "
+                f"{shape.max_seq_len}; lower it, or raise model.max_seq_len"
             )
         for fault in parse_fault_spec(self.faults):
             if fault.step > self.steps:

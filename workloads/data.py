@@ -77,7 +77,7 @@ class TokenBatches:
         if int(tokens.max()) >= self.vocab_size:
             raise ConfigError(
                 f"data.path: token id {int(tokens.max())} is outside the model's "
-                f"vocabulary ({self.vocab_size}); check data.dtype and model.preset"
+                f"vocabulary ({self.vocab_size}); check data.dtype and model.vocab_size"
             )
         batch = torch.from_numpy(tokens)
         return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()

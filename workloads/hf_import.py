@@ -49,10 +49,11 @@ def read_rows(source: HfCheckpoint, name: str, start: int, stop: int, model: Tra
 
 
 @torch.no_grad()
-def load_hf_weights(model: Transformer, root: str | Path, preset: str, rope_scaling: dict[str, Any] | None) -> None:
-    """Overwrite `model`'s parameters (sharded or not) with the checkpoint in `root`.
-    Raises ConfigError naming the field or tensor that does not match the model."""
-    source = open_checkpoint(root, model.shape, preset, rope_scaling)
+def load_hf_weights(model: Transformer, root: str | Path, noun: str, rope_scaling: dict[str, Any] | None) -> None:
+    """Overwrite `model`'s parameters (sharded or not) with the checkpoint in `root`. Raises
+    ConfigError naming the field or tensor that does not match the model (`noun` in messages:
+    ModelConfig.noun)."""
+    source = open_checkpoint(root, model.shape, noun, rope_scaling)
     for name, param in model.named_parameters():
         name = name.replace(_CHECKPOINT_PREFIX, "")  # the same name with activation checkpointing
         start, stop = local_rows(param)

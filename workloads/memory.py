@@ -320,6 +320,6 @@ def check_fits(
         "more nodes (the sharded state divides by the world size; not with distributed.shard=hybrid)",
     ]
     return (
-        f"model {train.model.preset}: the estimated memory per GPU, {est.describe()}, exceeds "
+        f"model {train.model.name}: the estimated memory per GPU, {est.describe()}, exceeds "
         f"the {gpu_memory_gib:g} GiB of one {gpu_model}; use " + ", or ".join(fixes)
     )

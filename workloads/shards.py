@@ -100,8 +100,8 @@ def check_shard_set(
         raise ConfigError(
             f"data.path: {where} has vocab_size {manifest['vocab_size']} "
             f"(tokenizer {manifest.get('tokenizer')}) but the model's vocabulary is "
-            f"{vocab_size}; use a model.preset whose vocabulary covers it or prepare "
-            "the data with the model's tokenizer"
+            f"{vocab_size}; set model.vocab_size to at least {manifest['vocab_size']} (or a model.preset whose "
+            "vocabulary covers it), or prepare the data with the model's tokenizer"
         )
     if manifest["dtype"] != dtype:
         raise ConfigError(

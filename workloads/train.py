@@ -322,7 +322,7 @@ def preflight(cfg: TrainConfig, world_size: int) -> int:
         from workloads.hf_format import open_checkpoint
 
         try:
-            open_checkpoint(cfg.model.init_from, cfg.model.shape, cfg.model.preset, cfg.model.rope_scaling_settings)
+            open_checkpoint(cfg.model.init_from, cfg.model.shape, cfg.model.noun, cfg.model.rope_scaling_settings)
         except ConfigError as err:
             problems.append(str(err))
     if cfg.checkpoint.backend != "none":
@@ -348,7 +348,7 @@ def _checkpoint_dir_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     problems = []
     newest = root / state.committed[0] if state.committed else None
     manifest = layout.verified_commit(newest) if newest is not None else None
-    identity = layout.run_identity(world_size, cfg.model.preset)
+    identity = layout.run_identity(world_size, cfg.model.preset, cfg.model.shape_changes)
     problem = layout.incompatibility(manifest, identity, layout_may_differ=True) if manifest else None
     if problem is not None:
         problems.append(f"checkpoint.dir: the newest checkpoint {problem}")

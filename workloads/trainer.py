@@ -157,7 +157,7 @@ class Trainer:
                 events=self.events,
                 faults=self.faults,
                 device=self.runtime.device,
-                identity=run_identity(self.world, cfg.model.preset),
+                identity=run_identity(self.world, cfg.model.preset, cfg.model.shape_changes),
                 states=self.training.states,
                 local_tier=local_tier,
                 ft=self.ft,

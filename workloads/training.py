@@ -98,7 +98,7 @@ def build_training(cfg: TrainConfig, runtime: Runtime, rank: int, world: int) ->
         # again from these weights, never from a random initialization.
         from workloads.hf_import import load_hf_weights
 
-        load_hf_weights(model, cfg.model.init_from, cfg.model.preset, cfg.model.rope_scaling_settings)
+        load_hf_weights(model, cfg.model.init_from, cfg.model.noun, cfg.model.rope_scaling_settings)
     opt = cfg.optimizer
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay

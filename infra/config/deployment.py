@@ -99,14 +99,16 @@ class DeploymentConfig(StrictModel):
     #: A cluster this project did not create, for the job commands (infra/config/sections.py);
     #: None: the cluster the stacks deploy, read back from their outputs.
     cluster: ExistingClusterConfig | None = None
-    #: The job `render`/`submit` train without --train-config: a name in nvrx_eks/facts/job_presets.py.
-    default_job: str = "smoke"
+    #: The job `render`/`submit`/`plan` train without --train-config: a name in
+    #: nvrx_eks/facts/job_presets.py. None: none chosen; refused on GPUs a job is sized for, else
+    #: the smoke job (nvrx_eks.jobs.spec.default_job_name).
+    default_job: str | None = None
     tags: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("default_job")
     @classmethod
-    def _default_job(cls, name: str) -> str:
-        if name not in JOB_PRESETS:
+    def _default_job(cls, name: str | None) -> str | None:
+        if name is not None and name not in JOB_PRESETS:
             raise ValueError(f"'{name}' is not a job preset; use one of: {', '.join(sorted(JOB_PRESETS))}")
         return name
 

@@ -64,9 +64,13 @@ def checkpoint_dirs(ckpt_dir: str | Path) -> list[Path]:
 IDENTITY_FIELDS = {
     "world_size": "world size (nnodes x nproc-per-node)",
     "preset": "model.preset",
+    "model_shape": "model shape (the model.* fields set over the preset, e.g. model.vocab_size)",
     "shard": "distributed.shard",
     "nproc_per_node": "ranks per node (nproc-per-node)",
 }
+#: What an identity field is in a record written before the field existed: a checkpoint from
+#: before custom shapes holds the preset's shape exactly.
+_RECORDED_BEFORE: dict[str, Any] = {"model_shape": {}}
 #: Identity fields of how the state is laid out across ranks, not of what it is: DCP reshards the
 #: shards in checkpoint.dir onto another layout on load (the data position and the RNG keys do not
 #: depend on it), so a resume may change them. A node-local copy is one rank's shard as is: a
@@ -77,17 +81,27 @@ LAYOUT_FIELDS = ("world_size", "shard", "nproc_per_node")
 START_OVER = "point checkpoint.dir at an empty directory to start a new run"
 
 
-def run_identity(world_size: int, preset: str) -> dict[str, Any]:
-    """The commit record's identity fields for this run: a checkpoint loads only into the same."""
-    return {"world_size": world_size, "preset": preset}
+def run_identity(world_size: int, preset: str, model_shape: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The commit record's identity fields for this run: a checkpoint loads only into the same.
+    `model_shape`: the shape fields set over the preset that differ from it (ModelConfig.shape_changes);
+    with the preset they are the model, which is also how an export learns its shape."""
+    return {"world_size": world_size, "preset": preset, "model_shape": dict(model_shape or {})}
 
 
-def local_copy_identity(world_size: int, preset: str, shard: str, nproc_per_node: int) -> dict[str, Any]:
+def recorded_model_shape(manifest: dict[str, Any]) -> Any:
+    """The shape fields over the preset that a commit record holds ({} in a record from before);
+    as read, unchecked."""
+    return manifest.get("model_shape", _RECORDED_BEFORE["model_shape"])
+
+
+def local_copy_identity(
+    world_size: int, preset: str, shard: str, nproc_per_node: int, model_shape: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The identity every node-local copy records (workloads.checkpoint.local_tier): the run's,
     plus what decides a copy's contents and place. A copy is one rank's own FSDP shard as is, laid
     out by distributed.shard, and its replica is held by the rank nproc-per-node further on. DCP
     shards in checkpoint.dir are resharded on load, so the commit record leaves these two out."""
-    return {**run_identity(world_size, preset), "shard": shard, "nproc_per_node": nproc_per_node}
+    return {**run_identity(world_size, preset, model_shape), "shard": shard, "nproc_per_node": nproc_per_node}
 
 
 def incompatibility(
@@ -98,9 +112,10 @@ def incompatibility(
     for key, expected in identity.items():
         if layout_may_differ and key in LAYOUT_FIELDS:
             continue
-        if manifest.get(key) != expected:
+        recorded = manifest.get(key, _RECORDED_BEFORE.get(key))
+        if recorded != expected:
             return (
-                f"was written with {key}={manifest.get(key)!r}, this run has {key}={expected!r}; resume "
+                f"was written with {key}={recorded!r}, this run has {key}={expected!r}; resume "
                 f"with the same {IDENTITY_FIELDS.get(key, key)} or {start_over}"
             )
     return None

@@ -22,6 +22,9 @@ class JobPreset:
     description: str
     train: dict[str, Any]
     plan_interval: bool = False
+    #: The GPUs (InstanceFacts.gpu_model) the job is sized for. A config on one of them that names
+    #: no default_job is refused rather than given the smoke job (nvrx_eks.jobs.spec.default_job_name).
+    gpu_models: frozenset[str] = frozenset()
 
 
 JOB_PRESETS: dict[str, JobPreset] = {
@@ -48,7 +51,11 @@ JOB_PRESETS: dict[str, JobPreset] = {
             "optimizer": {"lr": 3e-4, "warmup_steps": 100},
         },
         plan_interval=True,
+        # Sized for an 80 GB H100 (above); the 141 GB H200 holds it with room to spare.
+        gpu_models=frozenset({"H100", "H200"}),
     ),
     # The trainer's own defaults (the tiny preset): proves the plumbing on small GPUs.
     "smoke": JobPreset(description="tiny preset, the trainer's defaults", train={}),
 }
+#: The default job of a config that names none, on GPUs no job preset is sized for.
+FALLBACK_JOB = "smoke"

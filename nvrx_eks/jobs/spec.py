@@ -33,7 +33,7 @@ from nvrx_eks.facts import job_names, training_metrics
 from nvrx_eks.facts.errors import ConfigError, describe_validation_error
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, facts_for
 from nvrx_eks.facts.job_kinds import Api
-from nvrx_eks.facts.job_presets import JOB_PRESETS
+from nvrx_eks.facts.job_presets import FALLBACK_JOB, JOB_PRESETS
 from nvrx_eks.facts.names import FSX_PVC_NAME, GPU_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, TRAINING_NAMESPACE
 from nvrx_eks.jobs.backstop import active_deadline_s
 from nvrx_eks.jobs.capacity import default_nodes
@@ -371,15 +371,34 @@ def load_train_config(
     return TrainConfig.from_dict({}, source="--set/--faults", overrides=overrides)
 
 
+def default_job_name(config: DeploymentConfig) -> str:
+    """The config's default_job. A config that names none gets the smoke job only on GPUs no job
+    preset is sized for: on a p5 it would train the tiny model while looking like the real job
+    (exit 0, the model named once in the summary), so it is refused naming the choices."""
+    if config.default_job is not None:
+        return config.default_job
+    facts = config.gpu_nodes.facts
+    sized = [name for name, job in JOB_PRESETS.items() if facts.gpu_model in job.gpu_models]
+    if sized:
+        choices = "; ".join(f"default_job: {name} ({JOB_PRESETS[name].description})" for name in sized)
+        raise ConfigError(
+            f"default_job: the config names none, and without one the job on {facts.instance_type} "
+            f"({facts.gpu_model}) would be the {FALLBACK_JOB} job, the tiny model; set {choices}; or "
+            f"default_job: {FALLBACK_JOB} to prove the plumbing first; or give --train-config"
+        )
+    return FALLBACK_JOB
+
+
 def default_job(config: DeploymentConfig, nodes: int, overrides: list[str]) -> TrainConfig:
-    """The profile's default job (nvrx_eks.facts.job_presets.JOB_PRESETS[config.default_job]) on `nodes`,
-    with `--set` overrides on top. Unless an override sets it, checkpoint.interval_steps of a
+    """The profile's default job (nvrx_eks.facts.job_presets.JOB_PRESETS[default_job_name(config)]) on
+    `nodes`, with `--set` overrides on top. Unless an override sets it, checkpoint.interval_steps of a
     preset sized for the cluster is the checkpoint-interval plan's optimum for this job
     (nvrx_eks.ops.plan.optimal_interval_steps, the figure `nvrx-eks plan` prints)."""
     from nvrx_eks.ops.plan import optimal_interval_steps
 
-    preset = JOB_PRESETS[config.default_job]
-    source = f"the {config.default_job} default job with --set/--faults"
+    name = default_job_name(config)
+    preset = JOB_PRESETS[name]
+    source = f"the {name} default job with --set/--faults"
     train = TrainConfig.from_dict(preset.train, source=source, overrides=overrides)
     given = {item.partition("=")[0].strip() for item in overrides}
     if preset.plan_interval and "checkpoint.interval_steps" not in given:

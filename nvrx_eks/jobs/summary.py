@@ -31,7 +31,7 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
         else "grows with the node count; set data.global_batch_tokens to fix it"
     )
     lines = [
-        f"job {spec.name}: {spec.nodes}{spares} x {spec.instance_type}, world {world}, model {train.model.preset}, "
+        f"job {spec.name}: {spec.nodes}{spares} x {spec.instance_type}, world {world}, model {train.model.name}, "
         f"precision {train.distributed.precision}",
         f"batch: {world} ranks x {data.batch_size} x {data.seq_len} tokens x {accumulation} "
         f"micro-batch{'' if accumulation == 1 else 'es'} = {tokens:,} tokens per step ({fixed})",
@@ -63,7 +63,7 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
     else:
         lines.append(f"data: {data.path}")
     if plan is None:
-        lines.append(f"estimate: n/a for model {train.model.preset} ({no_estimate})")
+        lines.append(f"estimate: n/a for model {train.model.name} ({no_estimate})")
     else:
         run_s = train.steps * plan.step_time_s
         cost = run_cost_text(plan.node_price, plan.usd_per_hour, run_s)

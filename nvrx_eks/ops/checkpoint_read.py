@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from pydantic import ValidationError
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from nvrx_eks.facts import checkpoint_layout as layout
@@ -24,7 +25,8 @@ from workloads.checkpoint.files import file_digest
 from workloads.checkpoint.safe_load import SafeFileSystemReader, TensorsOnlyLoadPlanner
 from workloads.config import TrainConfig
 from workloads.hf_format import parameter_shapes
-from workloads.presets import ModelShape
+from workloads.model_config import SHAPE_FIELDS, ModelConfig
+from workloads.presets import MODEL_PRESETS, ModelShape
 
 #: The config.yaml a run directory holds (written by `nvrx-eks local` and the rehearsals).
 RUN_CONFIG_FILE = "config.yaml"
@@ -89,20 +91,35 @@ class OneMetadataReader(SafeFileSystemReader):
         return self._metadata
 
 
-def model_tensors(metadata: Metadata, shape: ModelShape, preset: str, path: Path) -> dict[str, torch.dtype]:
-    """Our parameter name -> its dtype in the checkpoint, after checking every shape."""
+def recorded_model(path: Path, manifest: dict[str, Any]) -> ModelConfig:
+    """The model a commit record names: its preset and the shape fields set over it (the record
+    is read back from storage: a field that is not a shape field, or a shape the model cannot
+    take, is refused naming the record)."""
+    record = path / layout.COMMIT_FILE
+    preset, changes = manifest.get("preset"), layout.recorded_model_shape(manifest)
+    if preset not in MODEL_PRESETS:
+        raise ConfigError(f"RUN: {record} names model preset {preset!r}, which this version lacks")
+    if not isinstance(changes, dict) or not set(changes) <= set(SHAPE_FIELDS):
+        raise ConfigError(f"RUN: {record} records a model shape this version does not know: {changes!r}")
+    try:
+        return ModelConfig.model_validate({"preset": preset, **changes})
+    except ValidationError as err:
+        reason = err.errors()[0]["msg"].removeprefix("Value error, ").split("\n")[0]
+        raise ConfigError(f"RUN: {record} records a model shape the model cannot take: {reason}") from None
+
+
+def model_tensors(metadata: Metadata, shape: ModelShape, noun: str, path: Path) -> dict[str, torch.dtype]:
+    """Our parameter name -> its dtype in the checkpoint, after checking every shape against the
+    model's (`noun` in messages: ModelConfig.noun)."""
     stored = metadata.state_dict_metadata
     dtypes = {}
     for name, size in parameter_shapes(shape).items():
         entry = stored.get(f"{MODEL_KEY}.{name}")
         if not isinstance(entry, TensorStorageMetadata):
-            raise ConfigError(
-                f"RUN: {path} holds no tensor {MODEL_KEY}.{name}; not a checkpoint of the {preset} preset"
-            )
+            raise ConfigError(f"RUN: {path} holds no tensor {MODEL_KEY}.{name}; not a checkpoint of {noun}")
         if tuple(entry.size) != size:
             raise ConfigError(
-                f"RUN: {path}: tensor {MODEL_KEY}.{name} has shape {list(entry.size)}, the {preset} preset "
-                f"has {list(size)}"
+                f"RUN: {path}: tensor {MODEL_KEY}.{name} has shape {list(entry.size)}, {noun} has {list(size)}"
             )
         dtypes[name] = entry.properties.dtype
     return dtypes

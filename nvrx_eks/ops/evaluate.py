@@ -23,6 +23,7 @@ from nvrx_eks.ops.checkpoint_read import (
     find_run,
     model_tensors,
     read_tensor,
+    recorded_model,
     verified_commit,
 )
 from workloads.config import TrainConfig
@@ -52,14 +53,15 @@ def evaluate_checkpoint(run: Path, *, step: int | None = None, train_config: Pat
         )
     path = committed_step(found.checkpoint_dir, step)
     manifest = verified_commit(path)
-    if manifest.get("preset") != cfg.model.preset:
+    recorded = recorded_model(path, manifest)
+    if recorded.shape != cfg.model.shape:
         raise ConfigError(
-            f"RUN: {path / layout.COMMIT_FILE} is a checkpoint of preset {manifest.get('preset')!r}, the config "
-            f"says {cfg.model.preset!r}; give the run's own --train-config"
+            f"RUN: {path / layout.COMMIT_FILE} is a checkpoint of {recorded.noun}, the config says "
+            f"{cfg.model.noun}; give the run's own --train-config"
         )
     shape = cfg.model.shape
     reader = OneMetadataReader(str(path))
-    dtypes = model_tensors(reader.read_metadata(), shape, cfg.model.preset, path)
+    dtypes = model_tensors(reader.read_metadata(), shape, cfg.model.noun, path)
     model = Transformer(shape, cfg.model.rope_scaling_settings)
     # Initialization computes the RoPE tables; every parameter is then replaced by the checkpoint's.
     model.init_weights(cfg.seed, torch.device("cpu"))

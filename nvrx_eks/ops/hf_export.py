@@ -34,6 +34,7 @@ from nvrx_eks.ops.checkpoint_read import (
     find_run,
     model_tensors,
     read_tensor,
+    recorded_model,
     verified_commit,
 )
 from workloads.hf_format import (
@@ -50,7 +51,7 @@ from workloads.hf_format import (
     plan_files,
     to_hf,
 )
-from workloads.presets import MODEL_PRESETS, ModelShape
+from workloads.presets import ModelShape
 
 #: Hugging Face's own default shard size for save_pretrained: files of at most 5 GB.
 DEFAULT_MAX_FILE_BYTES = 5 * 10**9
@@ -181,17 +182,14 @@ def export_hf(
         raise ConfigError(f"--out {out} exists and is not an empty directory; give a new or empty one")
     found = find_run(run)
     path = committed_step(found.checkpoint_dir, step)
-    manifest = verified_commit(path)
-    preset = manifest.get("preset")
-    if preset not in MODEL_PRESETS:
-        raise ConfigError(f"RUN: {path / layout.COMMIT_FILE} names model preset {preset!r}, which this version lacks")
-    shape = MODEL_PRESETS[preset]
+    model = recorded_model(path, verified_commit(path))
+    shape = model.shape
     notes: list[str] = []
     rope_scaling = found.config.model.rope_scaling_settings if found.config is not None else None
     if found.config is None:
         notes.append(f"no {RUN_CONFIG_FILE} beside the checkpoints: config.json states no RoPE scaling")
     reader = OneMetadataReader(str(path))
-    dtypes = model_tensors(reader.read_metadata(), shape, preset, path)
+    dtypes = model_tensors(reader.read_metadata(), shape, model.noun, path)
     planned = [
         PlannedTensor(hf_name(n), SAFETENSORS_DTYPES[dtype], size) for n, size in parameter_shapes(shape).items()
     ]

@@ -43,7 +43,7 @@ from workloads.memory import (
     describe_checkpointing,
     parameter_count,
 )
-from workloads.presets import MODEL_PRESETS
+from workloads.presets import MODEL_PRESETS, ModelShape
 
 #: Per-node MTBF: Llama 3 (Meta, 2024, "The Llama 3 Herd of Models", sec. 3.3.4) saw 419
 #: unexpected interruptions in 54 days on 16,384 H100 GPUs (2,048 8-GPU nodes):
@@ -279,7 +279,7 @@ def make_plan(
     config: DeploymentConfig,
     *,
     nodes: int | None = None,
-    preset: str = "8b",
+    shape: ModelShape = MODEL_PRESETS["8b"],
     tokens_per_step: int,
     interval_steps: int,
     node_mtbf_hours: float = DEFAULT_NODE_MTBF_HOURS,
@@ -291,7 +291,7 @@ def make_plan(
     facts = config.gpu_nodes.facts
     nodes = default_nodes(config) if nodes is None else require_nodes(nodes, "--nodes")
     gpus = nodes * facts.gpus
-    params = parameter_count(MODEL_PRESETS[preset])
+    params = parameter_count(shape)
     state_bytes = params * CHECKPOINT_BYTES_PER_PARAM
     assumed_mfu = None if step_time_s is not None else ASSUMED_MFU
     if step_time_s is None:
@@ -374,7 +374,7 @@ def plan_for_job(config: DeploymentConfig, train, nodes: int, **assumptions) -> 
     return make_plan(
         config,
         nodes=nodes,
-        preset=train.model.preset,
+        shape=train.model.shape,
         tokens_per_step=tokens_per_step,
         interval_steps=train.checkpoint.interval_steps,
         memory=estimate_for(
@@ -424,10 +424,10 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Console) -> None:
+def print_plan(plan: Plan, config: DeploymentConfig, model: str, console: Console) -> None:
     facts = config.gpu_nodes.facts
     console.print(
-        f"[bold]{config.name}[/]: {plan.nodes}x {facts.instance_type} ({plan.gpus} GPUs), model preset {preset}: "
+        f"[bold]{config.name}[/]: {plan.nodes}x {facts.instance_type} ({plan.gpus} GPUs), model {model}: "
         f"{plan.state_bytes / 1e9:.0f} GB of checkpointed state, ~{plan.step_time_s:.2f} s per step"
     )
     if plan.assumed_mfu is not None:
@@ -497,7 +497,7 @@ def print_memory(memory: MemoryEstimate, config: DeploymentConfig, train, world_
     verdict = "fits" if memory.total <= facts.gpu_memory_gib * GIB else "does NOT fit"
     accumulation = train.data.accumulation(world_size)
     console.print(
-        f"Memory per GPU ({train.model.preset}, {train.data.batch_size} x {train.data.seq_len} tokens per "
+        f"Memory per GPU ({train.model.name}, {train.data.batch_size} x {train.data.seq_len} tokens per "
         f"micro-batch, {accumulation} per step: global batch "
         f"{world_size * train.data.batch_size * train.data.seq_len * accumulation:,} tokens, "
         f"{describe_checkpointing(train, memory)}, "
@@ -652,20 +652,17 @@ def run(
     step_time_s: float | None,
     console: Console,
     node_loss_share: float = DEFAULT_NODE_LOSS_SHARE,
+    overrides: list[str] | tuple[str, ...] = (),
 ) -> Plan:
     """Without a trainer config: the profile's default job (what `render` trains), sized for
-    the same number of nodes."""
+    the same number of nodes; `overrides` (--set) on top of either, as `render` applies them."""
     from infra.config import resolve_config
-    from nvrx_eks.jobs.spec import default_job
-    from workloads.config import TrainConfig
+    from nvrx_eks.jobs.spec import load_train_config
 
     check_measured(node_mtbf_hours, sync_stall_s, async_stall_s, step_time_s)
     config = resolve_config(profile, config_path)
     job_nodes = default_nodes(config) if nodes is None else require_nodes(nodes, "--nodes")
-    if train_config_path:
-        train = TrainConfig.from_yaml(train_config_path)
-    else:
-        train = default_job(config, job_nodes, [])
+    train = load_train_config(train_config_path, list(overrides), None, config=config, nodes=job_nodes)
 
     def plan_for(n: int) -> Plan:
         return plan_for_job(
@@ -681,11 +678,11 @@ def run(
     result = plan_for(job_nodes)
     if result.assumed_mfu is not None and result.step_time_s < MODELLED_STEP_S:
         raise ConfigError(
-            f"model {train.model.preset}: its modelled step ({result.step_time_s:.1e} s) is too short for the "
+            f"model {train.model.name}: its modelled step ({result.step_time_s:.1e} s) is too short for the "
             f"plan's compute model (below {MODELLED_STEP_S} s, launch, communication and Python overheads it "
             "leaves out dominate); give --step-time-s with a measured one (the step_s of a run's step_end events)"
         )
-    print_plan(result, config, train.model.preset, console)
+    print_plan(result, config, train.model.name, console)
     print_two_tier(result, two_tier_plan(result, node_loss_share), console)
     assert result.memory is not None  # plan_for_job always estimates the job's memory
     print_memory(result.memory, config, train, result.gpus, console)

@@ -16,7 +16,7 @@ from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from nvrx_eks.ops.hf_export import export_hf
 from tests.support import REPO_ROOT
 from tests.support.cli_harness import run_cli
-from tests.support.hf_checkpoints import step_dir, write_checkpoint
+from tests.support.hf_checkpoints import LLAMA_3_1_8B, step_dir, write_checkpoint
 from workloads.hf_format import WEIGHTS_INDEX_FILE, parameter_shapes
 from workloads.presets import MODEL_PRESETS
 
@@ -126,36 +126,6 @@ def test_preflight_accepts_an_export_and_refuses_another_shape_naming_the_tensor
     assert missing.returncode == EXIT_DO_NOT_REQUEUE and "is not a directory" in missing.stderr
 
 
-#: config.json of Meta's Llama 3.1 8B as published (the fields a loader reads).
-LLAMA_3_1_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "attention_bias": False,
-    "bos_token_id": 128000,
-    "eos_token_id": 128001,
-    "hidden_act": "silu",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "max_position_embeddings": 131072,
-    "mlp_bias": False,
-    "model_type": "llama",
-    "num_attention_heads": 32,
-    "num_hidden_layers": 32,
-    "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-05,
-    "rope_scaling": {
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-    "rope_theta": 500000.0,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "vocab_size": 128256,
-}
-
-
 def test_llama_3_1_8b_fits_the_8b_preset_with_its_rope_scaling():
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -166,8 +136,8 @@ def test_llama_3_1_8b_fits_the_8b_preset_with_its_rope_scaling():
 
     settings = {k: v for k, v in LLAMA_3_1_8B["rope_scaling"].items() if k != "rope_type"}
     model = TrainConfig.from_dict({"model": {"preset": "8b", "rope_scaling": settings}}).model
-    assert config_problems(LLAMA_3_1_8B, model.shape, "8b", model.rope_scaling_settings) == []
-    unscaled = config_problems(LLAMA_3_1_8B, model.shape, "8b", None)
+    assert config_problems(LLAMA_3_1_8B, model.shape, model.noun, model.rope_scaling_settings) == []
+    unscaled = config_problems(LLAMA_3_1_8B, model.shape, model.noun, None)
     assert len(unscaled) == 1 and "set model.rope_scaling" in unscaled[0]
     # Our scaled tables are transformers' llama3 frequencies at every position of the preset.
     inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](LlamaConfig(**LLAMA_3_1_8B), torch.device("cpu"))
@@ -175,3 +145,66 @@ def test_llama_3_1_8b_fits_the_8b_preset_with_its_rope_scaling():
     angles = torch.outer(torch.arange(model.shape.max_seq_len).float(), inv_freq)
     torch.testing.assert_close(cos, angles.cos(), atol=1e-6, rtol=0)
     torch.testing.assert_close(sin, angles.sin(), atol=1e-6, rtol=0)
+
+
+# ----- a shape of the user's own ---------------------------------------------------------------------
+
+#: The tiny preset with a vocabulary, a depth and a feed-forward width of its own.
+OWN_SHAPE = {"vocab_size": 300, "n_layers": 3, "ffn_dim": 96}
+
+
+def test_an_export_writes_the_shape_the_checkpoint_records_and_transformers_computes_its_logits(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    from tests.support.hf_checkpoints import our_model
+    from workloads.model_config import ModelConfig
+
+    shape = ModelConfig(preset="tiny", **OWN_SHAPE).shape
+    generator = torch.Generator().manual_seed(2)
+    model = {name: torch.randn(size, generator=generator) * 0.1 for name, size in parameter_shapes(shape).items()}
+    run = write_checkpoint(tmp_path / "run", {"model": model}, preset="tiny", step=4, model_shape=OWN_SHAPE)
+    export_hf(run, tmp_path / "hf", tokenizer="byte")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["vocab_size"], config["num_hidden_layers"], config["intermediate_size"]) == (300, 3, 96)
+    theirs = LlamaForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32, attn_implementation="eager")
+    tokens = torch.randint(0, 300, (2, 24), generator=generator)
+    with torch.no_grad():
+        ours = our_model(step_dir(run, 4), shape)(tokens)
+        torch.testing.assert_close(theirs.eval()(tokens).logits, ours, atol=2e-5, rtol=2e-5)
+
+
+def test_a_record_of_a_shape_the_model_cannot_take_is_refused_naming_it(tmp_path):
+    from workloads.model_config import ModelConfig
+
+    shape = ModelConfig(preset="tiny", **OWN_SHAPE).shape
+    model = {name: torch.zeros(size) for name, size in parameter_shapes(shape).items()}
+    for changes, says in [
+        ({"n_heads": 5}, "records a model shape the model cannot take: model.n_heads: 5 does not divide"),
+        ({"init_from": "/etc"}, "records a model shape this version does not know: {'init_from': '/etc'}"),
+        ([1], "records a model shape this version does not know: [1]"),
+    ]:
+        run = write_checkpoint(
+            tmp_path / f"run-{len(says)}", {"model": model}, preset="tiny", step=4, model_shape=changes
+        )
+        assert says in _refusal(str(run), "--out", str(tmp_path / "o"))
+
+
+def _own_shape_export(tmp_path: Path) -> Path:
+    """A Hugging Face checkpoint of OWN_SHAPE, exported from a committed checkpoint of that shape."""
+    from workloads.model_config import ModelConfig
+
+    shape = ModelConfig(preset="tiny", **OWN_SHAPE).shape
+    generator = torch.Generator().manual_seed(3)
+    model = {name: torch.randn(size, generator=generator) * 0.1 for name, size in parameter_shapes(shape).items()}
+    run = write_checkpoint(tmp_path / "own-run", {"model": model}, preset="tiny", step=2, model_shape=OWN_SHAPE)
+    return export_hf(run, tmp_path / "own-hf", tokenizer="byte").out
+
+
+def test_preflight_takes_an_own_models_shape_from_its_config_json(tmp_path):
+    hf = _own_shape_export(tmp_path)
+    refused = _preflight(tmp_path, hf)
+    assert refused.returncode == EXIT_DO_NOT_REQUEUE and len(refused.stderr.strip().splitlines()) == 1
+    assert "vocab_size is 300, the tiny preset has 256" in refused.stderr
+    assert "or take its shape with model.shape_from" in refused.stderr
+    taken = _preflight(tmp_path, hf, f"model.shape_from={hf}")
+    assert taken.returncode == 0, taken.stderr

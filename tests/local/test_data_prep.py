@@ -180,6 +180,22 @@ def test_vocab_larger_than_the_model_is_refused_naming_the_field(tmp_path):
         shard_files(cfg.data, cfg.model.shape.vocab_size)
 
 
+def test_the_vocabulary_check_uses_the_models_own_vocab_size(tmp_path):
+    """A tokenizer of one's own: model.vocab_size set over the preset is what the shards are checked
+    against (the trainer and its preflight both call shard_files with cfg.model.shape.vocab_size)."""
+    root = _prepared(tmp_path)
+    manifest = json.loads((root / MANIFEST_NAME).read_text())
+    manifest["vocab_size"] = 50257
+    (root / MANIFEST_NAME).write_text(json.dumps(manifest))
+    data = {"source": "memmap", "path": str(root)}
+    own = TrainConfig.from_dict({"model": {"preset": "tiny", "vocab_size": 50257}, "data": data})
+    files, _ = shard_files(own.data, own.model.shape.vocab_size)
+    assert len(files) == len(manifest["shards"])
+    short = TrainConfig.from_dict({"model": {"preset": "tiny", "vocab_size": 50000}, "data": data})
+    with pytest.raises(ConfigError, match="vocabulary is 50000; set model.vocab_size to at least 50257"):
+        shard_files(short.data, short.model.shape.vocab_size)
+
+
 def test_dtype_disagreeing_with_the_manifest_is_refused(tmp_path):
     root = _prepared(tmp_path)
     cfg = TrainConfig.from_dict({"data": {"source": "memmap", "path": str(root), "dtype": "uint32"}})

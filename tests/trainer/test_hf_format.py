@@ -98,14 +98,14 @@ def _hf_dir(tmp_path: Path, config_changes=None, tensor_changes=None) -> Path:
 
 
 def test_a_matching_checkpoint_opens(tmp_path):
-    opened = open_checkpoint(_hf_dir(tmp_path), TINY, "tiny", None)
+    opened = open_checkpoint(_hf_dir(tmp_path), TINY, "the tiny preset", None)
     assert len(opened.tensors) == len(parameter_shapes(TINY))
 
 
 def test_a_tensor_of_another_shape_is_refused_naming_it(tmp_path):
     root = _hf_dir(tmp_path, tensor_changes={"model.layers.1.self_attn.k_proj.weight": torch.zeros(64, 64)})
     with pytest.raises(ConfigError) as err:
-        open_checkpoint(root, TINY, "tiny", None)
+        open_checkpoint(root, TINY, "the tiny preset", None)
     assert "model.init_from" in str(err.value)
     assert "tensor model.layers.1.self_attn.k_proj.weight has shape [64, 64]" in str(err.value)
     assert "needs [32, 64]" in str(err.value)
@@ -116,7 +116,7 @@ def test_a_missing_tensor_is_refused_naming_it(tmp_path):
     tensors = {hf_name(n): torch.zeros(s) for n, s in parameter_shapes(TINY).items() if n != "norm.weight"}
     save_file(tensors, str(root / "model.safetensors"))
     with pytest.raises(ConfigError, match=r"tensor model\.norm\.weight is missing"):
-        open_checkpoint(root, TINY, "tiny", None)
+        open_checkpoint(root, TINY, "the tiny preset", None)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_a_missing_tensor_is_refused_naming_it(tmp_path):
 )
 def test_a_config_of_another_model_is_refused_naming_the_field(tmp_path, changes, named):
     with pytest.raises(ConfigError) as err:
-        open_checkpoint(_hf_dir(tmp_path, config_changes=changes), TINY, "tiny", None)
+        open_checkpoint(_hf_dir(tmp_path, config_changes=changes), TINY, "the tiny preset", None)
     assert named in str(err.value) and "model.init_from" in str(err.value)
 
 
@@ -143,7 +143,7 @@ def test_the_transformers_5_rope_form_is_read(tmp_path):
         "rope_scaling": None,
         "rope_parameters": {"rope_type": "llama3", "rope_theta": TINY.rope_theta, **SCALING},
     }
-    opened = open_checkpoint(_hf_dir(tmp_path, config_changes=changes), TINY, "tiny", SCALING)
+    opened = open_checkpoint(_hf_dir(tmp_path, config_changes=changes), TINY, "the tiny preset", SCALING)
     assert opened.config["rope_parameters"]["rope_type"] == "llama3"
 
 

@@ -71,7 +71,7 @@ def _import_and_save(rank: int, world: int, port: int, source: str, run: str) ->
     runtime = Runtime(device=torch.device("cpu"), backend="gloo", bf16=False, pg_timeout_s=60)
     mesh = init_device_mesh("cpu", (world,))
     model = build_model(MODEL_PRESETS["tiny"], runtime, mesh, seed=99, checkpointed_blocks=2)
-    load_hf_weights(model, source, "tiny", None)
+    load_hf_weights(model, source, "the tiny preset", None)
     path = step_dir(Path(run), 7)
     dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(path))
     dist.barrier()
@@ -101,3 +101,36 @@ def test_a_run_from_the_export_starts_where_the_exporting_run_ended(trained, exp
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["final_step"] == 5
     assert started[1] < exporting[1] - 1.0, (started[1], exporting)
     assert abs(started[1] - exporting[STEPS]) < 0.25, (started[1], exporting[STEPS])
+
+
+def test_a_model_of_its_own_shape_goes_in_and_comes_out_with_that_shape(exported, tmp_path, tmp_path_factory):
+    """An own-shaped Hugging Face model (the exported tiny run, deeper and with a larger vocabulary
+    than the preset: config.json and tensors rewritten) trains with `model.shape_from` +
+    `model.init_from`, and its export states the same shape and loads in transformers."""
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaForCausalLM
+
+    source = tmp_path / "own-hf"
+    source.mkdir()
+    config = json.loads((exported / "config.json").read_text())
+    config.update(vocab_size=320, num_hidden_layers=3)
+    (source / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(exported / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        tensors[name] = torch.cat([tensors[name], torch.zeros(64, tensors[name].shape[1])])
+    tensors |= {k.replace("layers.1.", "layers.2."): v.clone() for k, v in tensors.items() if ".layers.1." in k}
+    save_file(tensors, str(source / "model.safetensors"))
+    with exclusive_trainer_runs(tmp_path_factory):
+        local_run(
+            tmp_path / "run",
+            steps=3,
+            interval=3,
+            backend="sync",
+            overrides=(f"model.shape_from={source}", f"model.init_from={source}"),
+        )
+    result = run_cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "out"))
+    assert result.code == 0, result.output
+    out = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (out["vocab_size"], out["num_hidden_layers"], out["hidden_size"]) == (320, 3, config["hidden_size"])
+    loaded = LlamaForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+    assert loaded.model.embed_tokens.weight.shape == (320, config["hidden_size"])

@@ -442,7 +442,9 @@ class LocalTier:
         self.root = Path(cfg.local_checkpoint_dir)
         self.keep = cfg.checkpoint.local.keep
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.identity = local_copy_identity(self.world, cfg.model.preset, cfg.distributed.shard, nproc_per_node)
+        self.identity = local_copy_identity(
+            self.world, cfg.model.preset, cfg.distributed.shard, nproc_per_node, cfg.model.shape_changes
+        )
         # Ranks are laid out node by node: R + nproc_per_node is the same local rank on the next
         # node. With one node there is no other node to replicate to.
         self.peer = (self.rank + nproc_per_node) % self.world if self.world > nproc_per_node else None
