@@ -56,12 +56,14 @@ kv = n_kv_heads x head_dim, f = ffn_dim, V = vocab, a = n_heads, c = bytes per c
    (1b: 4.1 GiB against a 2-3 GiB backward working set); at 8b x 16 ranks it adds nothing.
 6. Checkpoint staging: the NVRx backend copies the state into shared host memory (cpu_shm), so it
    costs host memory (12 P / W per rank: fp32 parameters and the two moments), not GPU memory.
-7. Runtime overhead: the CUDA context and NCCL's buffers (plus the small cuBLAS/cuDNN workspaces),
-   assumed 3 GiB per GPU, plus 5% of items 1-5 for allocator fragmentation (with
-   expandable_segments). These two are assumptions, not measurements. The context and NCCL's
-   buffers are allocated outside torch's caching allocator, so `torch.cuda.max_memory_reserved`
-   never counts them: what it measures is `MemoryEstimate.allocator_reserved` (items 1-5 plus
-   fragmentation), which the GPU smoke script (nvrx_eks/ops/gpu_smoke.py) compares it with.
+7. Runtime overhead: the CUDA context, NCCL's buffers and the library workspaces, assumed 3 GiB per
+   GPU, plus 5% of items 1-5 for allocator fragmentation (with expandable_segments). These are
+   assumptions, not measurements. The context and NCCL's buffers are allocated outside torch's
+   caching allocator, so `torch.cuda.max_memory_reserved` never counts them; the allocator does
+   hold a fixed part of the 3 GiB whatever the model (`FIXED_RESERVED_BYTES`: cuBLAS workspaces,
+   one segment per FSDP2 stream), stated as its own line. What max_memory_reserved measures is
+   `MemoryEstimate.allocator_reserved` (items 1-5, fragmentation and that fixed part), which the
+   GPU smoke script (nvrx_eks/ops/smoke_verdicts.py) compares it with.
 """
 
 from __future__ import annotations
@@ -81,6 +83,12 @@ CHECKPOINT_BYTES_PER_PARAM = 12
 OPTIMIZER_STEP_BYTES_PER_PARAM = 4
 #: CUDA context, library workspaces and NCCL buffers per GPU (assumed, see the module docstring).
 RUNTIME_OVERHEAD_BYTES = 3 * GIB
+#: The part of it torch's caching allocator holds whatever the model, so max_memory_reserved counts
+#: it (item 7): two cuBLAS workspaces, one for the forward thread's handle and one for autograd's
+#: device thread's (32 MiB each: torch's default on sm90, not measured), and one segment per stream
+#: for FSDP2's four streams beside the default one (20 MiB each, assumed). Fixed costs, so they
+#: matter most for a small model's smoke.
+FIXED_RESERVED_BYTES = 2 * (32 << 20) + 4 * (20 << 20)
 #: Allocator fragmentation on top of everything else (assumed).
 FRAGMENTATION = 0.05
 
@@ -147,7 +155,8 @@ class MemoryEstimate:
     activations: int
     loss: int
     optimizer_step: int  # AdamW's foreach temporary, alive only inside optimizer.step()
-    runtime_overhead: int
+    runtime_overhead: int  # the part of RUNTIME_OVERHEAD_BYTES outside the caching allocator
+    fixed_reserved: int  # the part inside it: FIXED_RESERVED_BYTES
     host_staging: int  # host memory per rank, not GPU memory
     checkpointed_blocks: int  # the blocks recomputed in backward that `activations` assumes
 
@@ -176,7 +185,7 @@ class MemoryEstimate:
     def allocator_reserved(self) -> int:
         """What torch.cuda.max_memory_reserved measures at its peak: the caching allocator's
         share of `total`, without the CUDA context and NCCL's buffers (item 7)."""
-        return self.gpu_subtotal + self.fragmentation
+        return self.gpu_subtotal + self.fragmentation + self.fixed_reserved
 
     @property
     def total(self) -> int:
@@ -191,7 +200,8 @@ class MemoryEstimate:
             ("loss chunk (logits)", self.loss),
             ("AdamW step temporary, beyond backward's", self.optimizer_step_excess),
             ("allocator fragmentation", self.fragmentation),
-            ("CUDA context, workspaces, NCCL", self.runtime_overhead),
+            ("cuBLAS workspaces, FSDP2 stream segments", self.fixed_reserved),
+            ("CUDA context, NCCL", self.runtime_overhead),
         ]
 
     def describe(self) -> str:
@@ -226,7 +236,8 @@ def estimate(
         activations=activations,
         loss=loss,
         optimizer_step=params * OPTIMIZER_STEP_BYTES_PER_PARAM // world_size,
-        runtime_overhead=RUNTIME_OVERHEAD_BYTES if bf16 else 0,
+        runtime_overhead=RUNTIME_OVERHEAD_BYTES - FIXED_RESERVED_BYTES if bf16 else 0,
+        fixed_reserved=FIXED_RESERVED_BYTES if bf16 else 0,
         host_staging=params * CHECKPOINT_BYTES_PER_PARAM // world_size,
         checkpointed_blocks=checkpointed_blocks,
     )
