@@ -332,5 +332,5 @@ def check_fits(
     ]
     return (
         f"model {train.model.preset}: the estimated memory per GPU, {est.describe()}, exceeds "
-        f"the {gpu_memory_gib:g} GiB of one {gpu_model}; use " + ", or ".join(fixes)
+        f"the {gpu_memory_gib:.1f} GiB of one {gpu_model}; use " + ", or ".join(fixes)
     )

@@ -373,7 +373,7 @@ def plan_for_job(config: DeploymentConfig, train, nodes: int, **assumptions) -> 
             train,
             gpus,
             ranks_per_node=config.gpu_nodes.facts.gpus,
-            gpu_memory_bytes=config.gpu_nodes.facts.gpu_memory_gib * GIB,
+            gpu_memory_bytes=config.gpu_nodes.facts.gpu_cuda_memory_bytes,
         ),
         **assumptions,
     )
@@ -492,14 +492,14 @@ def print_plan(plan: Plan, config: DeploymentConfig, preset: str, console: Conso
 
 def print_memory(memory: MemoryEstimate, config: DeploymentConfig, train, world_size: int, console: Console) -> None:
     facts = config.gpu_nodes.facts
-    verdict = "fits" if memory.total <= facts.gpu_memory_gib * GIB else "does NOT fit"
+    verdict = "fits" if memory.total <= facts.gpu_cuda_memory_bytes else "does NOT fit"
     accumulation = train.data.accumulation(world_size)
     console.print(
         f"Memory per GPU ({train.model.preset}, {train.data.batch_size} x {train.data.seq_len} tokens per "
         f"micro-batch, {accumulation} per step: global batch "
         f"{world_size * train.data.batch_size * train.data.seq_len * accumulation:,} tokens, "
         f"{describe_checkpointing(train, memory)}, "
-        f"world {world_size}): {memory.total / GIB:.1f} GiB of {facts.gpu_memory_gib} GiB "
+        f"world {world_size}): {memory.total / GIB:.1f} GiB of {facts.gpu_cuda_memory_bytes / GIB:.1f} GiB "
         f"({facts.gpu_model}): {verdict}"
     )
     for name, nbytes in memory.components():
