@@ -55,7 +55,11 @@ kv = n_kv_heads x head_dim, f = ffn_dim, V = vocab, a = n_heads, c = bytes per c
    freed items 2-4, so it adds to the peak only by what it exceeds them: at W = 1 it is the peak
    (1b: 4.1 GiB against a 2-3 GiB backward working set); at 8b x 16 ranks it adds nothing.
 6. Checkpoint staging: the NVRx backend copies the state into shared host memory (cpu_shm), so it
-   costs host memory (12 P / W per rank: fp32 parameters and the two moments), not GPU memory.
+   costs host memory (12 P / W per rank: fp32 parameters and the two moments), not GPU memory. The
+   node-local tier keeps its own host copy of the same state, on GPU in pinned buffers, one per
+   tensor, which torch's pinned-memory cache rounds up to a power of two and keeps
+   (ATen/core/CachingHostAllocator.h, c10::llvm::PowerOf2Ceil, in torch 2.11 and by default in
+   2.13): `local_tier_copy`, +10% at 8b x 16 ranks, +32% at 1b.
 7. Runtime overhead: the CUDA context, NCCL's buffers and the library workspaces, assumed 3 GiB per
    GPU, plus 5% of items 1-5 for allocator fragmentation (with expandable_segments). These are
    assumptions, not measurements. The context and NCCL's buffers are allocated outside torch's
@@ -68,6 +72,7 @@ kv = n_kv_heads x head_dim, f = ffn_dim, V = vocab, a = n_heads, c = bytes per c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -108,6 +113,26 @@ def parameter_count(shape: ModelShape) -> int:
     embeddings = shape.vocab_size * shape.dim
     head = shape.vocab_size * shape.dim + shape.dim
     return embeddings + shape.n_layers * block_parameters(shape) + head
+
+
+def parameter_shapes(shape: ModelShape) -> list[tuple[int, ...]]:
+    """Each parameter tensor of the model, in the order workloads.model builds them."""
+    h, hd, f = shape.dim, head_dim(shape), shape.ffn_dim
+    block = [(shape.n_heads * hd, h), (shape.n_kv_heads * hd, h), (shape.n_kv_heads * hd, h), (h, shape.n_heads * hd)]
+    block += [(f, h), (f, h), (h, f), (h,), (h,)]
+    return [(shape.vocab_size, h), *block * shape.n_layers, (h,), (shape.vocab_size, h)]
+
+
+def local_tier_copy_bytes(shape: ModelShape, world_size: int, *, pinned: bool) -> int:
+    """One rank's host copy of its shards of the fp32 parameters and the two AdamW moments (FSDP2
+    shards dim 0: ceil(rows / W) rows each), as the node-local tier holds it (item 6): `pinned`
+    (copied from a GPU), each tensor takes the next power of two."""
+    total = 0
+    for tensor in parameter_shapes(shape):
+        rows = -(-tensor[0] // world_size)
+        nbytes = 4 * rows * math.prod(tensor[1:])
+        total += 3 * (1 << (nbytes - 1).bit_length() if pinned and nbytes > 1 else nbytes)
+    return total
 
 
 def largest_group_parameters(shape: ModelShape) -> int:
@@ -158,6 +183,7 @@ class MemoryEstimate:
     runtime_overhead: int  # the part of RUNTIME_OVERHEAD_BYTES outside the caching allocator
     fixed_reserved: int  # the part inside it: FIXED_RESERVED_BYTES
     host_staging: int  # host memory per rank, not GPU memory
+    local_tier_copy: int  # host memory per rank of the node-local tier's copy (item 6)
     checkpointed_blocks: int  # the blocks recomputed in backward that `activations` assumes
 
     @property
@@ -239,6 +265,7 @@ def estimate(
         runtime_overhead=RUNTIME_OVERHEAD_BYTES - FIXED_RESERVED_BYTES if bf16 else 0,
         fixed_reserved=FIXED_RESERVED_BYTES if bf16 else 0,
         host_staging=params * CHECKPOINT_BYTES_PER_PARAM // world_size,
+        local_tier_copy=local_tier_copy_bytes(shape, world_size, pinned=bf16),
         checkpointed_blocks=checkpointed_blocks,
     )
 

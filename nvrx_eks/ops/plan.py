@@ -505,6 +505,11 @@ def print_memory(memory: MemoryEstimate, config: DeploymentConfig, train, world_
     for name, nbytes in memory.components():
         console.print(f"  {name:<44} {nbytes / GIB:6.1f} GiB")
     console.print(f"  [dim]host memory for checkpoint staging: {memory.host_staging / GIB:.1f} GiB per rank[/]")
+    if train.checkpoint.local.enabled:
+        console.print(
+            f"  [dim]host memory of the node-local tier's copy: {memory.local_tier_copy / GIB:.1f} GiB per rank "
+            "(pinned: each tensor rounded up to a power of two)[/]"
+        )
 
 
 def print_scaling(config: DeploymentConfig, plan_for_nodes, node_counts: list[int], console: Console) -> None:
