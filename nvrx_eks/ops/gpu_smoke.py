@@ -466,7 +466,7 @@ def smoke(
 
     # 4. Memory: the high-water mark of each rank against the part of the estimate it measures.
     estimate = estimate_for(train, plan.nproc, bf16=plan.precision == "bf16", gpu_memory_bytes=gpu_memory_bytes)
-    checks["memory"] = memory_check(estimate, run_ends, plan.gpu)
+    checks["memory"] = memory_check(estimate, run_ends, plan.gpu, run.of("setup_end"))
     return final(plan, checks, out_dir, console, budget_s, device)
 
 

@@ -114,18 +114,25 @@ def unended_restarts(run: RunEvents, rank: int = 0) -> int:
     return unended + sum(open_begins.values())
 
 
-def memory_check(estimate: MemoryEstimate, run_ends: list[dict[str, Any]], gpu: bool) -> dict[str, Any]:
+def memory_check(
+    estimate: MemoryEstimate, run_ends: list[dict[str, Any]], gpu: bool, setup_ends: list[dict[str, Any]] = ()
+) -> dict[str, Any]:
     """The memory phase's verdict from the completed runs' run_end events (every rank's): the peak
     of the ranks' restart-free iterations (iteration 0, where the resume launch gave one), else
     the peak after restarts, against MEMORY_TOLERANCE x the allocator's share of `estimate` plus
     its fixed reserved line. On CPU there is nothing to measure: the check is the estimate's
-    presence, and no figure stands in for a measurement."""
+    presence, and no figure stands in for a measurement. `setup_ends`: the faulted run's, whose
+    reserved bytes as an in-process restart's iteration starts show what the failed iteration left
+    cached (reported, not judged)."""
     measured_ends = [e for e in run_ends if e.get("gpu_peak_reserved_bytes") is not None]
     clean = [e for e in measured_ends if e["iteration"] == 0]
     judged = clean or measured_ends
     measured = max((e["gpu_peak_reserved_bytes"] for e in judged), default=None)
     after_restarts = max((e["gpu_peak_reserved_bytes"] for e in measured_ends if e["iteration"] > 0), default=None)
     retries = [e["gpu_alloc_retries"] for e in measured_ends if e.get("gpu_alloc_retries") is not None]
+    at_restart = [
+        e["gpu_reserved_bytes"] for e in setup_ends if e.get("iteration", 0) > 0 and e.get("gpu_reserved_bytes")
+    ]
     scaled = estimate.allocator_reserved - estimate.fixed_reserved
     bound = MEMORY_TOLERANCE * scaled + estimate.fixed_reserved
     return {
@@ -135,6 +142,7 @@ def memory_check(estimate: MemoryEstimate, run_ends: list[dict[str, Any]], gpu: 
         "peak_after_restarts_gib": _gib(after_restarts),
         "iterations": sorted({e["iteration"] for e in judged}),
         "alloc_retries": max(retries, default=None),
+        "reserved_at_restart_gib": _gib(max(at_restart, default=None)),
         "estimate_allocated_gib": _gib(estimate.allocator_reserved),
         "bound_gib": _gib(int(bound)),
         "tolerance": MEMORY_TOLERANCE,

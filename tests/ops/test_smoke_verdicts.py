@@ -104,7 +104,9 @@ def test_memory_passes_within_the_stated_tolerance_and_fails_past_it(small_estim
 def test_memory_judges_the_restart_free_iteration_and_shows_the_peak_after_restarts(small_estimate):
     est = small_estimate
     ends = [_run_end(2 * est.allocator_reserved, iteration=2), _run_end(est.allocator_reserved // 2, iteration=0)]
-    check = memory_check(est, ends, gpu=True)
+    setups = [{"event": "setup_end", "iteration": i, "gpu_reserved_bytes": i * GIB} for i in (0, 1, 2)]
+    check = memory_check(est, ends, gpu=True, setup_ends=setups)
+    assert check["reserved_at_restart_gib"] == 2.0
     assert check["ok"] is True and check["measured_in"] == "restart-free iteration" and check["iterations"] == [0]
     assert check["peak_after_restarts_gib"] == round(2 * est.allocator_reserved / GIB, 2)
     only_after = memory_check(est, ends[:1], gpu=True)
