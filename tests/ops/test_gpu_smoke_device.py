@@ -270,3 +270,10 @@ def test_the_device_script_asks_for_the_small_preset_unless_told_another(tmp_pat
     )
     smoke_calls = [line for line in argv_log.read_text().splitlines() if line.startswith("-m nvrx_eks.ops.gpu_smoke")]
     assert smoke_calls == [f"-m nvrx_eks.ops.gpu_smoke --out {smoke_calls[0].split()[3]} --preset 1b --budget-s 1"]
+
+
+def test_the_venv_script_is_shellcheck_clean():
+    from tests.support.shell_lint import assert_shellcheck_clean
+
+    script = REPO_ROOT / "scripts" / "gpu_smoke_venvs.sh"
+    assert_shellcheck_clean(script.read_text(), shell="bash", name="gpu_smoke_venvs.sh")
