@@ -97,17 +97,35 @@ def gpu_facts(preset: str, seq_len: int, batch_size: int) -> dict[str, Any]:
             }
         )
     device = torch.device("cuda", 0)
-    # One block, so the allocator has made its first segment: whether it is expandable shows
-    # whether PYTORCH_CUDA_ALLOC_CONF took effect (not yet seen on a GPU).
-    block = torch.empty(1 << 20, device=device)
-    segments = torch.cuda.memory_snapshot()
-    facts["allocator_backend"] = torch.cuda.get_allocator_backend()
-    facts["expandable_segments"] = any(s.get("is_expandable", False) for s in segments)
-    del block
     shape = MODEL_PRESETS[preset]
-    facts["sdpa_dispatcher_choice"] = attention_kernel(shape, seq_len, batch_size, device, torch.bfloat16)
-    facts["sdpa_ops_run"] = attention_ops_run(shape, seq_len, batch_size, device, torch.bfloat16)
+    # Records, not requirements: one that fails says why in its place and the smoke goes on.
+    facts["allocator"] = _recorded(lambda: _allocator(torch, device))
+    facts["sdpa_dispatcher_choice"] = _recorded(
+        lambda: attention_kernel(shape, seq_len, batch_size, device, torch.bfloat16)
+    )
+    facts["sdpa_ops_run"] = _recorded(lambda: attention_ops_run(shape, seq_len, batch_size, device, torch.bfloat16))
     return facts
+
+
+def _allocator(torch: Any, device: Any) -> dict[str, Any]:
+    """The caching allocator's backend and settings as the ranks will have them, after one block
+    made its first segment (torch.cuda.memory._snapshot: private, present in torch 2.11 and 2.13;
+    whether a segment is expandable shows whether PYTORCH_CUDA_ALLOC_CONF took effect)."""
+    block = torch.empty(1 << 20, device=device)
+    snapshot = torch.cuda.memory._snapshot()
+    del block
+    return {
+        "backend": torch.cuda.get_allocator_backend(),
+        "settings": snapshot.get("allocator_settings"),
+        "expandable_segments": any(s.get("is_expandable", False) for s in snapshot.get("segments", [])),
+    }
+
+
+def _recorded(read: Any) -> Any:
+    try:
+        return read()
+    except Exception as err:  # the record says what failed; the smoke does not depend on it
+        return {"error": f"{type(err).__name__}: {err}"}
 
 
 def read_gpu_facts(preset: str, seq_len: int, batch_size: int) -> dict[str, Any]:

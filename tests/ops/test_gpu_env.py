@@ -27,8 +27,7 @@ H200_FACTS = {
         }
     ],
     "allocator_conf": "expandable_segments:True",
-    "allocator_backend": "native",
-    "expandable_segments": True,
+    "allocator": {"backend": "native", "settings": {"expandable_segments": True}, "expandable_segments": True},
     "sdpa_dispatcher_choice": {"sdpa_kernel": "cudnn_attention"},
     "sdpa_ops_run": ["aten::_scaled_dot_product_cudnn_attention"],
 }
@@ -102,3 +101,33 @@ def test_the_probe_records_the_interpreter_and_names_the_first_import_that_fails
         == "import no_such_module_of_the_smoke: ModuleNotFoundError: No module named 'no_such_module_of_the_smoke'"
     )
     assert any(line.startswith("import also_missing: FAILED") for line in lines)
+
+
+def test_on_a_gpu_the_child_reports_cudas_memory_beside_the_instance_facts_and_records_never_stop_it(monkeypatch):
+    """gpu_facts' GPU branch with torch.cuda answering as one H100 would: what CUDA reports next
+    to the figure the plan divides (nvrx_eks/facts/instances.py), and the allocator and attention
+    records, which here cannot allocate on the device and say so instead of failing the smoke."""
+    from types import SimpleNamespace
+
+    from nvrx_eks.facts.instances import CUDA_TOTAL_MEMORY_MIB
+
+    h100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=81090 << 20, major=9, minor=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: h100)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 28, 9))
+    # Unset, and restored afterwards however gpu_facts sets it (the ranks' default).
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    facts = gpu_env.gpu_facts("tiny", 64, 2)
+    assert facts["nccl"] == "2.28.9" and facts["allocator_conf"] == "expandable_segments:True"
+    assert facts["gpus"] == [
+        {
+            "name": "NVIDIA H100 80GB HBM3",
+            "total_memory_bytes": 81090 << 20,
+            "capability": "9.0",
+            "instance_facts_total_memory_bytes": CUDA_TOTAL_MEMORY_MIB["H100"] << 20,
+        }
+    ]
+    for record in ("allocator", "sdpa_dispatcher_choice", "sdpa_ops_run"):
+        assert set(facts[record]) == {"error"}, facts[record]
