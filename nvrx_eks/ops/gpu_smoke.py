@@ -354,14 +354,14 @@ def smoke(
     from workloads.memory import estimate_for
 
     console = console or Console()
-    device = None if dry_run else read_device(preset)
-    plan = plan_for(dry_run, preset, nproc, device)
     out_dir = out_dir.resolve()
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError(f"--out: {out_dir} is not empty; choose a new directory")
     budget_s = DEFAULT_BUDGET_S if budget_s is None else budget_s
     if budget_s <= 0:
         raise ConfigError(f"--budget-s: {budget_s:g} is not above 0; give the seconds the smoke may take")
+    device = None if dry_run else read_device(preset)
+    plan = plan_for(dry_run, preset, nproc, device)
     faulted_dir = out_dir / "faulted"
     train = plan.train_config(faulted_dir)
     gpu_memory_bytes = None  # the GPU's, for the fit and for model.activation_checkpointing=auto
