@@ -118,7 +118,8 @@ def parameter_count(shape: ModelShape) -> int:
 def parameter_shapes(shape: ModelShape) -> list[tuple[int, ...]]:
     """Each parameter tensor of the model, in the order workloads.model builds them."""
     h, hd, f = shape.dim, head_dim(shape), shape.ffn_dim
-    block = [(shape.n_heads * hd, h), (shape.n_kv_heads * hd, h), (shape.n_kv_heads * hd, h), (h, shape.n_heads * hd)]
+    block: list[tuple[int, ...]] = [(shape.n_heads * hd, h), (shape.n_kv_heads * hd, h), (shape.n_kv_heads * hd, h)]
+    block += [(h, shape.n_heads * hd)]
     block += [(f, h), (f, h), (h, f), (h,), (h,)]
     return [(shape.vocab_size, h), *block * shape.n_layers, (h,), (shape.vocab_size, h)]
 

@@ -14,6 +14,7 @@ MEMORY_TOLERANCE (see MEMORY_COMPARED for what is and is not in either side).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from workloads.events import LAYER_NAMES, RunEvents, summarize
@@ -115,7 +116,7 @@ def unended_restarts(run: RunEvents, rank: int = 0) -> int:
 
 
 def memory_check(
-    estimate: MemoryEstimate, run_ends: list[dict[str, Any]], gpu: bool, setup_ends: list[dict[str, Any]] = ()
+    estimate: MemoryEstimate, run_ends: list[dict[str, Any]], gpu: bool, setup_ends: Sequence[dict[str, Any]] = ()
 ) -> dict[str, Any]:
     """The memory phase's verdict from the completed runs' run_end events (every rank's): the peak
     of the ranks' restart-free iterations (iteration 0, where the resume launch gave one), else
