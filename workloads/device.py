@@ -97,6 +97,21 @@ def reset_peak_memory(runtime: Runtime) -> None:
         torch.cuda.reset_peak_memory_stats(runtime.device)
 
 
+def allocator_counters(runtime: Runtime) -> dict[str, int | None]:
+    """The caching allocator's state for the events (None off CUDA): the bytes it holds from the
+    device now (at an iteration's start: what earlier iterations left cached) and how often an
+    allocation found no cached block that fit, freed the cache and tried again (num_alloc_retries:
+    each one a device-wide synchronization; any at all means the reserved peak met the GPU's
+    limit, whatever the estimate said)."""
+    if not runtime.is_cuda:
+        return {"gpu_reserved_bytes": None, "gpu_alloc_retries": None}
+    stats = torch.cuda.memory_stats(runtime.device)
+    return {
+        "gpu_reserved_bytes": stats.get("reserved_bytes.all.current"),
+        "gpu_alloc_retries": stats.get("num_alloc_retries"),
+    }
+
+
 def peak_memory_reserved(runtime: Runtime) -> int | None:
     """Bytes the caching allocator held at most since reset_peak_memory (None off CUDA): what
     must fit, and what workloads.memory's `allocator_reserved` estimates."""

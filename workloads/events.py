@@ -26,7 +26,9 @@ Events and their own fields:
                           attention kernel torch picks for the model's shapes: "flash_attention",
                           "cudnn_attention", "efficient_attention", "math"), sdpa_flash_enabled,
                           sdpa_cudnn_enabled, sdpa_mem_efficient_enabled, sdpa_math_enabled
-                          (workloads.model.attention_kernel)]
+                          (workloads.model.attention_kernel)], gpu_reserved_bytes (what the caching
+                          allocator holds as the iteration starts), gpu_alloc_retries (its
+                          num_alloc_retries so far; both null off CUDA: workloads.device.allocator_counters)
     step_start            step
     step_end              step, loss (mean over ranks and micro-batches), lr, step_s,
                           batch_sha256 (this rank's input tokens of all the step's micro-batches,
@@ -80,7 +82,8 @@ Events and their own fields:
     run_end               status ("completed"|"terminated"), final_step, final_loss; when completed
                           also state_sha256, rank_state_sha256, gpu_peak_reserved_bytes
                           (torch.cuda.max_memory_reserved since the setup of the iteration the
-                          common `iteration` field names; null off CUDA)
+                          common `iteration` field names; null off CUDA), gpu_reserved_bytes and
+                          gpu_alloc_retries (as in setup_end)
 
 Watched lines: faults, restarts, checkpoints and the run's end, one line each (`watch_line`), are
 also logged as they are emitted, `[rankR] event: <line>` (nvrx_eks.facts.training_metrics.EVENT_LINE),

@@ -55,17 +55,24 @@ kv = n_kv_heads x head_dim, f = ffn_dim, V = vocab, a = n_heads, c = bytes per c
    freed items 2-4, so it adds to the peak only by what it exceeds them: at W = 1 it is the peak
    (1b: 4.1 GiB against a 2-3 GiB backward working set); at 8b x 16 ranks it adds nothing.
 6. Checkpoint staging: the NVRx backend copies the state into shared host memory (cpu_shm), so it
-   costs host memory (12 P / W per rank: fp32 parameters and the two moments), not GPU memory.
-7. Runtime overhead: the CUDA context and NCCL's buffers (plus the small cuBLAS/cuDNN workspaces),
-   assumed 3 GiB per GPU, plus 5% of items 1-5 for allocator fragmentation (with
-   expandable_segments). These two are assumptions, not measurements. The context and NCCL's
-   buffers are allocated outside torch's caching allocator, so `torch.cuda.max_memory_reserved`
-   never counts them: what it measures is `MemoryEstimate.allocator_reserved` (items 1-5 plus
-   fragmentation), which the GPU smoke script (nvrx_eks/ops/gpu_smoke.py) compares it with.
+   costs host memory (12 P / W per rank: fp32 parameters and the two moments), not GPU memory. The
+   node-local tier keeps its own host copy of the same state, on GPU in pinned buffers, one per
+   tensor, which torch's pinned-memory cache rounds up to a power of two and keeps
+   (ATen/core/CachingHostAllocator.h, c10::llvm::PowerOf2Ceil, in torch 2.11 and by default in
+   2.13): `local_tier_copy`, +10% at 8b x 16 ranks, +32% at 1b.
+7. Runtime overhead: the CUDA context, NCCL's buffers and the library workspaces, assumed 3 GiB per
+   GPU, plus 5% of items 1-5 for allocator fragmentation (with expandable_segments). These are
+   assumptions, not measurements. The context and NCCL's buffers are allocated outside torch's
+   caching allocator, so `torch.cuda.max_memory_reserved` never counts them; the allocator does
+   hold a fixed part of the 3 GiB whatever the model (`FIXED_RESERVED_BYTES`: cuBLAS workspaces,
+   one segment per FSDP2 stream), stated as its own line. What max_memory_reserved measures is
+   `MemoryEstimate.allocator_reserved` (items 1-5, fragmentation and that fixed part), which the
+   GPU smoke script (nvrx_eks/ops/smoke_verdicts.py) compares it with.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -81,6 +88,12 @@ CHECKPOINT_BYTES_PER_PARAM = 12
 OPTIMIZER_STEP_BYTES_PER_PARAM = 4
 #: CUDA context, library workspaces and NCCL buffers per GPU (assumed, see the module docstring).
 RUNTIME_OVERHEAD_BYTES = 3 * GIB
+#: The part of it torch's caching allocator holds whatever the model, so max_memory_reserved counts
+#: it (item 7): two cuBLAS workspaces, one for the forward thread's handle and one for autograd's
+#: device thread's (32 MiB each: torch's default on sm90, not measured), and one segment per stream
+#: for FSDP2's four streams beside the default one (20 MiB each, assumed). Fixed costs, so they
+#: matter most for a small model's smoke.
+FIXED_RESERVED_BYTES = 2 * (32 << 20) + 4 * (20 << 20)
 #: Allocator fragmentation on top of everything else (assumed).
 FRAGMENTATION = 0.05
 
@@ -100,6 +113,27 @@ def parameter_count(shape: ModelShape) -> int:
     embeddings = shape.vocab_size * shape.dim
     head = shape.vocab_size * shape.dim + shape.dim
     return embeddings + shape.n_layers * block_parameters(shape) + head
+
+
+def parameter_shapes(shape: ModelShape) -> list[tuple[int, ...]]:
+    """Each parameter tensor of the model, in the order workloads.model builds them."""
+    h, hd, f = shape.dim, head_dim(shape), shape.ffn_dim
+    block: list[tuple[int, ...]] = [(shape.n_heads * hd, h), (shape.n_kv_heads * hd, h), (shape.n_kv_heads * hd, h)]
+    block += [(h, shape.n_heads * hd)]
+    block += [(f, h), (f, h), (h, f), (h,), (h,)]
+    return [(shape.vocab_size, h), *block * shape.n_layers, (h,), (shape.vocab_size, h)]
+
+
+def local_tier_copy_bytes(shape: ModelShape, world_size: int, *, pinned: bool) -> int:
+    """One rank's host copy of its shards of the fp32 parameters and the two AdamW moments (FSDP2
+    shards dim 0: ceil(rows / W) rows each), as the node-local tier holds it (item 6): `pinned`
+    (copied from a GPU), each tensor takes the next power of two."""
+    total = 0
+    for tensor in parameter_shapes(shape):
+        rows = -(-tensor[0] // world_size)
+        nbytes = 4 * rows * math.prod(tensor[1:])
+        total += 3 * (1 << (nbytes - 1).bit_length() if pinned and nbytes > 1 else nbytes)
+    return total
 
 
 def largest_group_parameters(shape: ModelShape) -> int:
@@ -147,8 +181,10 @@ class MemoryEstimate:
     activations: int
     loss: int
     optimizer_step: int  # AdamW's foreach temporary, alive only inside optimizer.step()
-    runtime_overhead: int
+    runtime_overhead: int  # the part of RUNTIME_OVERHEAD_BYTES outside the caching allocator
+    fixed_reserved: int  # the part inside it: FIXED_RESERVED_BYTES
     host_staging: int  # host memory per rank, not GPU memory
+    local_tier_copy: int  # host memory per rank of the node-local tier's copy (item 6)
     checkpointed_blocks: int  # the blocks recomputed in backward that `activations` assumes
 
     @property
@@ -176,7 +212,7 @@ class MemoryEstimate:
     def allocator_reserved(self) -> int:
         """What torch.cuda.max_memory_reserved measures at its peak: the caching allocator's
         share of `total`, without the CUDA context and NCCL's buffers (item 7)."""
-        return self.gpu_subtotal + self.fragmentation
+        return self.gpu_subtotal + self.fragmentation + self.fixed_reserved
 
     @property
     def total(self) -> int:
@@ -191,7 +227,8 @@ class MemoryEstimate:
             ("loss chunk (logits)", self.loss),
             ("AdamW step temporary, beyond backward's", self.optimizer_step_excess),
             ("allocator fragmentation", self.fragmentation),
-            ("CUDA context, workspaces, NCCL", self.runtime_overhead),
+            ("cuBLAS workspaces, FSDP2 stream segments", self.fixed_reserved),
+            ("CUDA context, NCCL", self.runtime_overhead),
         ]
 
     def describe(self) -> str:
@@ -226,8 +263,10 @@ def estimate(
         activations=activations,
         loss=loss,
         optimizer_step=params * OPTIMIZER_STEP_BYTES_PER_PARAM // world_size,
-        runtime_overhead=RUNTIME_OVERHEAD_BYTES if bf16 else 0,
+        runtime_overhead=RUNTIME_OVERHEAD_BYTES - FIXED_RESERVED_BYTES if bf16 else 0,
+        fixed_reserved=FIXED_RESERVED_BYTES if bf16 else 0,
         host_staging=params * CHECKPOINT_BYTES_PER_PARAM // world_size,
+        local_tier_copy=local_tier_copy_bytes(shape, world_size, pinned=bf16),
         checkpointed_blocks=checkpointed_blocks,
     )
 
@@ -321,5 +360,5 @@ def check_fits(
     ]
     return (
         f"model {train.model.name}: the estimated memory per GPU, {est.describe()}, exceeds "
-        f"the {gpu_memory_gib:g} GiB of one {gpu_model}; use " + ", or ".join(fixes)
+        f"the {gpu_memory_gib:.1f} GiB of one {gpu_model}; use " + ", or ".join(fixes)
     )

@@ -101,20 +101,29 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
-def attention_kernel(shape: ModelShape, seq_len: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def attention_kernel(
+    shape: ModelShape, seq_len: int, batch_size: int, device: torch.device, dtype: torch.dtype
+) -> dict[str, Any]:
     """Which scaled_dot_product_attention kernel Attention runs with here, and the switches that
-    decide it: torch's own dispatcher asked with Attention's arguments (one sequence of
-    `seq_len`, causal, GQA). The flags are torch.backends.cuda's. Recent torch prefers cuDNN to
-    flash on sm90 with a recent cuDNN (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
-    check_prefer_cudnn_attention), so an H100 may not run the kernel the memory and numerics
-    reasoning assumed; this records which one it runs (TORCH_CUDNN_SDPA_DEPRIORITIZED=1 puts
-    flash first again)."""
+    decide it: torch's own dispatcher asked with the training call's arguments (a batch of
+    `seq_len` sequences, causal, GQA, q and k contiguous after RoPE, v the transposed view of its
+    projection, all requiring grad: the backend checks read strides and requires_grad). The flags
+    are torch.backends.cuda's. Recent torch prefers cuDNN to flash on sm90 with a recent cuDNN
+    (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_prefer_cudnn_attention), so an
+    H100 may not run the kernel the memory and numerics reasoning assumed; this records which one
+    it runs (TORCH_CUDNN_SDPA_DEPRIORITIZED=1 puts flash first again). attention_ops_run says which
+    ops a real forward and backward dispatched to."""
     from torch.nn.attention import SDPBackend
 
     head_dim = shape.dim // shape.n_heads
-    q = torch.empty(1, shape.n_heads, seq_len, head_dim, device=device, dtype=dtype)
-    kv = torch.empty(1, shape.n_kv_heads, seq_len, head_dim, device=device, dtype=dtype)
-    choice = torch._fused_sdp_choice(q, kv, kv, is_causal=True, enable_gqa=shape.n_kv_heads != shape.n_heads)
+
+    def after_rope(heads: int) -> torch.Tensor:
+        return torch.empty(batch_size, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+
+    projected = torch.empty(batch_size, seq_len, shape.n_kv_heads, head_dim, device=device, dtype=dtype)
+    v = projected.requires_grad_().transpose(1, 2)
+    q, k = after_rope(shape.n_heads), after_rope(shape.n_kv_heads)
+    choice = torch._fused_sdp_choice(q, k, v, is_causal=True, enable_gqa=shape.n_kv_heads != shape.n_heads)
     return {
         "sdpa_kernel": SDPBackend(choice).name.lower(),
         "sdpa_flash_enabled": torch.backends.cuda.flash_sdp_enabled(),
@@ -122,6 +131,24 @@ def attention_kernel(shape: ModelShape, seq_len: int, device: torch.device, dtyp
         "sdpa_mem_efficient_enabled": torch.backends.cuda.mem_efficient_sdp_enabled(),
         "sdpa_math_enabled": torch.backends.cuda.math_sdp_enabled(),
     }
+
+
+def attention_ops_run(
+    shape: ModelShape, seq_len: int, batch_size: int, device: torch.device, dtype: torch.dtype
+) -> list[str]:
+    """The scaled_dot_product_attention ops one forward and backward of Attention really
+    dispatched to with these shapes (torch's profiler, CPU-side op names such as
+    `aten::_scaled_dot_product_flash_attention` and its backward, or cuDNN's, memory-efficient or
+    math): what attention_kernel's dispatcher answer predicts, seen."""
+    from torch.profiler import ProfilerActivity, profile
+
+    attention = Attention(shape).to(device, dtype)
+    cos, sin = _rope_tables(shape, device)
+    x = torch.randn(batch_size, seq_len, shape.dim, device=device, dtype=dtype, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU]) as recorded:
+        attention(x, cos, sin).sum().backward()
+    names = {event.name for event in recorded.events()}
+    return sorted(n for n in names if "scaled_dot_product" in n and n != "aten::scaled_dot_product_attention")
 
 
 class FeedForward(nn.Module):

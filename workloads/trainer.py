@@ -28,7 +28,14 @@ from workloads.checkpoint.digest import state_digests
 from workloads.checkpoint.local_tier import LocalTier
 from workloads.config import TrainConfig
 from workloads.data import batch_fingerprint
-from workloads.device import Runtime, peak_memory_reserved, reset_peak_memory, resolve_runtime, to_device
+from workloads.device import (
+    Runtime,
+    allocator_counters,
+    peak_memory_reserved,
+    reset_peak_memory,
+    resolve_runtime,
+    to_device,
+)
 from workloads.evaluation import Evaluator
 from workloads.events import load_run, summarize
 from workloads.live_metrics import for_rank as live_metrics_for_rank
@@ -180,13 +187,16 @@ class Trainer:
         attention: dict[str, Any] = {}
         if self.runtime.is_cuda:
             compute = torch.bfloat16 if self.runtime.bf16 else torch.float32
-            attention = attention_kernel(self.cfg.model.shape, self.cfg.data.seq_len, self.runtime.device, compute)
+            attention = attention_kernel(
+                self.cfg.model.shape, self.cfg.data.seq_len, self.cfg.data.batch_size, self.runtime.device, compute
+            )
         self.events.emit(
             "setup_end",
             resumed_from_step=start_step,
             setup_s=setup_s,
             checkpointed_blocks=self.training.checkpointed_blocks,
             **attention,
+            **allocator_counters(self.runtime),
         )
         if self.iteration > 0:
             begun = self.process.restart_begin_t
@@ -372,6 +382,7 @@ class Trainer:
             state_sha256=digest,
             rank_state_sha256=rank_digests[self.rank],
             gpu_peak_reserved_bytes=peak,
+            **allocator_counters(self.runtime),
         )
         if self.rank == 0:
             write_summary(self.cfg, self.training, self.world, digest, rank_digests, self.tokens_per_step)

@@ -52,6 +52,24 @@ from dataclasses import dataclass
 #: The denominator of MFU (workloads/metrics.py).
 PEAK_BF16_DENSE_TFLOPS: dict[str, float] = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
+#: One GPU's memory as CUDA reports it (torch.cuda.get_device_properties().total_memory), in MiB,
+#: by GPU model: the figure the trainer's model.activation_checkpointing=auto divides on the GPU, so
+#: the plan and the job summary divide the same one (InstanceFacts.gpu_cuda_memory_bytes). Less
+#: than the marketed size (the driver keeps some back), and it moves a little with the driver.
+#: NOT verified on this project's instances: read from published logs of torch's device
+#: properties (H100 80GB HBM3: 81089 MiB, 81082-81090 seen with other drivers; H200: 143156;
+#: A100-SXM4-40GB: 40536; A10G: 22587). The GPU smoke records the device's own figure beside this
+#: one (gpu_smoke.json, device.gpus[].total_memory_bytes and instance_facts_total_memory_bytes).
+CUDA_TOTAL_MEMORY_MIB: dict[str, int] = {"H100": 81089, "H200": 143156, "A100": 40536, "A10G": 22587}
+
+
+def cuda_total_memory_bytes(device_name: str) -> int | None:
+    """CUDA_TOTAL_MEMORY_MIB's figure for the GPU model a device name names ("NVIDIA H100 80GB
+    HBM3"), in bytes; None for a model the table does not hold."""
+    mib = next((mib for model, mib in CUDA_TOTAL_MEMORY_MIB.items() if model in device_name), None)
+    return None if mib is None else mib << 20
+
+
 #: The fabric test passes when the largest all_reduce message reaches this fraction of the
 #: expected bus bandwidth: 20% allows for run-to-run spread and another placement than the
 #: published run's, while a fallback to TCP or a dead EFA device costs far more than that.
@@ -122,6 +140,11 @@ class InstanceFacts:
     @property
     def on_demand_vcpu_quota(self) -> VcpuQuota:
         return ON_DEMAND_VCPU_QUOTAS[self.family[0]]
+
+    @property
+    def gpu_cuda_memory_bytes(self) -> int:
+        """One GPU's memory as CUDA reports it (CUDA_TOTAL_MEMORY_MIB): what must hold the job."""
+        return CUDA_TOTAL_MEMORY_MIB[self.gpu_model] << 20
 
     @property
     def peak_bf16_tflops(self) -> float | None:

@@ -40,7 +40,7 @@ from nvrx_eks.jobs.capacity import default_nodes
 from nvrx_eks.jobs.options import Workload
 from workloads.config import TrainConfig
 from workloads.launch import inprocess_store_port
-from workloads.memory import check_fits
+from workloads.memory import GIB, check_fits
 
 #: Where the FSx claim is mounted in every pod: data, checkpoints and run directories live there.
 FSX_MOUNT_PATH = "/fsx"
@@ -480,7 +480,7 @@ def build_jobspec(
         problem = check_fits(
             spec.train,
             spec.world_size,
-            facts.gpu_memory_gib,
+            facts.gpu_cuda_memory_bytes / GIB,
             f"{facts.gpu_model} ({spec.instance_type})",
             ranks_per_node=spec.nproc_per_node,
         )

@@ -37,9 +37,11 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
         f"micro-batch{'' if accumulation == 1 else 'es'} = {tokens:,} tokens per step ({fixed})",
     ]
     facts = spec.facts
-    memory = estimate_for(train, world, ranks_per_node=spec.nproc_per_node, gpu_memory_bytes=facts.gpu_memory_gib * GIB)
+    memory = estimate_for(
+        train, world, ranks_per_node=spec.nproc_per_node, gpu_memory_bytes=facts.gpu_cuda_memory_bytes
+    )
     lines.append(
-        f"memory: ~{memory.total / GIB:.1f} of {facts.gpu_memory_gib} GiB per {facts.gpu_model}, "
+        f"memory: ~{memory.total / GIB:.1f} of {facts.gpu_cuda_memory_bytes / GIB:.1f} GiB per {facts.gpu_model}, "
         f"{describe_checkpointing(train, memory)} (`nvrx-eks plan` shows the parts)"
     )
     no_estimate = f"{facts.gpu_model}: no published bf16 peak to model its steps on"

@@ -3,14 +3,18 @@
 On a machine with one or more GPUs it runs the real trainer under ft_launcher, one rank per GPU,
 with the NCCL backend and bf16 compute, and checks, printing the numbers and writing a JSON:
 
-1. faults:  an exception (rank 0) and a hang (last rank) both recovered in process (same pids),
-            async NVRx checkpoints committed along the way;
+1. faults:  an exception (rank 0) and a hang (last rank) each recovered by the in-process layer
+            (same pids, no launcher restart, no in-process restart left unfinished), async NVRx
+            checkpoints committed along the way (nvrx_eks.ops.smoke_verdicts.faults_check);
 2. resume:  a second launch on the same run directory continues from the last committed step;
 3. stall:   the median checkpoint stall of the async (nvrx) backend against a synchronous run;
-4. memory:  each rank's GPU high-water mark (torch.cuda.max_memory_reserved since the setup of
-            the iteration that ended the run) against the part of workloads.memory's estimate
-            that the allocator counts: the GPU subtotal and its fragmentation allowance, without
-            the CUDA context, workspaces and NCCL buffers, which it never sees.
+4. memory:  each rank's GPU high-water mark (torch.cuda.max_memory_reserved) against the part of
+            workloads.memory's estimate that the allocator counts, within a stated tolerance
+            (smoke_verdicts.memory_check, MEMORY_COMPARED), with the allocator's retry count.
+
+The smoke's own process never initializes CUDA: the GPUs, torch's CUDA and NCCL, the allocator's
+settings and the attention kernel the ranks will run are read by a short-lived child
+(nvrx_eks.ops.gpu_env) and recorded under "device".
 
 Before any launch the plan is checked, each failure a one-line error naming the fix (exit 2): the
 preset must fit the GPU's memory (workloads.memory.check_fits), the disk where the runs go must
@@ -39,10 +43,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.table import Table
 
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
+from nvrx_eks.ops.smoke_report import final, result_so_far, write
+from nvrx_eks.ops.smoke_verdicts import faults_check, memory_check
 
 if TYPE_CHECKING:
     from workloads.config import TrainConfig
@@ -78,6 +83,11 @@ CHECKPOINTS_IN_FLIGHT = 2
 
 #: Tokens per sequence of a GPU smoke: the 1b preset's longest.
 GPU_SEQ_LEN = 2048
+#: Sequences per rank and step of a GPU smoke.
+GPU_BATCH_SIZE = 2
+#: The model of a GPU smoke without --preset (scripts/gpu-smoke-device.sh asks for small: one
+#: GPU runs every phase of it within the device's budget).
+DEFAULT_GPU_PRESET = "1b"
 
 #: The default wall-clock budget of a smoke, under 8 minutes: a GPU machine rented for a short
 #: slot (its start-up included) runs the whole smoke and has time left to run it again.
@@ -115,17 +125,6 @@ class Budget:
         self.longest_launch_s = max(self.longest_launch_s, result["wall_s"])
         return result
 
-
-#: What the memory check compares, in its report: torch's peak since the trainer reset it at the
-#: setup of the iteration that ended the run, against what workloads.memory says the caching
-#: allocator holds. The estimate's total adds the CUDA context, library workspaces and NCCL's
-#: buffers, which max_memory_reserved never counts.
-MEMORY_COMPARED = (
-    "max over ranks of torch.cuda.max_memory_reserved at run_end (the peak since the setup of the "
-    "iteration that ended the run) <= the estimate's GPU subtotal + fragmentation allowance "
-    "(estimate_allocated_gib); estimate_gib adds the CUDA context, workspaces and NCCL line, "
-    "which max_memory_reserved never counts"
-)
 
 #: A launch's exit code when this command was told to stop (SIGTERM, SIGHUP: run_local stops its
 #: launchers as an eviction would and returns 128 + the signal).
@@ -257,21 +256,37 @@ def check_fit(plan: SmokePlan, train: TrainConfig, gpu_name: str, gpu_memory_byt
     )
 
 
-def plan_for(dry_run: bool, preset: str | None, nproc: int | None) -> SmokePlan:
+def plan_for(dry_run: bool, preset: str | None, nproc: int | None, device: dict[str, Any] | None = None) -> SmokePlan:
+    """The dry run's plan, or the plan for the GPUs `device` describes (read_device)."""
     if dry_run:
         return SmokePlan(
             nproc=nproc or 2, preset=preset or "tiny", seq_len=64, batch_size=8, steps=20, interval=5, gpu=False
         )
-    import torch
+    gpus = device["gpus"] if device else []
+    return gpu_plan(len(gpus), gpus[0]["name"] if gpus else "", preset, nproc)
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return gpu_plan(gpus, torch.cuda.get_device_name(0) if gpus else "", preset, nproc)
+
+def read_device(preset: str | None) -> dict[str, Any]:
+    """The GPU machine as nvrx_eks.ops.gpu_env reads it in a child process, for `preset`'s shapes:
+    this process never initializes CUDA."""
+    from nvrx_eks.ops.gpu_env import read_gpu_facts
+
+    preset = preset or DEFAULT_GPU_PRESET
+    return read_gpu_facts(preset, gpu_seq_len(preset), GPU_BATCH_SIZE)
+
+
+def gpu_seq_len(preset: str) -> int:
+    """GPU_SEQ_LEN, or a shorter preset's longest (small); an unknown preset is refused by the
+    configuration, naming model.preset."""
+    from workloads.presets import MODEL_PRESETS
+
+    shape = MODEL_PRESETS.get(preset)
+    return min(GPU_SEQ_LEN, shape.max_seq_len) if shape else GPU_SEQ_LEN
 
 
 def gpu_plan(gpus: int, device_name: str, preset: str | None, nproc: int | None) -> SmokePlan:
     """The plan on a machine with `gpus` GPUs named `device_name`: one rank per GPU by default."""
     from nvrx_eks.facts.instances import PEAK_BF16_DENSE_TFLOPS
-    from workloads.presets import MODEL_PRESETS
 
     if gpus < 1:
         raise ConfigError(
@@ -281,16 +296,13 @@ def gpu_plan(gpus: int, device_name: str, preset: str | None, nproc: int | None)
     if nproc is not None and nproc > gpus:
         raise ConfigError(f"--nproc: {nproc} ranks need {nproc} GPUs; this machine has {gpus}")
     peak = next((tflops for model, tflops in PEAK_BF16_DENSE_TFLOPS.items() if model in device_name), None)
-    preset = preset or "1b"
-    # A preset shorter than GPU_SEQ_LEN (small) runs at its longest; an unknown one is refused
-    # by the configuration, naming model.preset.
-    shape = MODEL_PRESETS.get(preset)
+    preset = preset or DEFAULT_GPU_PRESET
     # nproc 1 leaves no second rank to hang; the hang then targets rank 0 after its exception.
     return SmokePlan(
         nproc=nproc or gpus,
         preset=preset,
-        seq_len=min(GPU_SEQ_LEN, shape.max_seq_len) if shape else GPU_SEQ_LEN,
-        batch_size=2,
+        seq_len=gpu_seq_len(preset),
+        batch_size=GPU_BATCH_SIZE,
         steps=30,
         interval=5,
         gpu=True,
@@ -339,24 +351,23 @@ def smoke(
     """Run the checks within `budget_s` seconds (None: DEFAULT_BUDGET_S); returns the measured
     results and writes them to out_dir/gpu_smoke.json after every phase ("complete": false until
     the last)."""
-    from workloads.memory import GIB, estimate_for
+    from workloads.memory import estimate_for
 
     console = console or Console()
-    plan = plan_for(dry_run, preset, nproc)
     out_dir = out_dir.resolve()
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError(f"--out: {out_dir} is not empty; choose a new directory")
     budget_s = DEFAULT_BUDGET_S if budget_s is None else budget_s
     if budget_s <= 0:
         raise ConfigError(f"--budget-s: {budget_s:g} is not above 0; give the seconds the smoke may take")
+    device = None if dry_run else read_device(preset)
+    plan = plan_for(dry_run, preset, nproc, device)
     faulted_dir = out_dir / "faulted"
     train = plan.train_config(faulted_dir)
     gpu_memory_bytes = None  # the GPU's, for the fit and for model.activation_checkpointing=auto
-    if plan.gpu:
-        import torch
-
-        gpu_memory_bytes = torch.cuda.get_device_properties(0).total_memory
-        check_fit(plan, train, torch.cuda.get_device_name(0), gpu_memory_bytes)
+    if device is not None:
+        gpu_memory_bytes = device["gpus"][0]["total_memory_bytes"]
+        check_fit(plan, train, device["gpus"][0]["name"], gpu_memory_bytes)
     check_room(room_needed(plan, train), out_dir)
     budget = Budget(budget_s)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -380,27 +391,22 @@ def smoke(
             "launcher_log_tail": _log_tail(faulted_dir / LAUNCHER_LOG),
         }
         if faulted["exit_code"] in STOPPED_CODES:
-            return _stopped(plan, checks, out_dir, console, budget_s)
-        return _report(plan, checks, out_dir, console, budget_s)
+            return final(plan, checks, out_dir, console, budget_s, device, stopped=True)
+        return final(plan, checks, out_dir, console, budget_s, device)
     start = starts[0]
-    restarts = [r for r in run.restarts(0) if r.layer == "inprocess"]
-    same_pids = all(r.pids[0] == r.pids[1] for r in restarts)
     checks["faults"] = {
-        "ok": faulted["exit_code"] == 0 and len(restarts) == 2 and same_pids,
-        "exit_code": faulted["exit_code"],
-        "inprocess_restarts": len(restarts),
-        "recovered_s": [round(r.end_t - r.begin_t, 2) for r in restarts],
-        "same_pids": same_pids,
+        **faults_check(run, plan.faults, faulted["exit_code"]),
         "backend": start.get("backend"),
         "commits": len(run.of("checkpoint_commit", rank=0)),
         "wall_s": faulted["wall_s"],
         **_throughput(run.of("step_end", rank=0)),
     }
     if faulted["exit_code"] in STOPPED_CODES:
-        return _stopped(plan, checks, out_dir, console, budget_s)
-    _write(out_dir, _result(plan, checks, budget_s, complete=False))
+        return final(plan, checks, out_dir, console, budget_s, device, stopped=True)
+    write(out_dir, result_so_far(plan, checks, budget_s, device, complete=False))
 
     # 2. Resume: a new launch continues from the last committed step.
+    run_ends = run.of("run_end")
     if budget.fits_a_launch():
         resumed = budget.launch(
             lambda: _run(
@@ -414,6 +420,7 @@ def smoke(
             )
         )
         faulted_end_t = run.events[-1]["t"]
+        run_ends += [e for e in resumed["run"].of("run_end") if e["t"] > faulted_end_t]
         cycle_starts = [e for e in resumed["run"].of("setup_end", rank=0) if e["t"] > faulted_end_t]
         resumed_from = cycle_starts[0]["resumed_from_step"] if cycle_starts else None
         checks["resume"] = {
@@ -424,10 +431,10 @@ def smoke(
             **_throughput([e for e in resumed["run"].of("step_end", rank=0) if e["t"] > faulted_end_t]),
         }
         if resumed["exit_code"] in STOPPED_CODES:
-            return _stopped(plan, checks, out_dir, console, budget_s)
+            return final(plan, checks, out_dir, console, budget_s, device, stopped=True)
     else:
         checks["resume"] = budget.skipped()
-    _write(out_dir, _result(plan, checks, budget_s, complete=False))
+    write(out_dir, result_so_far(plan, checks, budget_s, device, complete=False))
 
     # 3. Stall: async (from the faulted run) against synchronous saves.
     if budget.fits_a_launch():
@@ -452,28 +459,15 @@ def smoke(
             **_throughput(sync["run"].of("step_end", rank=0)),
         }
         if sync["exit_code"] in STOPPED_CODES:
-            return _stopped(plan, checks, out_dir, console, budget_s)
+            return final(plan, checks, out_dir, console, budget_s, device, stopped=True)
     else:
         checks["stall"] = budget.skipped()
-    _write(out_dir, _result(plan, checks, budget_s, complete=False))
+    write(out_dir, result_so_far(plan, checks, budget_s, device, complete=False))
 
     # 4. Memory: the high-water mark of each rank against the part of the estimate it measures.
     estimate = estimate_for(train, plan.nproc, bf16=plan.precision == "bf16", gpu_memory_bytes=gpu_memory_bytes)
-    allocator_counts = estimate.allocator_reserved
-    run_ends = [e for e in faulted["run"].of("run_end") if e.get("gpu_peak_reserved_bytes") is not None]
-    measured = max((e["gpu_peak_reserved_bytes"] for e in run_ends), default=None)
-    checks["memory"] = {
-        "compared": MEMORY_COMPARED,
-        "peak_reserved_gib": None if measured is None else round(measured / GIB, 2),
-        "iterations": sorted({e["iteration"] for e in run_ends}),
-        "estimate_allocated_gib": round(allocator_counts / GIB, 2),
-        "ratio": None if measured is None else round(measured / allocator_counts, 3),
-        "estimate_gib": round(estimate.total / GIB, 2),
-        "estimate_components_gib": {name: round(b / GIB, 3) for name, b in estimate.components()},
-        # On CPU there is no GPU memory to measure: the check is the estimate's presence.
-        "ok": measured is None if not plan.gpu else measured is not None and measured <= allocator_counts,
-    }
-    return _report(plan, checks, out_dir, console, budget_s)
+    checks["memory"] = memory_check(estimate, run_ends, plan.gpu, run.of("setup_end"))
+    return final(plan, checks, out_dir, console, budget_s, device)
 
 
 def _throughput(step_ends: list[dict[str, Any]]) -> dict[str, Any]:
@@ -493,83 +487,6 @@ def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     if not path.is_file():
         return []
     return path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
-
-
-def _report(
-    plan: SmokePlan, checks: dict[str, Any], out_dir: Path, console: Console, budget_s: float
-) -> dict[str, Any]:
-    """The final result of `checks`, written to out_dir/gpu_smoke.json and printed."""
-    result = _result(plan, checks, budget_s, complete=True)
-    _write(out_dir, result)
-    _print(result, console)
-    return result
-
-
-def _stopped(
-    plan: SmokePlan, checks: dict[str, Any], out_dir: Path, console: Console, budget_s: float
-) -> dict[str, Any]:
-    """The report when a launch ended because this command was told to stop: the phases so far,
-    incomplete, and no further launch (a timeout around the smoke waits for nothing more)."""
-    result = {**_result(plan, checks, budget_s, complete=False), "stopped": "by a signal during a launch"}
-    _write(out_dir, result)
-    _print(result, console)
-    return result
-
-
-def _result(plan: SmokePlan, checks: dict[str, Any], budget_s: float, *, complete: bool) -> dict[str, Any]:
-    """The report of the checks so far; `complete` once no phase is left to run. A phase skipped
-    for the budget proves nothing and fails nothing: it is listed under "skipped"."""
-    ran = {name: c for name, c in checks.items() if not c.get("skipped")}
-    result = {
-        "mode": "gpu" if plan.gpu else "dry-run (cpu, gloo)",
-        "nproc": plan.nproc,
-        "preset": plan.preset,
-        "precision": plan.precision,
-        "seq_len": plan.seq_len,
-        "batch_size": plan.batch_size,
-        "budget_s": budget_s,
-        "complete": complete,
-        "checks": checks,
-        "skipped": [name for name in checks if name not in ran],
-        "ok": complete and all(c["ok"] for c in ran.values()),
-    }
-    if plan.gpu:
-        import torch
-
-        result["device"] = torch.cuda.get_device_name(0)
-        result["torch"] = torch.__version__
-        result["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    return result
-
-
-def _write(out_dir: Path, result: dict[str, Any]) -> None:
-    """out_dir/gpu_smoke.json, replaced atomically: a smoke killed mid-write leaves the previous
-    phase's report whole, never a torn file."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    partial = out_dir / "gpu_smoke.json.tmp"
-    partial.write_text(json.dumps(result, indent=1))
-    os.replace(partial, out_dir / "gpu_smoke.json")
-
-
-def _print(result: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"GPU smoke: {result['mode']}, {result['nproc']} rank(s), preset {result['preset']}")
-    table.add_column("check")
-    table.add_column("result")
-    table.add_column("numbers")
-    for name, check in result["checks"].items():
-        hidden = ("ok", "skipped", "compared", "estimate_components_gib", "launcher_log_tail")
-        shown = (k for k in check if k not in hidden)
-        numbers = ", ".join(f"{k}={check[k]}" for k in shown)
-        if check.get("skipped"):
-            verdict = f"[yellow]skipped: {check['skipped']}[/]"
-        else:
-            verdict = "[green]ok[/]" if check["ok"] else "[red]FAILED[/]"
-        table.add_row(name, verdict, numbers)
-    console.print(table)
-    for check in result["checks"].values():
-        if check.get("launcher_log_tail"):
-            console.print("launcher log, last lines:", markup=False)
-            console.print("\n".join(check["launcher_log_tail"]), markup=False, highlight=False)
 
 
 def main(argv: list[str] | None = None) -> int:

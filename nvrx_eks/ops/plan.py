@@ -381,7 +381,7 @@ def plan_for_job(config: DeploymentConfig, train, nodes: int, **assumptions) -> 
             train,
             gpus,
             ranks_per_node=config.gpu_nodes.facts.gpus,
-            gpu_memory_bytes=config.gpu_nodes.facts.gpu_memory_gib * GIB,
+            gpu_memory_bytes=config.gpu_nodes.facts.gpu_cuda_memory_bytes,
         ),
         **assumptions,
     )
@@ -494,19 +494,24 @@ def print_plan(plan: Plan, config: DeploymentConfig, model: str, console: Consol
 
 def print_memory(memory: MemoryEstimate, config: DeploymentConfig, train, world_size: int, console: Console) -> None:
     facts = config.gpu_nodes.facts
-    verdict = "fits" if memory.total <= facts.gpu_memory_gib * GIB else "does NOT fit"
+    verdict = "fits" if memory.total <= facts.gpu_cuda_memory_bytes else "does NOT fit"
     accumulation = train.data.accumulation(world_size)
     console.print(
         f"Memory per GPU ({train.model.name}, {train.data.batch_size} x {train.data.seq_len} tokens per "
         f"micro-batch, {accumulation} per step: global batch "
         f"{world_size * train.data.batch_size * train.data.seq_len * accumulation:,} tokens, "
         f"{describe_checkpointing(train, memory)}, "
-        f"world {world_size}): {memory.total / GIB:.1f} GiB of {facts.gpu_memory_gib} GiB "
+        f"world {world_size}): {memory.total / GIB:.1f} GiB of {facts.gpu_cuda_memory_bytes / GIB:.1f} GiB "
         f"({facts.gpu_model}): {verdict}"
     )
     for name, nbytes in memory.components():
         console.print(f"  {name:<44} {nbytes / GIB:6.1f} GiB")
     console.print(f"  [dim]host memory for checkpoint staging: {memory.host_staging / GIB:.1f} GiB per rank[/]")
+    if train.checkpoint.local.enabled:
+        console.print(
+            f"  [dim]host memory of the node-local tier's copy: {memory.local_tier_copy / GIB:.1f} GiB per rank "
+            "(pinned: each tensor rounded up to a power of two)[/]"
+        )
 
 
 def print_scaling(config: DeploymentConfig, plan_for_nodes, node_counts: list[int], console: Console) -> None:

@@ -183,7 +183,7 @@ def test_the_gpu_smoke_runs_from_what_the_image_holds(tmp_path):
         "    runpy.run_module('nvrx_eks.ops.gpu_smoke', run_name='__main__')\n"
         "except SystemExit:\n"
         "    pass\n"
-        "import nvrx_eks.local.runner, nvrx_eks.ops.gpu_smoke\n"
+        "import nvrx_eks.local.runner, nvrx_eks.ops.gpu_smoke, nvrx_eks.ops.gpu_env\n"
         "ours = {m.__name__: getattr(m, '__file__', None) for m in list(sys.modules.values())\n"
         "        if m.__name__.split('.')[0] in ('nvrx_eks', 'workloads')}\n"
         "print(json.dumps(ours))\n"
@@ -196,6 +196,7 @@ def test_the_gpu_smoke_runs_from_what_the_image_holds(tmp_path):
     assert "--budget-s" in result.stdout  # the smoke's own --help
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
     assert "nvrx_eks.ops.gpu_smoke" in loaded and "nvrx_eks.local.runner" in loaded
+    assert "nvrx_eks.ops.gpu_env" in loaded  # the child that reads the GPUs (imported lazily)
     outside = {name: path for name, path in loaded.items() if path and not Path(path).is_relative_to(tmp_path)}
     assert outside == {}, f"imported from outside the image's files: {outside}"
 

@@ -176,7 +176,10 @@ def test_a_fixed_count_that_does_not_fit_is_refused_with_the_fix():
 def test_the_render_summary_and_the_plan_show_the_chosen_count():
     config = resolve_config("p5")
     nodes = config.gpu_nodes.desired_size
-    chosen = _on(_auto_8b(), nodes * 8, H100.gpu_memory_gib).checkpointed_blocks
+    # The trainer divides the memory CUDA reports (training.resolve_checkpointed_blocks): so do they.
+    cuda_reported = estimate_for(_auto_8b(), nodes * 8, ranks_per_node=8, gpu_memory_bytes=H100.gpu_cuda_memory_bytes)
+    chosen = cuda_reported.checkpointed_blocks
+    assert chosen != _on(_auto_8b(), nodes * 8, H100.gpu_memory_gib).checkpointed_blocks  # 18, not 17: the edge
     shown = f"activation checkpointing on {chosen} of 32 blocks (auto: the fewest that fit)"
     render = run_cli("render", "-p", "p5")
     assert render.code == 0, render.stderr

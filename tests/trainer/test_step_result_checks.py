@@ -146,7 +146,7 @@ def test_the_attention_kernel_is_the_one_torch_dispatches_to():
     from workloads.presets import MODEL_PRESETS
 
     shape = MODEL_PRESETS["small"]
-    recorded = attention_kernel(shape, 256, torch.device("cpu"), torch.float32)
+    recorded = attention_kernel(shape, 256, 2, torch.device("cpu"), torch.float32)
     assert set(recorded) == {
         "sdpa_kernel",
         "sdpa_flash_enabled",
@@ -156,7 +156,7 @@ def test_the_attention_kernel_is_the_one_torch_dispatches_to():
     }
     assert recorded["sdpa_kernel"] in {name.lower() for name in SDPBackend.__members__}
     with sdpa_kernel([SDPBackend.MATH]):  # the switches an operator may flip
-        assert attention_kernel(shape, 256, torch.device("cpu"), torch.float32)["sdpa_kernel"] == "math"
+        assert attention_kernel(shape, 256, 2, torch.device("cpu"), torch.float32)["sdpa_kernel"] == "math"
 
 
 def test_the_same_step_diverging_again_after_the_restart_ends_the_job(tmp_path, monkeypatch):

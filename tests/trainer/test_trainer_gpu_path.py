@@ -140,7 +140,7 @@ def test_render_refuses_a_job_that_does_not_fit_with_the_numbers():
     with pytest.raises(ConfigError) as err:
         build_jobspec(resolve_config("p5"), nodes=2, name="big", train=train)
     message = str(err.value)
-    assert "GiB per GPU" in message and "80 GiB of one H100" in message
+    assert "GiB per GPU" in message and "79.2 GiB of one H100" in message
     assert "model.activation_checkpointing=true" in message
     ok = load_train_config(None, ["model.preset=8b", "data.seq_len=8192", "data.batch_size=2"], None)
     assert build_jobspec(resolve_config("p5"), nodes=2, name="fits", train=ok).train.model.preset == "8b"
@@ -555,5 +555,5 @@ def test_render_command_exits_2_with_the_numbers_when_the_job_cannot_fit():
     result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 2, result.stderr
     message = " ".join(result.stderr.split())
-    assert "GiB per GPU" in message and "exceeds the 80 GiB of one H100" in message
+    assert "GiB per GPU" in message and "exceeds the 79.2 GiB of one H100" in message
     assert "Traceback" not in result.stderr and result.stdout == ""
