@@ -12,11 +12,15 @@ from pathlib import Path
 import yaml
 
 from infra.config import resolve_config
+from nvrx_eks.facts.instances import INSTANCE_FACTS
 from tests.support.cli_harness import run_cli
 from tests.support.hf_checkpoints import LLAMA_3_1_8B
 from tests.support.profiles import profile_file
 from workloads.config import TrainConfig
 from workloads.memory import GIB, estimate_for
+
+#: What one H100 offers a job, as the summary and the plan state it (CUDA's figure, not the 80 GB label).
+H100_GIB = INSTANCE_FACTS["p5.48xlarge"].gpu_cuda_memory_bytes / GIB
 
 #: Llama 3.1 70B's shape: 16 B of state per parameter over 16 H100s is ~66 GiB alone.
 LLAMA_3_1_70B = {
@@ -61,7 +65,7 @@ def test_render_set_model_fields_checks_the_memory_of_that_shape():
     memory = estimate_for(cfg, 16, ranks_per_node=8, gpu_memory_bytes=80 * GIB)
     preset = estimate_for(TrainConfig.from_dict({**train, "model": {"preset": "8b"}}), 16, ranks_per_node=8)
     assert memory.checkpointed_blocks > 0 and memory.total != preset.total
-    assert f"memory: ~{memory.total / GIB:.1f} of 80 GiB per H100" in summary
+    assert f"memory: ~{memory.total / GIB:.1f} of {H100_GIB:.1f} GiB per H100" in summary
     assert f"activation checkpointing on {memory.checkpointed_blocks} of 40 blocks" in summary
 
 
@@ -80,7 +84,7 @@ def test_a_shape_that_cannot_fit_is_refused_with_the_fix_and_fits_on_more_nodes(
     assert line.startswith(
         "error: --train-config/--set: model 8b with dim=8192, n_layers=80, n_heads=64, ffn_dim=28672"
     )
-    assert "exceeds the 80 GiB of one H100 (p5.48xlarge)" in line
+    assert f"exceeds the {H100_GIB:.1f} GiB of one H100 (p5.48xlarge)" in line
     assert "a smaller data.batch_size (now 2)" in line and "more nodes" in line
     config = str(profile_file(tmp_path / "profile", gpu_nodes__max_size=16))
     train, summary = _rendered("-c", config, "--nodes", "8", "--set", f"model.shape_from={source}")
@@ -96,7 +100,9 @@ def test_plan_shows_the_set_shape_its_state_and_its_memory(tmp_path):
     assert "model 8b with dim=8192, n_layers=80, n_heads=64, ffn_dim=28672, max_seq_len=131072:" in out
     state_gb = float(re.search(r"model [^:]*: (\d+) GB of checkpointed state", out).group(1))
     assert 840 < state_gb < 850  # 12 B x 70.6 B parameters, not the 8b preset's 96 GB
-    assert re.search(r"Memory per GPU \(8b with dim=8192.*?world 64\): [\d.]+ GiB of 80 GiB \(H100\): fits", out)
+    assert re.search(
+        rf"Memory per GPU \(8b with dim=8192.*?world 64\): [\d.]+ GiB of {H100_GIB:.1f} GiB \(H100\): fits", out
+    )
 
 
 # ----- the existing-cluster trap --------------------------------------------------------------------
