@@ -237,6 +237,22 @@ def merged_bars(bars: list[tuple[float, float]], limit: int = MAX_BARS_PER_LANE_
     return out
 
 
+#: Each part of the timeline's colour; the legend names them.
+TIMELINE_COLOURS = {
+    "kept": "#4c9a2a",
+    "replayed": "#b0b0b0",
+    "stall": "#d62728",
+    # A lighter red: still a stall, but the warm-up of a new process, not what a save costs.
+    "first_save": "#f5a3a3",
+    "write": "#ff9f40",
+    "inprocess": "#9467bd",
+    "launcher": "#1f77b4",
+    "kubernetes": "#17becf",
+    "setup": "#c6dbef",
+    "eval": "#8c564b",
+}
+
+
 def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]:
     """The timeline figure and the labels of the faults marked on it (plot_timeline saves it).
     Each lane draws one bar collection per colour, with every segment of that colour in it, so
@@ -245,7 +261,6 @@ def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
     start = run.events[0]["t"]
     ranks = run.ranks
@@ -253,56 +268,69 @@ def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]
     for e in run.events:
         by_rank[e["rank"]].append(e)
     fig, ax = plt.subplots(figsize=(13, 2.2 + 0.8 * len(ranks)))
-    colors = {
-        "kept": "#4c9a2a",
-        "replayed": "#b0b0b0",
-        "stall": "#d62728",
-        # A lighter red: still a stall, but the warm-up of a new process, not what a save costs.
-        "first_save": "#f5a3a3",
-        "write": "#ff9f40",
-        "inprocess": "#9467bd",
-        "launcher": "#1f77b4",
-        "kubernetes": "#17becf",
-        "setup": "#c6dbef",
-        "eval": "#8c564b",
-    }
-
-    def bars(segments: list[tuple[float, float]], lane: tuple[float, float], color: str, **kwargs: Any) -> None:
-        if segments:
-            ax.broken_barh(merged_bars(segments), lane, facecolors=color, **kwargs)
-
-    restart_windows: set[tuple[str, float, float]] = set()
     for y, rank in enumerate(ranks):
-        mine = by_rank[rank]
-        ends = [e for e in mine if e["event"] == "step_end"]
-        last_index = {e["step"]: i for i, e in enumerate(ends)}
-        kept: list[tuple[float, float]] = []
-        replayed: list[tuple[float, float]] = []
-        for i, e in enumerate(ends):
-            (kept if last_index[e["step"]] == i else replayed).append((e["t"] - e["step_s"] - start, e["step_s"]))
-        lane = (y - 0.3, 0.6)
-        bars(kept, lane, colors["kept"], linewidth=0)
-        bars(replayed, lane, colors["replayed"], linewidth=0)
-        setups = [(e["t"] - e["setup_s"] - start, e["setup_s"]) for e in mine if e["event"] == "setup_end"]
-        bars(setups, lane, colors["setup"])
-        evals = [(e["t"] - e["eval_s"] - start, e["eval_s"]) for e in mine if e["event"] == "eval_end"]
-        bars(evals, lane, colors["eval"], linewidth=0)
-        # An in-process restart can save the same step again in the same process: key by iteration too.
-        stalls = {(e["pid"], e["iteration"], e["step"]): e for e in mine if e["event"] == "checkpoint_stall"}
-        first_saves, steady_saves = split_first_saves(list(stalls.values()))
-        bars([(e["t"] - e["stall_s"] - start, e["stall_s"]) for e in first_saves], lane, colors["first_save"])
-        bars([(e["t"] - e["stall_s"] - start, e["stall_s"]) for e in steady_saves], lane, colors["stall"])
-        writes = []
-        for e in mine:
-            if e["event"] == "checkpoint_write_end":
-                stall = stalls.get((e["pid"], e["iteration"], e["step"]))
-                begin = stall["t"] if stall else e["t"] - e["write_s"]
-                writes.append((begin - start, e["t"] - begin))
-        bars(writes, (y + 0.32, 0.12), colors["write"])
-        # Every rank sees the same restart: shade each window once.
-        restart_windows.update((r.layer, r.begin_t, r.end_t) for r in run.restarts(rank))
-    for layer, begin_t, end_t in sorted(restart_windows):
-        ax.axvspan(begin_t - start, end_t - start, ymin=0, ymax=1, color=colors[layer], alpha=0.12)
+        _draw_lane(ax, y, by_rank[rank], start)
+    _shade_restarts(ax, run, start)
+    marked = _mark_faults(ax, run, start)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_ylim(-0.7, len(ranks) - 0.2 + 0.5)
+    ax.set_xlabel("seconds since start")
+    ax.set_title(
+        f"goodput {breakdown.goodput:.1%} - steps, checkpoints, faults and restarts "
+        f"({format_restarts(breakdown.restarts)})"
+    )
+    _legend(fig)
+    fig.tight_layout(rect=(0, 0.17, 1, 1))
+    return fig, marked
+
+
+def _bars(ax: Any, segments: list[tuple[float, float]], lane: tuple[float, float], part: str, **kwargs: Any) -> None:
+    """One bar collection of `part`'s colour holding every (start, width) segment, merged."""
+    if segments:
+        ax.broken_barh(merged_bars(segments), lane, facecolors=TIMELINE_COLOURS[part], **kwargs)
+
+
+def _draw_lane(ax: Any, y: int, events: list[dict[str, Any]], start: float) -> None:
+    """One rank's lane at height `y`: its steps (kept / replayed), setups, evaluations,
+    checkpoint stalls (first saves apart) and, above them, the background writes."""
+    ends = [e for e in events if e["event"] == "step_end"]
+    last_index = {e["step"]: i for i, e in enumerate(ends)}
+    kept: list[tuple[float, float]] = []
+    replayed: list[tuple[float, float]] = []
+    for i, e in enumerate(ends):
+        (kept if last_index[e["step"]] == i else replayed).append((e["t"] - e["step_s"] - start, e["step_s"]))
+    lane = (y - 0.3, 0.6)
+    _bars(ax, kept, lane, "kept", linewidth=0)
+    _bars(ax, replayed, lane, "replayed", linewidth=0)
+    setups = [(e["t"] - e["setup_s"] - start, e["setup_s"]) for e in events if e["event"] == "setup_end"]
+    _bars(ax, setups, lane, "setup")
+    evals = [(e["t"] - e["eval_s"] - start, e["eval_s"]) for e in events if e["event"] == "eval_end"]
+    _bars(ax, evals, lane, "eval", linewidth=0)
+    # An in-process restart can save the same step again in the same process: key by iteration too.
+    stalls = {(e["pid"], e["iteration"], e["step"]): e for e in events if e["event"] == "checkpoint_stall"}
+    first_saves, steady_saves = split_first_saves(list(stalls.values()))
+    _bars(ax, [(e["t"] - e["stall_s"] - start, e["stall_s"]) for e in first_saves], lane, "first_save")
+    _bars(ax, [(e["t"] - e["stall_s"] - start, e["stall_s"]) for e in steady_saves], lane, "stall")
+    writes = []
+    for e in events:
+        if e["event"] == "checkpoint_write_end":
+            stall = stalls.get((e["pid"], e["iteration"], e["step"]))
+            begin = stall["t"] if stall else e["t"] - e["write_s"]
+            writes.append((begin - start, e["t"] - begin))
+    _bars(ax, writes, (y + 0.32, 0.12), "write")
+
+
+def _shade_restarts(ax: Any, run: RunEvents, start: float) -> None:
+    """Each restart window across every lane, in the colour of the layer that recovered it."""
+    # Every rank sees the same restart: shade each window once.
+    windows = {(r.layer, r.begin_t, r.end_t) for rank in run.ranks for r in run.restarts(rank)}
+    for layer, begin_t, end_t in sorted(windows):
+        ax.axvspan(begin_t - start, end_t - start, ymin=0, ymax=1, color=TIMELINE_COLOURS[layer], alpha=0.12)
+
+
+def _mark_faults(ax: Any, run: RunEvents, start: float) -> list[str]:
+    """A cross on the lane of each injected fault's rank, labelled KIND@STEP; returns the labels."""
+    ranks = run.ranks
     marked = []
     for f in run.of("fault_injected"):
         marked.append(fault_label(f))
@@ -315,25 +343,26 @@ def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]
             fontsize=8,
             fontweight="bold",
         )
-    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-    ax.set_ylim(-0.7, len(ranks) - 0.2 + 0.5)
-    ax.set_xlabel("seconds since start")
-    ax.set_title(
-        f"goodput {breakdown.goodput:.1%} - steps, checkpoints, faults and restarts "
-        f"({format_restarts(breakdown.restarts)})"
-    )
+    return marked
+
+
+def _legend(fig: Any) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    colours = TIMELINE_COLOURS
     fig.legend(
         handles=[
-            Patch(color=colors["setup"], label="start-up / checkpoint load"),
-            Patch(color=colors["kept"], label="step (kept)"),
-            Patch(color=colors["replayed"], label="step (replayed after a fault)"),
-            Patch(color=colors["eval"], label="evaluation (held-out split)"),
-            Patch(color=colors["first_save"], label="first save of a process (warm-up)"),
-            Patch(color=colors["stall"], label="checkpoint stall"),
-            Patch(color=colors["write"], label="checkpoint background write"),
-            Patch(color=colors["inprocess"], alpha=0.3, label="in-process restart"),
-            Patch(color=colors["launcher"], alpha=0.3, label="ft_launcher restart"),
-            Patch(color=colors["kubernetes"], alpha=0.3, label="JobSet restart (new pods)"),
+            Patch(color=colours["setup"], label="start-up / checkpoint load"),
+            Patch(color=colours["kept"], label="step (kept)"),
+            Patch(color=colours["replayed"], label="step (replayed after a fault)"),
+            Patch(color=colours["eval"], label="evaluation (held-out split)"),
+            Patch(color=colours["first_save"], label="first save of a process (warm-up)"),
+            Patch(color=colours["stall"], label="checkpoint stall"),
+            Patch(color=colours["write"], label="checkpoint background write"),
+            Patch(color=colours["inprocess"], alpha=0.3, label="in-process restart"),
+            Patch(color=colours["launcher"], alpha=0.3, label="ft_launcher restart"),
+            Patch(color=colours["kubernetes"], alpha=0.3, label="JobSet restart (new pods)"),
             plt.Line2D([], [], marker="X", color="black", linestyle="", label="fault injected"),
         ],
         loc="lower center",
@@ -341,8 +370,6 @@ def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]
         fontsize=8,
         frameon=False,
     )
-    fig.tight_layout(rect=(0, 0.17, 1, 1))
-    return fig, marked
 
 
 def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]:
