@@ -27,6 +27,7 @@ from nvrx_eks.local.throughput_chart import plot_throughput
 from workloads.events import (
     LAYER_NAMES,
     RunEvents,
+    RunReport,
     events_dir,
     fault_label,
     load_run,
@@ -57,23 +58,16 @@ class FaultRecovery:
 
 @dataclass(frozen=True)
 class Breakdown:
-    wall_s: float
-    productive_s: float
-    checkpoint_stall_s: float
-    eval_s: float
-    replayed_s: float
-    recovery_s: float
-    other_s: float  # start-up, launcher restarts, shutdown
-    goodput: float
-    final_step: int
-    saves: int
-    median_stall_s: float | None
-    #: Of checkpoint_stall_s, the first save of each process (warm-up: workloads.events.split_first_saves)
+    """The run as `report` shows it: its goodput split as the rank saw it (the one split the
+    trainer's summary.json and `nvrx-eks bench` read too), and what the report adds to it."""
+
+    split: RunReport
+    #: Of split.checkpoint_stall_s, the first save of each process (warm-up: workloads.events.split_first_saves)
     #: and how many such saves; the median of the other (steady) saves, None without one.
     first_save_stall_s: float
     first_saves: int
     steady_median_stall_s: float | None
-    restarts: dict[str, int]
+    #: Each fault once (one injected on several ranks is one), with its recovery, oldest first.
     faults: list[FaultRecovery]
     #: workloads.metrics.summarize_throughput of the rank's steps (None fields on older runs).
     throughput: dict[str, Any]
@@ -113,21 +107,10 @@ def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
     first_saves, steady_saves = split_first_saves(run.of("checkpoint_stall", rank=rank))
     steady_stalls_s = [e["stall_s"] for e in steady_saves]
     return Breakdown(
-        wall_s=summary.wall_s,
-        productive_s=summary.productive_s,
-        checkpoint_stall_s=summary.checkpoint_stall_s,
-        eval_s=summary.eval_s,
-        replayed_s=summary.replayed_s,
-        recovery_s=summary.recovery_s,
-        other_s=summary.other_s,
-        goodput=summary.goodput,
-        final_step=summary.final_step,
-        saves=summary.saves,
-        median_stall_s=summary.median_stall_s,
+        split=summary,
         first_save_stall_s=sum(e["stall_s"] for e in first_saves),
         first_saves=len(first_saves),
         steady_median_stall_s=statistics.median(steady_stalls_s) if steady_stalls_s else None,
-        restarts=summary.restarts_by_layer(),
         faults=sorted(unique, key=lambda f: f.t),
         throughput=summarize_throughput(step_ends),
         last_eval=(evals[-1]["step"], evals[-1]["loss"]) if evals else None,
@@ -135,27 +118,27 @@ def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
 
 
 def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> None:
-    b = breakdown
+    b, split = breakdown, breakdown.split
     table = Table(title=f"Where the time went: {escape(str(run_dir))}")
     table.add_column("")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
     for name, seconds in (
-        ("productive steps", b.productive_s),
+        ("productive steps", split.productive_s),
         # Apart, so that the warm-up's seconds are not read as what every save costs.
-        ("checkpoint stalls: steady", b.checkpoint_stall_s - b.first_save_stall_s),
+        ("checkpoint stalls: steady", split.checkpoint_stall_s - b.first_save_stall_s),
         ("checkpoint stalls: first saves (warm-up)", b.first_save_stall_s),
-        ("evaluation (held-out split)", b.eval_s),
-        ("replayed (lost) steps", b.replayed_s),
-        ("fault detection + restart", b.recovery_s),
-        ("start-up, launcher restarts, other", b.other_s),
+        ("evaluation (held-out split)", split.eval_s),
+        ("replayed (lost) steps", split.replayed_s),
+        ("fault detection + restart", split.recovery_s),
+        ("start-up, launcher restarts, other", split.other_s),
     ):
-        table.add_row(name, f"{seconds:.1f}", f"{seconds / b.wall_s:.1%}" if b.wall_s else "-")
-    table.add_row("[bold]wall time[/]", f"[bold]{b.wall_s:.1f}[/]", "")
+        table.add_row(name, f"{seconds:.1f}", f"{seconds / split.wall_s:.1%}" if split.wall_s else "-")
+    table.add_row("[bold]wall time[/]", f"[bold]{split.wall_s:.1f}[/]", "")
     console.print(table)
     console.print(
-        f"final step {b.final_step}, goodput {b.goodput:.1%}, checkpoint stall {format_stalls(b)}, restarts "
-        f"{format_restarts(b.restarts)}"
+        f"final step {split.final_step}, goodput {split.goodput:.1%}, checkpoint stall {format_stalls(b)}, "
+        f"restarts {format_restarts(split.restarts_by_layer())}"
     )
     print_throughput(b.throughput, console)
     if b.last_eval is not None:
@@ -183,9 +166,9 @@ def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> No
 
 def format_stalls(b: Breakdown) -> str:
     """`median 36 ms over 9 steady saves (first saves of 2 processes: 13.9 s of warm-up)`."""
-    if not b.saves:
+    if not b.split.saves:
         return "none"
-    steady_saves = b.saves - b.first_saves
+    steady_saves = b.split.saves - b.first_saves
     plural = "" if steady_saves == 1 else "s"
     steady = (
         f"median {b.steady_median_stall_s * 1000:.0f} ms over {steady_saves} steady save{plural}"
@@ -276,8 +259,8 @@ def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]
     ax.set_ylim(-0.7, len(ranks) - 0.2 + 0.5)
     ax.set_xlabel("seconds since start")
     ax.set_title(
-        f"goodput {breakdown.goodput:.1%} - steps, checkpoints, faults and restarts "
-        f"({format_restarts(breakdown.restarts)})"
+        f"goodput {breakdown.split.goodput:.1%} - steps, checkpoints, faults and restarts "
+        f"({format_restarts(breakdown.split.restarts_by_layer())})"
     )
     _legend(fig)
     fig.tight_layout(rect=(0, 0.17, 1, 1))
@@ -416,5 +399,31 @@ def run(run_dir: Path, png: Path | None, json_path: Path | None, console: Consol
     return breakdown
 
 
+#: The split's parts `report --json` writes first, in this order.
+_JSON_SPLIT_PARTS = (
+    "wall_s",
+    "productive_s",
+    "checkpoint_stall_s",
+    "eval_s",
+    "replayed_s",
+    "recovery_s",
+    "other_s",
+    "goodput",
+    "final_step",
+    "saves",
+    "median_stall_s",
+)
+
+
 def _jsonable(breakdown: Breakdown) -> dict[str, Any]:
-    return asdict(breakdown)
+    b = breakdown
+    return {
+        **{part: getattr(b.split, part) for part in _JSON_SPLIT_PARTS},
+        "first_save_stall_s": b.first_save_stall_s,
+        "first_saves": b.first_saves,
+        "steady_median_stall_s": b.steady_median_stall_s,
+        "restarts": b.split.restarts_by_layer(),
+        "faults": [asdict(f) for f in b.faults],
+        "throughput": b.throughput,
+        "last_eval": b.last_eval,
+    }
