@@ -42,7 +42,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workloads.events import RunEvents, fault_label, summarize
+from workloads.events import RunEvents, RunReport, fault_label, summarize
+from workloads.goodput import WallTimeSplit
 
 
 class IncompleteRun(ValueError):
@@ -261,40 +262,30 @@ def recovery_medians(recoveries: list[Recovery]) -> dict[str, Any]:
 # ----- P4: goodput ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Goodput:
-    """P4's record of a run: `workloads.events.summarize`'s split with recovery and the rest in
-    one part (`other_s`), as P4's table, chart and stored results have always shown it."""
-
-    goodput: float
-    wall_s: float
-    productive_s: float
-    checkpoint_stall_s: float  # the trainer's hand-off stalls
-    replayed_s: float  # steps computed again after a restart
-    other_s: float  # detection, restarts and relaunches, start-up, commits, shutdown
-    final_step: int
-    lost_steps: int
-    saves: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def goodput(run: RunEvents, rank: int = 0) -> Goodput:
+def goodput_split(run: RunEvents, rank: int = 0) -> RunReport:
+    """The run's goodput split as `rank` saw it: `workloads.events.summarize`, the one split
+    `nvrx-eks report` and the trainer's summary.json read too. A run without a step has none."""
     split = summarize(run, rank)
     if split.final_step == 0:
         raise IncompleteRun("the run completed no step")
-    return Goodput(
-        goodput=split.goodput,
-        wall_s=split.wall_s,
-        productive_s=split.productive_s,
-        checkpoint_stall_s=split.checkpoint_stall_s,
-        replayed_s=split.replayed_s,
-        other_s=split.recovery_s + split.other_s,
-        final_step=split.final_step,
-        lost_steps=split.lost_steps,
-        saves=split.saves,
-    )
+    return split
+
+
+def goodput_record(split: WallTimeSplit) -> dict[str, Any]:
+    """P4's (and P5's) record of a run in bench.json: the split with recovery and the rest in one
+    part (`other_s`), as P4's table, chart and stored results have always shown it."""
+    return {
+        "goodput": split.goodput,
+        "wall_s": split.wall_s,
+        "productive_s": split.productive_s,
+        "checkpoint_stall_s": split.checkpoint_stall_s,  # the trainer's hand-off stalls
+        "replayed_s": split.replayed_s,  # steps computed again after a restart
+        # detection, restarts and relaunches, start-up, commits, shutdown
+        "other_s": split.recovery_s + split.other_s,
+        "final_step": split.final_step,
+        "lost_steps": split.lost_steps,
+        "saves": split.saves,
+    }
 
 
 # ----- P5: restores ---------------------------------------------------------------------------

@@ -30,10 +30,17 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from workloads.device import Runtime
 
 
-def _timed(fn, synchronize) -> float:
+def _timed(fn: Callable[[], None], synchronize: Callable[[], None]) -> float:
     started = time.perf_counter()
     fn()
     synchronize()
@@ -41,12 +48,30 @@ def _timed(fn, synchronize) -> float:
 
 
 def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
+    """One rank: the trainer's state, its copies timed, rank 0 writing every rank's timings."""
+    runtime, sources = _trainer_state(rank, args, port)
+    import torch.distributed as dist
+
+    mine = {"rank": rank, **_time_copies(sources, runtime, args.repeats)}
+    gathered: list[dict | None] = [None] * args.nproc
+    dist.all_gather_object(gathered, mine)
+    if rank == 0:
+        # all_gather_object fills every slot
+        result = _floor_result([g for g in gathered if g is not None], args, runtime)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    # Both ranks leave together: a rank tearing gloo down while its peer is still in the last
+    # collective's aftermath has aborted here ("terminate called without an active exception").
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _trainer_state(rank: int, args: argparse.Namespace, port: int) -> tuple[Runtime, list[torch.Tensor]]:
+    """This rank in the process group, and the local tensors of the state the trainer
+    checkpoints, built exactly as the trainer builds it, after one training step."""
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(args.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank)
     )
-    import torch
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
 
     from workloads.config import TrainConfig
     from workloads.device import resolve_runtime
@@ -70,21 +95,30 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
     inputs, targets = training.batches.next_batch()
     training.model(inputs.to(runtime.device), targets.to(runtime.device)).backward()
     training.optimizer.step()  # creates the AdamW moments, which are two thirds of the checkpoint
+    state = {"model": training.states["model"].state_dict(), "optim": training.states["optim"].state_dict()}
+    return runtime, _local_tensors(state)
 
-    model_sd, optim_sd = training.states["model"].state_dict(), training.states["optim"].state_dict()
-    sources: list[torch.Tensor] = []
 
-    def collect(value) -> None:
-        if isinstance(value, dict):
-            for item in value.values():
-                collect(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                collect(item)
-        elif isinstance(value, torch.Tensor):
-            sources.append(value.to_local() if isinstance(value, DTensor) else value)
+def _local_tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a nested state dict, a DTensor as this rank's shard of it."""
+    import torch
+    from torch.distributed.tensor import DTensor
 
-    collect({"model": model_sd, "optim": optim_sd})
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _local_tensors(item)]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _local_tensors(item)]
+    if isinstance(value, torch.Tensor):
+        return [value.to_local() if isinstance(value, DTensor) else value]
+    return []
+
+
+def _time_copies(sources: list[torch.Tensor], runtime: Runtime, repeats: int) -> dict[str, Any]:
+    """This rank's state size and, for each of `repeats` rounds after a first one, the time to
+    copy it into staging buffers allocated beforehand and to clone it to the host."""
+    import torch
+    import torch.distributed as dist
+
     pin = runtime.is_cuda
     staging = [torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin) for t in sources]
     synchronize = torch.cuda.synchronize if runtime.is_cuda else (lambda: None)
@@ -99,7 +133,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
         del snapshot
 
     copies, clones = [], []
-    for index in range(args.repeats + 1):
+    for index in range(repeats + 1):
         dist.barrier()
         copy_s = _timed(copy_into_staging, synchronize)
         dist.barrier()
@@ -107,40 +141,35 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
         if index > 0:  # the first round faults the staging pages in
             copies.append(copy_s)
             clones.append(clone_s)
-    mine = {
-        "rank": rank,
+    return {
         "bytes": sum(t.numel() * t.element_size() for t in sources),
         "tensors": len(sources),
         "copy_s": copies,
         "clone_s": clones,
     }
-    gathered: list[dict | None] = [None] * args.nproc
-    dist.all_gather_object(gathered, mine)
-    if rank == 0:
-        per_rank = [
-            {**g, "copy_median_s": statistics.median(g["copy_s"]), "clone_median_s": statistics.median(g["clone_s"])}
-            for g in gathered
-            if g is not None  # all_gather_object fills every slot
-        ]
-        slowest = max(per_rank, key=lambda g: g["copy_median_s"])
-        result = {
-            "preset": args.preset,
-            "nproc": args.nproc,
-            "device": runtime.device.type,
-            "dist_backend": runtime.backend,
-            "repeats": args.repeats,
-            "bytes_per_rank": max(g["bytes"] for g in per_rank),
-            "copy_s": slowest["copy_median_s"],
-            "clone_s": max(g["clone_median_s"] for g in per_rank),
-            "copy_gbps": slowest["bytes"] / slowest["copy_median_s"] / 1e9,
-            "destination": "pinned host memory" if pin else "host memory",
-            "per_rank": per_rank,
-        }
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    # Both ranks leave together: a rank tearing gloo down while its peer is still in the last
-    # collective's aftermath has aborted here ("terminate called without an active exception").
-    dist.barrier()
-    dist.destroy_process_group()
+
+
+def _floor_result(gathered: list[dict], args: argparse.Namespace, runtime: Runtime) -> dict[str, Any]:
+    """The floor: each rank's medians, and the slowest rank's, since a snapshot is complete
+    when the slowest rank's copy is."""
+    per_rank = [
+        {**g, "copy_median_s": statistics.median(g["copy_s"]), "clone_median_s": statistics.median(g["clone_s"])}
+        for g in gathered
+    ]
+    slowest = max(per_rank, key=lambda g: g["copy_median_s"])
+    return {
+        "preset": args.preset,
+        "nproc": args.nproc,
+        "device": runtime.device.type,
+        "dist_backend": runtime.backend,
+        "repeats": args.repeats,
+        "bytes_per_rank": max(g["bytes"] for g in per_rank),
+        "copy_s": slowest["copy_median_s"],
+        "clone_s": max(g["clone_median_s"] for g in per_rank),
+        "copy_gbps": slowest["bytes"] / slowest["copy_median_s"] / 1e9,
+        "destination": "pinned host memory" if runtime.is_cuda else "host memory",
+        "per_rank": per_rank,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

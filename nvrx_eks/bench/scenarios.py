@@ -45,7 +45,8 @@ from nvrx_eks.bench.analysis import (
     Restore,
     checkpoint_cost,
     fault_recoveries,
-    goodput,
+    goodput_record,
+    goodput_split,
     median,
     recovery_medians,
     restores,
@@ -54,7 +55,7 @@ from nvrx_eks.bench.analysis import (
 from nvrx_eks.bench.launcher import BenchRunFailed, Launcher
 from nvrx_eks.bench.schedules import seeded_schedule, spaced_schedule
 from nvrx_eks.bench.settings import BACKENDS, BenchSettings
-from workloads.events import load_run, summarize
+from workloads.events import load_run
 
 
 def _batch(settings: BenchSettings) -> tuple[str, ...]:
@@ -179,6 +180,7 @@ def run_p4(launcher: Launcher, settings: BenchSettings) -> dict:
     )
     baseline_dir = launcher.root / "p4-baseline"
     layered_run, baseline_run = load_run(layered_dir), load_run(baseline_dir)
+    layered = goodput_split(layered_run)
     # Which path recovered each fault: the layered side should take in-process restarts for
     # exception and hang and ft_launcher for sigkill; an escalation shows up here.
     result: dict[str, Any] = {
@@ -189,12 +191,12 @@ def run_p4(launcher: Launcher, settings: BenchSettings) -> dict:
         "steps": settings.p4_steps,
         "interval": settings.interval,
         "layered": {
-            **goodput(layered_run).as_dict(),
-            "restarts": summarize(layered_run).restarts_by_layer(),
+            **goodput_record(layered),
+            "restarts": layered.restarts_by_layer(),
             "recoveries": [r.as_dict() for r in fault_recoveries(layered_run)],
         },
         "baseline": {
-            **goodput(baseline_run).as_dict(),
+            **goodput_record(goodput_split(baseline_run)),
             "relaunches": launches - 1,
             "recoveries": [r.as_dict() for r in fault_recoveries(baseline_run)],
         },
@@ -253,7 +255,7 @@ def run_p5(launcher: Launcher, settings: BenchSettings, floor: Callable[[], dict
         summary = json.loads((run_dir / "summary.json").read_text())
         local_stalls = [e["stall_s"] for e in run.of("local_save", rank=0)]
         sides[name] = {
-            **goodput(run).as_dict(),
+            **goodput_record(goodput_split(run)),
             "medians": recovery_medians(recoveries),
             "recoveries": [r.as_dict() for r in recoveries],
             "state_sha256": summary["state_sha256"],

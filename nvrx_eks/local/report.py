@@ -27,6 +27,7 @@ from nvrx_eks.local.throughput_chart import plot_throughput
 from workloads.events import (
     LAYER_NAMES,
     RunEvents,
+    RunReport,
     events_dir,
     fault_label,
     load_run,
@@ -57,23 +58,16 @@ class FaultRecovery:
 
 @dataclass(frozen=True)
 class Breakdown:
-    wall_s: float
-    productive_s: float
-    checkpoint_stall_s: float
-    eval_s: float
-    replayed_s: float
-    recovery_s: float
-    other_s: float  # start-up, launcher restarts, shutdown
-    goodput: float
-    final_step: int
-    saves: int
-    median_stall_s: float | None
-    #: Of checkpoint_stall_s, the first save of each process (warm-up: workloads.events.split_first_saves)
+    """The run as `report` shows it: its goodput split as the rank saw it (the one split the
+    trainer's summary.json and `nvrx-eks bench` read too), and what the report adds to it."""
+
+    split: RunReport
+    #: Of split.checkpoint_stall_s, the first save of each process (warm-up: workloads.events.split_first_saves)
     #: and how many such saves; the median of the other (steady) saves, None without one.
     first_save_stall_s: float
     first_saves: int
     steady_median_stall_s: float | None
-    restarts: dict[str, int]
+    #: Each fault once (one injected on several ranks is one), with its recovery, oldest first.
     faults: list[FaultRecovery]
     #: workloads.metrics.summarize_throughput of the rank's steps (None fields on older runs).
     throughput: dict[str, Any]
@@ -113,21 +107,10 @@ def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
     first_saves, steady_saves = split_first_saves(run.of("checkpoint_stall", rank=rank))
     steady_stalls_s = [e["stall_s"] for e in steady_saves]
     return Breakdown(
-        wall_s=summary.wall_s,
-        productive_s=summary.productive_s,
-        checkpoint_stall_s=summary.checkpoint_stall_s,
-        eval_s=summary.eval_s,
-        replayed_s=summary.replayed_s,
-        recovery_s=summary.recovery_s,
-        other_s=summary.other_s,
-        goodput=summary.goodput,
-        final_step=summary.final_step,
-        saves=summary.saves,
-        median_stall_s=summary.median_stall_s,
+        split=summary,
         first_save_stall_s=sum(e["stall_s"] for e in first_saves),
         first_saves=len(first_saves),
         steady_median_stall_s=statistics.median(steady_stalls_s) if steady_stalls_s else None,
-        restarts=summary.restarts_by_layer(),
         faults=sorted(unique, key=lambda f: f.t),
         throughput=summarize_throughput(step_ends),
         last_eval=(evals[-1]["step"], evals[-1]["loss"]) if evals else None,
@@ -135,27 +118,27 @@ def analyze(run: RunEvents, rank: int = 0) -> Breakdown:
 
 
 def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> None:
-    b = breakdown
+    b, split = breakdown, breakdown.split
     table = Table(title=f"Where the time went: {escape(str(run_dir))}")
     table.add_column("")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
     for name, seconds in (
-        ("productive steps", b.productive_s),
+        ("productive steps", split.productive_s),
         # Apart, so that the warm-up's seconds are not read as what every save costs.
-        ("checkpoint stalls: steady", b.checkpoint_stall_s - b.first_save_stall_s),
+        ("checkpoint stalls: steady", split.checkpoint_stall_s - b.first_save_stall_s),
         ("checkpoint stalls: first saves (warm-up)", b.first_save_stall_s),
-        ("evaluation (held-out split)", b.eval_s),
-        ("replayed (lost) steps", b.replayed_s),
-        ("fault detection + restart", b.recovery_s),
-        ("start-up, launcher restarts, other", b.other_s),
+        ("evaluation (held-out split)", split.eval_s),
+        ("replayed (lost) steps", split.replayed_s),
+        ("fault detection + restart", split.recovery_s),
+        ("start-up, launcher restarts, other", split.other_s),
     ):
-        table.add_row(name, f"{seconds:.1f}", f"{seconds / b.wall_s:.1%}" if b.wall_s else "-")
-    table.add_row("[bold]wall time[/]", f"[bold]{b.wall_s:.1f}[/]", "")
+        table.add_row(name, f"{seconds:.1f}", f"{seconds / split.wall_s:.1%}" if split.wall_s else "-")
+    table.add_row("[bold]wall time[/]", f"[bold]{split.wall_s:.1f}[/]", "")
     console.print(table)
     console.print(
-        f"final step {b.final_step}, goodput {b.goodput:.1%}, checkpoint stall {format_stalls(b)}, restarts "
-        f"{format_restarts(b.restarts)}"
+        f"final step {split.final_step}, goodput {split.goodput:.1%}, checkpoint stall {format_stalls(b)}, "
+        f"restarts {format_restarts(split.restarts_by_layer())}"
     )
     print_throughput(b.throughput, console)
     if b.last_eval is not None:
@@ -183,9 +166,9 @@ def print_breakdown(breakdown: Breakdown, run_dir: Path, console: Console) -> No
 
 def format_stalls(b: Breakdown) -> str:
     """`median 36 ms over 9 steady saves (first saves of 2 processes: 13.9 s of warm-up)`."""
-    if not b.saves:
+    if not b.split.saves:
         return "none"
-    steady_saves = b.saves - b.first_saves
+    steady_saves = b.split.saves - b.first_saves
     plural = "" if steady_saves == 1 else "s"
     steady = (
         f"median {b.steady_median_stall_s * 1000:.0f} ms over {steady_saves} steady save{plural}"
@@ -237,6 +220,22 @@ def merged_bars(bars: list[tuple[float, float]], limit: int = MAX_BARS_PER_LANE_
     return out
 
 
+#: Each part of the timeline's colour; the legend names them.
+TIMELINE_COLOURS = {
+    "kept": "#4c9a2a",
+    "replayed": "#b0b0b0",
+    "stall": "#d62728",
+    # A lighter red: still a stall, but the warm-up of a new process, not what a save costs.
+    "first_save": "#f5a3a3",
+    "write": "#ff9f40",
+    "inprocess": "#9467bd",
+    "launcher": "#1f77b4",
+    "kubernetes": "#17becf",
+    "setup": "#c6dbef",
+    "eval": "#8c564b",
+}
+
+
 def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]:
     """The timeline figure and the labels of the faults marked on it (plot_timeline saves it).
     Each lane draws one bar collection per colour, with every segment of that colour in it, so
@@ -245,7 +244,6 @@ def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
     start = run.events[0]["t"]
     ranks = run.ranks
@@ -253,56 +251,69 @@ def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]
     for e in run.events:
         by_rank[e["rank"]].append(e)
     fig, ax = plt.subplots(figsize=(13, 2.2 + 0.8 * len(ranks)))
-    colors = {
-        "kept": "#4c9a2a",
-        "replayed": "#b0b0b0",
-        "stall": "#d62728",
-        # A lighter red: still a stall, but the warm-up of a new process, not what a save costs.
-        "first_save": "#f5a3a3",
-        "write": "#ff9f40",
-        "inprocess": "#9467bd",
-        "launcher": "#1f77b4",
-        "kubernetes": "#17becf",
-        "setup": "#c6dbef",
-        "eval": "#8c564b",
-    }
-
-    def bars(segments: list[tuple[float, float]], lane: tuple[float, float], color: str, **kwargs: Any) -> None:
-        if segments:
-            ax.broken_barh(merged_bars(segments), lane, facecolors=color, **kwargs)
-
-    restart_windows: set[tuple[str, float, float]] = set()
     for y, rank in enumerate(ranks):
-        mine = by_rank[rank]
-        ends = [e for e in mine if e["event"] == "step_end"]
-        last_index = {e["step"]: i for i, e in enumerate(ends)}
-        kept: list[tuple[float, float]] = []
-        replayed: list[tuple[float, float]] = []
-        for i, e in enumerate(ends):
-            (kept if last_index[e["step"]] == i else replayed).append((e["t"] - e["step_s"] - start, e["step_s"]))
-        lane = (y - 0.3, 0.6)
-        bars(kept, lane, colors["kept"], linewidth=0)
-        bars(replayed, lane, colors["replayed"], linewidth=0)
-        setups = [(e["t"] - e["setup_s"] - start, e["setup_s"]) for e in mine if e["event"] == "setup_end"]
-        bars(setups, lane, colors["setup"])
-        evals = [(e["t"] - e["eval_s"] - start, e["eval_s"]) for e in mine if e["event"] == "eval_end"]
-        bars(evals, lane, colors["eval"], linewidth=0)
-        # An in-process restart can save the same step again in the same process: key by iteration too.
-        stalls = {(e["pid"], e["iteration"], e["step"]): e for e in mine if e["event"] == "checkpoint_stall"}
-        first_saves, steady_saves = split_first_saves(list(stalls.values()))
-        bars([(e["t"] - e["stall_s"] - start, e["stall_s"]) for e in first_saves], lane, colors["first_save"])
-        bars([(e["t"] - e["stall_s"] - start, e["stall_s"]) for e in steady_saves], lane, colors["stall"])
-        writes = []
-        for e in mine:
-            if e["event"] == "checkpoint_write_end":
-                stall = stalls.get((e["pid"], e["iteration"], e["step"]))
-                begin = stall["t"] if stall else e["t"] - e["write_s"]
-                writes.append((begin - start, e["t"] - begin))
-        bars(writes, (y + 0.32, 0.12), colors["write"])
-        # Every rank sees the same restart: shade each window once.
-        restart_windows.update((r.layer, r.begin_t, r.end_t) for r in run.restarts(rank))
-    for layer, begin_t, end_t in sorted(restart_windows):
-        ax.axvspan(begin_t - start, end_t - start, ymin=0, ymax=1, color=colors[layer], alpha=0.12)
+        _draw_lane(ax, y, by_rank[rank], start)
+    _shade_restarts(ax, run, start)
+    marked = _mark_faults(ax, run, start)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_ylim(-0.7, len(ranks) - 0.2 + 0.5)
+    ax.set_xlabel("seconds since start")
+    ax.set_title(
+        f"goodput {breakdown.split.goodput:.1%} - steps, checkpoints, faults and restarts "
+        f"({format_restarts(breakdown.split.restarts_by_layer())})"
+    )
+    _legend(fig)
+    fig.tight_layout(rect=(0, 0.17, 1, 1))
+    return fig, marked
+
+
+def _bars(ax: Any, segments: list[tuple[float, float]], lane: tuple[float, float], part: str, **kwargs: Any) -> None:
+    """One bar collection of `part`'s colour holding every (start, width) segment, merged."""
+    if segments:
+        ax.broken_barh(merged_bars(segments), lane, facecolors=TIMELINE_COLOURS[part], **kwargs)
+
+
+def _draw_lane(ax: Any, y: int, events: list[dict[str, Any]], start: float) -> None:
+    """One rank's lane at height `y`: its steps (kept / replayed), setups, evaluations,
+    checkpoint stalls (first saves apart) and, above them, the background writes."""
+    ends = [e for e in events if e["event"] == "step_end"]
+    last_index = {e["step"]: i for i, e in enumerate(ends)}
+    kept: list[tuple[float, float]] = []
+    replayed: list[tuple[float, float]] = []
+    for i, e in enumerate(ends):
+        (kept if last_index[e["step"]] == i else replayed).append((e["t"] - e["step_s"] - start, e["step_s"]))
+    lane = (y - 0.3, 0.6)
+    _bars(ax, kept, lane, "kept", linewidth=0)
+    _bars(ax, replayed, lane, "replayed", linewidth=0)
+    setups = [(e["t"] - e["setup_s"] - start, e["setup_s"]) for e in events if e["event"] == "setup_end"]
+    _bars(ax, setups, lane, "setup")
+    evals = [(e["t"] - e["eval_s"] - start, e["eval_s"]) for e in events if e["event"] == "eval_end"]
+    _bars(ax, evals, lane, "eval", linewidth=0)
+    # An in-process restart can save the same step again in the same process: key by iteration too.
+    stalls = {(e["pid"], e["iteration"], e["step"]): e for e in events if e["event"] == "checkpoint_stall"}
+    first_saves, steady_saves = split_first_saves(list(stalls.values()))
+    _bars(ax, [(e["t"] - e["stall_s"] - start, e["stall_s"]) for e in first_saves], lane, "first_save")
+    _bars(ax, [(e["t"] - e["stall_s"] - start, e["stall_s"]) for e in steady_saves], lane, "stall")
+    writes = []
+    for e in events:
+        if e["event"] == "checkpoint_write_end":
+            stall = stalls.get((e["pid"], e["iteration"], e["step"]))
+            begin = stall["t"] if stall else e["t"] - e["write_s"]
+            writes.append((begin - start, e["t"] - begin))
+    _bars(ax, writes, (y + 0.32, 0.12), "write")
+
+
+def _shade_restarts(ax: Any, run: RunEvents, start: float) -> None:
+    """Each restart window across every lane, in the colour of the layer that recovered it."""
+    # Every rank sees the same restart: shade each window once.
+    windows = {(r.layer, r.begin_t, r.end_t) for rank in run.ranks for r in run.restarts(rank)}
+    for layer, begin_t, end_t in sorted(windows):
+        ax.axvspan(begin_t - start, end_t - start, ymin=0, ymax=1, color=TIMELINE_COLOURS[layer], alpha=0.12)
+
+
+def _mark_faults(ax: Any, run: RunEvents, start: float) -> list[str]:
+    """A cross on the lane of each injected fault's rank, labelled KIND@STEP; returns the labels."""
+    ranks = run.ranks
     marked = []
     for f in run.of("fault_injected"):
         marked.append(fault_label(f))
@@ -315,25 +326,26 @@ def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]
             fontsize=8,
             fontweight="bold",
         )
-    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-    ax.set_ylim(-0.7, len(ranks) - 0.2 + 0.5)
-    ax.set_xlabel("seconds since start")
-    ax.set_title(
-        f"goodput {breakdown.goodput:.1%} - steps, checkpoints, faults and restarts "
-        f"({format_restarts(breakdown.restarts)})"
-    )
+    return marked
+
+
+def _legend(fig: Any) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    colours = TIMELINE_COLOURS
     fig.legend(
         handles=[
-            Patch(color=colors["setup"], label="start-up / checkpoint load"),
-            Patch(color=colors["kept"], label="step (kept)"),
-            Patch(color=colors["replayed"], label="step (replayed after a fault)"),
-            Patch(color=colors["eval"], label="evaluation (held-out split)"),
-            Patch(color=colors["first_save"], label="first save of a process (warm-up)"),
-            Patch(color=colors["stall"], label="checkpoint stall"),
-            Patch(color=colors["write"], label="checkpoint background write"),
-            Patch(color=colors["inprocess"], alpha=0.3, label="in-process restart"),
-            Patch(color=colors["launcher"], alpha=0.3, label="ft_launcher restart"),
-            Patch(color=colors["kubernetes"], alpha=0.3, label="JobSet restart (new pods)"),
+            Patch(color=colours["setup"], label="start-up / checkpoint load"),
+            Patch(color=colours["kept"], label="step (kept)"),
+            Patch(color=colours["replayed"], label="step (replayed after a fault)"),
+            Patch(color=colours["eval"], label="evaluation (held-out split)"),
+            Patch(color=colours["first_save"], label="first save of a process (warm-up)"),
+            Patch(color=colours["stall"], label="checkpoint stall"),
+            Patch(color=colours["write"], label="checkpoint background write"),
+            Patch(color=colours["inprocess"], alpha=0.3, label="in-process restart"),
+            Patch(color=colours["launcher"], alpha=0.3, label="ft_launcher restart"),
+            Patch(color=colours["kubernetes"], alpha=0.3, label="JobSet restart (new pods)"),
             plt.Line2D([], [], marker="X", color="black", linestyle="", label="fault injected"),
         ],
         loc="lower center",
@@ -341,8 +353,6 @@ def draw_timeline(run: RunEvents, breakdown: Breakdown) -> tuple[Any, list[str]]
         fontsize=8,
         frameon=False,
     )
-    fig.tight_layout(rect=(0, 0.17, 1, 1))
-    return fig, marked
 
 
 def plot_timeline(run: RunEvents, breakdown: Breakdown, path: Path) -> list[str]:
@@ -389,5 +399,31 @@ def run(run_dir: Path, png: Path | None, json_path: Path | None, console: Consol
     return breakdown
 
 
+#: The split's parts `report --json` writes first, in this order.
+_JSON_SPLIT_PARTS = (
+    "wall_s",
+    "productive_s",
+    "checkpoint_stall_s",
+    "eval_s",
+    "replayed_s",
+    "recovery_s",
+    "other_s",
+    "goodput",
+    "final_step",
+    "saves",
+    "median_stall_s",
+)
+
+
 def _jsonable(breakdown: Breakdown) -> dict[str, Any]:
-    return asdict(breakdown)
+    b = breakdown
+    return {
+        **{part: getattr(b.split, part) for part in _JSON_SPLIT_PARTS},
+        "first_save_stall_s": b.first_save_stall_s,
+        "first_saves": b.first_saves,
+        "steady_median_stall_s": b.steady_median_stall_s,
+        "restarts": b.split.restarts_by_layer(),
+        "faults": [asdict(f) for f in b.faults],
+        "throughput": b.throughput,
+        "last_eval": b.last_eval,
+    }

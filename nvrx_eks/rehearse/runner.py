@@ -303,98 +303,147 @@ def prepare(
 def execute(prepared: Prepared) -> int:
     """Run the JobSet to its end: attempts, pod faults, the controllers' decisions; then the
     report. No container of the rehearsal is left, whatever way it ends."""
-    run, trainer_dir, podman, console = prepared.run, prepared.trainer_dir, prepared.run.podman, prepared.run.console
+    run = prepared.run
     started, started_at = time.monotonic(), time.time()
-    code, attempt, counted_restarts = 1, 0, 0
-    pending = list(prepared.pod_faults)
-    job = JobState(run.job_spec)
-    names: list[str] = []
-    coordinator: str | None = None
-    view = LiveView(console, trainer_dir, started_at)  # the run's lines as they happen, every attempt's
+    jobset = _JobSetRun(prepared)
+    view = LiveView(run.console, prepared.trainer_dir, started_at)  # the run's lines as they happen, every attempt's
     stop = StopSignals()
     with stop, view:
         try:
-            while True:
-                names, coordinator = run.start_attempt(attempt, prepared.port)
-                job = JobState(run.job_spec)
-                running = dict(enumerate(names))
-                disrupted: set[int] = set()  # stopped as the cluster stops a pod it evicts
-                struck: set[int] = set()  # pods a fault was sent to
-                action = None
-                while running and action is None:
-                    time.sleep(POLL_S)
-                    ends = view.poll().of("step_end", rank=0)
-                    reached = max((e["step"] for e in ends if e.get("attempt", 0) == attempt), default=0)
-                    # One fault at a time: the next waits until the pod the last one struck has
-                    # ended and the controllers answered, even when the run (polled every POLL_S)
-                    # already passed both steps; otherwise two faults would land as one.
-                    due = [f for f in pending if reached >= f.step and f.node in running]
-                    for fault in due[:1] if not struck & set(running) else []:
-                        pending.remove(fault)
-                        struck.add(fault.node)
-                        _emit_fault(trainer_dir, fault, prepared.nproc, attempt)
-                        console.print(f"rehearse: {fault.label} ({running[fault.node]})")
-                        verb = ["kill", "-s", "KILL"] if fault.kind == "pod-kill" else ["stop"]
-                        if fault.kind != "pod-kill":
-                            disrupted.add(fault.node)
-                        podman.popen([*verb, running[fault.node]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    coordinator_code = podman.exit_code(coordinator) if coordinator else None
-                    if coordinator_code is not None and action is None:
-                        # Its Job (backoffLimit 0) fails; no failure-policy rule targets it.
-                        console.print(f"rehearse: coordinator pod {coordinator} exited {coordinator_code}")
-                        code = coordinator_code
-                        action = jobset_action(run.jobset["spec"], REASON_BACKOFF_LIMIT, counted_restarts, "")
-                    for index, name in list(running.items()):
-                        exit_code = podman.exit_code(name)
-                        if exit_code is None:
-                            continue
-                        del running[index]
-                        console.print(f"rehearse: pod {name} exited {exit_code}")
-                        job.pod_ended(index, exit_code, disrupted=index in disrupted, pod=name)
-                        if job.failure_reason:
-                            code = exit_code
-                            action = jobset_action(
-                                run.jobset["spec"], job.failure_reason, counted_restarts, job.failure_message
-                            )
-                        elif job.succeeded_job:
-                            code, action = 0, "done"
-                run.delete([*names, *([coordinator] if coordinator else [])])
-                names = []
-                if action not in ("restart", "restart-uncounted"):
-                    break
-                attempt += 1
-                counted_restarts += action == "restart"
-                uncounted = " (not counted: the pod was disrupted)" if action == "restart-uncounted" else ""
-                console.print(f"rehearse: the Job failed ({job.failure_reason}); JobSet restart {attempt}{uncounted}")
+            jobset.run_to_end(view)
         except KeyboardInterrupt:
             # Ctrl-C, SIGTERM or SIGHUP: the pods are deleted as the cluster would delete them (SIGTERM,
             # their grace period, SIGKILL), so the ranks finish their in-flight checkpoint.
             with stop.ignoring_interrupts():
-                console.print("rehearse: stopping: deleting the pods")
-                run.delete([*names, *([coordinator] if coordinator else [])])
-            code = 128 + (stop.received or signal.SIGINT)
+                run.console.print("rehearse: stopping: deleting the pods")
+                jobset.delete_pods()
+            jobset.code = 128 + (stop.received or signal.SIGINT)
         finally:
-            leftovers = podman.remove_labelled(f"{REHEARSAL_LABEL}={run.label}")
-    record = do_not_requeue.read_record(trainer_dir, f"{run.uid}-{attempt}")
+            leftovers = run.podman.remove_labelled(f"{REHEARSAL_LABEL}={run.label}")
+    return _report(prepared, jobset, started, started_at, leftovers)
+
+
+class _JobSetRun:
+    """The JobSet's attempts as its controllers drive them: each attempt's pods started, the pod
+    faults sent one at a time, each pod's end given to its Job, and the JobSet's answer to a
+    failed Job (restart, counted or not, or fail) or a succeeded one (done)."""
+
+    def __init__(self, prepared: Prepared):
+        self.prepared, self.run = prepared, prepared.run
+        self.console, self.podman = prepared.run.console, prepared.run.podman
+        self.code, self.attempt, self.counted_restarts = 1, 0, 0
+        self.pending = list(prepared.pod_faults)
+        self.job = JobState(self.run.job_spec)
+        self.names: list[str] = []
+        self.coordinator: str | None = None
+        # The attempt's worker pods not yet ended, by index; those stopped as the cluster stops a
+        # pod it evicts; those a fault was sent to.
+        self.running: dict[int, str] = {}
+        self.disrupted: set[int] = set()
+        self.struck: set[int] = set()
+
+    def run_to_end(self, view: LiveView) -> None:
+        while True:
+            self.names, self.coordinator = self.run.start_attempt(self.attempt, self.prepared.port)
+            self.job = JobState(self.run.job_spec)
+            self.running, self.disrupted, self.struck = dict(enumerate(self.names)), set(), set()
+            action = self._watch_attempt(view)
+            self.delete_pods()
+            self.names = []
+            if action not in ("restart", "restart-uncounted"):
+                return
+            self.attempt += 1
+            self.counted_restarts += action == "restart"
+            uncounted = " (not counted: the pod was disrupted)" if action == "restart-uncounted" else ""
+            self.console.print(
+                f"rehearse: the Job failed ({self.job.failure_reason}); JobSet restart {self.attempt}{uncounted}"
+            )
+
+    def delete_pods(self) -> None:
+        self.run.delete([*self.names, *([self.coordinator] if self.coordinator else [])])
+
+    def _watch_attempt(self, view: LiveView) -> str | None:
+        """Poll the attempt until its pods have ended or the JobSet answered; that answer."""
+        action = None
+        while self.running and action is None:
+            time.sleep(POLL_S)
+            ends = view.poll().of("step_end", rank=0)
+            self._send_due_fault(max((e["step"] for e in ends if e.get("attempt", 0) == self.attempt), default=0))
+            action = self._coordinator_ended()
+            action = self._workers_ended(action)
+        return action
+
+    def _send_due_fault(self, reached: int) -> None:
+        """The next pending fault whose step rank 0 `reached`, sent to its pod."""
+        # One fault at a time: the next waits until the pod the last one struck has ended and the
+        # controllers answered, even when the run (polled every POLL_S) already passed both steps;
+        # otherwise two faults would land as one.
+        due = [f for f in self.pending if reached >= f.step and f.node in self.running]
+        for fault in due[:1] if not self.struck & set(self.running) else []:
+            self.pending.remove(fault)
+            self.struck.add(fault.node)
+            _emit_fault(self.prepared.trainer_dir, fault, self.prepared.nproc, self.attempt)
+            self.console.print(f"rehearse: {fault.label} ({self.running[fault.node]})")
+            verb = ["kill", "-s", "KILL"] if fault.kind == "pod-kill" else ["stop"]
+            if fault.kind != "pod-kill":
+                self.disrupted.add(fault.node)
+            self.podman.popen([*verb, self.running[fault.node]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def _coordinator_ended(self) -> str | None:
+        """The JobSet's answer when the coordinator's pod has exited, else None."""
+        coordinator_code = self.podman.exit_code(self.coordinator) if self.coordinator else None
+        if coordinator_code is None:
+            return None
+        # Its Job (backoffLimit 0) fails; no failure-policy rule targets it.
+        self.console.print(f"rehearse: coordinator pod {self.coordinator} exited {coordinator_code}")
+        self.code = coordinator_code
+        return jobset_action(self.run.jobset["spec"], REASON_BACKOFF_LIMIT, self.counted_restarts, "")
+
+    def _workers_ended(self, action: str | None) -> str | None:
+        """Each worker pod that exited given to its Job; the JobSet's answer once the Job failed
+        or succeeded, else `action`."""
+        for index, name in list(self.running.items()):
+            exit_code = self.podman.exit_code(name)
+            if exit_code is None:
+                continue
+            del self.running[index]
+            self.console.print(f"rehearse: pod {name} exited {exit_code}")
+            self.job.pod_ended(index, exit_code, disrupted=index in self.disrupted, pod=name)
+            if self.job.failure_reason:
+                self.code = exit_code
+                action = jobset_action(
+                    self.run.jobset["spec"], self.job.failure_reason, self.counted_restarts, self.job.failure_message
+                )
+            elif self.job.succeeded_job:
+                self.code, action = 0, "done"
+        return action
+
+
+def _report(prepared: Prepared, jobset: _JobSetRun, started: float, started_at: float, leftovers: list[str]) -> int:
+    """The rehearsal's record (rehearsal.json) and report; its exit code."""
+    run, trainer_dir = prepared.run, prepared.trainer_dir
+    code = jobset.code
+    record = do_not_requeue.read_record(trainer_dir, f"{run.uid}-{jobset.attempt}")
     if record is not None:
         code = EXIT_DO_NOT_REQUEUE
     wall_s = time.monotonic() - started
-    if pending:
+    if jobset.pending:
         # The run ended before the poll saw their step: the rehearsal did not do what was asked.
-        console.print(
-            f"[yellow]rehearse: pod faults not fired (the run ended first):[/] {', '.join(f.label for f in pending)}"
+        run.console.print(
+            "[yellow]rehearse: pod faults not fired (the run ended first):[/] "
+            f"{', '.join(f.label for f in jobset.pending)}"
         )
     (run.root / "rehearsal.json").write_text(
         json.dumps(
             {
                 "exit_code": code,
                 "wall_s": wall_s,
-                "attempts": attempt + 1,
-                "job_failure_reason": job.failure_reason,
+                "attempts": jobset.attempt + 1,
+                "job_failure_reason": jobset.job.failure_reason,
                 "image": run.image,
                 "pods": run.pods,
                 "pod_faults": [f.label for f in prepared.pod_faults],
-                "pod_faults_not_fired": [f.label for f in pending],
+                "pod_faults_not_fired": [f.label for f in jobset.pending],
                 "run_dir": str(trainer_dir),
                 "leftover_containers": leftovers,
             },
@@ -402,7 +451,7 @@ def execute(prepared: Prepared) -> int:
         )
     )
     print_report(
-        console,
+        run.console,
         trainer_dir,
         code,
         wall_s,

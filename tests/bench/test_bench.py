@@ -13,7 +13,8 @@ from nvrx_eks.bench.analysis import (
     IncompleteRun,
     checkpoint_cost,
     fault_recoveries,
-    goodput,
+    goodput_record,
+    goodput_split,
     recovery_medians,
     restores,
     summarize_backends,
@@ -222,11 +223,22 @@ def test_goodput_splits_the_wall_time():
     for step, end in ((1, 3.0), (2, 4.0), (2, 9.0), (3, 10.0)):  # step 2 replayed
         log.at(end, 0, "step_end", step=step, step_s=1.0)
     log.at(10.5, 0, "checkpoint_stall", step=3, stall_s=0.5)
-    g = goodput(log.run())
-    assert (g.final_step, g.lost_steps, g.saves) == (3, 1, 1)
-    assert g.wall_s == pytest.approx(10.5) and g.productive_s == pytest.approx(3.0)
-    assert g.replayed_s == pytest.approx(1.0) and g.checkpoint_stall_s == pytest.approx(0.5)
-    assert g.other_s == pytest.approx(6.0) and g.goodput == pytest.approx(3.0 / 10.5)
+    g = goodput_record(goodput_split(log.run()))
+    assert list(g) == [  # bench.json's keys, in its order
+        *("goodput", "wall_s", "productive_s", "checkpoint_stall_s", "replayed_s", "other_s"),
+        *("final_step", "lost_steps", "saves"),
+    ]
+    assert (g["final_step"], g["lost_steps"], g["saves"]) == (3, 1, 1)
+    assert g["wall_s"] == pytest.approx(10.5) and g["productive_s"] == pytest.approx(3.0)
+    assert g["replayed_s"] == pytest.approx(1.0) and g["checkpoint_stall_s"] == pytest.approx(0.5)
+    assert g["other_s"] == pytest.approx(6.0) and g["goodput"] == pytest.approx(3.0 / 10.5)
+
+
+def test_a_run_without_a_step_has_no_goodput():
+    log = Log()
+    log.at(0.0, 0, "run_start")
+    with pytest.raises(IncompleteRun, match="the run completed no step"):
+        goodput_split(log.run())
 
 
 def test_seeded_fault_schedule_is_reproducible_spaced_and_mixed():

@@ -12,6 +12,9 @@ import io
 import json
 import os
 import re
+import signal
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,7 @@ from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from nvrx_eks.facts.job_kinds import JOBSET_RESTART_ATTEMPT_LABEL
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import build_jobspec
-from nvrx_eks.rehearse import pods
+from nvrx_eks.rehearse import pods, runner
 from nvrx_eks.rehearse.jobset import JobState, jobset_action
 from nvrx_eks.rehearse.pods import SUBSTITUTIONS, NodeDirs, PodIdentity, create_argv
 from nvrx_eks.rehearse.runner import execute, prepare, split_faults
@@ -142,6 +145,139 @@ def test_the_pod_runs_with_its_own_args_env_security_context_and_mounts(tmp_path
 
 def test_kubernetes_env_expansion():
     assert pods.expand("$(A)-$(B)-$$(A)-$(C)", {"A": "1", "B": "2"}) == "1-2-$(A)-$(C)"
+
+
+# --- the runner's loop, against a scripted container runtime ---------------------------------
+
+
+class ScriptedPods:
+    """The few podman calls `execute` makes, answered from a script: the worker pods step through
+    `steps` (rank 0 writing a step_end each time a pod's state is read), then exit 0, or exit
+    `fails[(attempt, index)] = (step, code)` at that step; a kill ends a pod with 137 and a stop
+    (a pod deleted) with 143. `interrupt_at`: (attempt, step) at which Ctrl-C arrives."""
+
+    def __init__(self, trainer_dir: Path, steps: int, fails=None, interrupt_at=None):
+        self.trainer_dir, self.steps = trainer_dir, steps
+        self.fails, self.interrupt_at = fails or {}, interrupt_at
+        self.created: list[str] = []
+        self.exited: dict[str, int] = {}
+        self.removed: set[str] = set()
+        self.reached: dict[int, int] = {}  # attempt -> rank 0's last step
+        self.t = 1000.0
+
+    def run(self, argv, check=True, **kwargs):
+        if argv[0] == "create":
+            self.created.append(argv[2])
+        if argv[0] == "rm":
+            self.removed.update(argv[2:])
+        return subprocess.CompletedProcess(argv, 0, f"log of {argv[-1]}\n", "")
+
+    def popen(self, argv, **kwargs):
+        name = argv[-1]
+        if name not in self.exited:
+            self.exited[name] = 137 if argv[0] == "kill" else 143
+        return subprocess.Popen(["true"])
+
+    def exit_code(self, name):
+        if name in self.exited or "coordinator" in name:
+            return self.exited.get(name)
+        index, attempt = (int(x) for x in re.fullmatch(r"train-worker-0-(\d+)-a(\d+)", name).groups())
+        if index == 0:
+            self._step(attempt)
+        step = self.reached.get(attempt, 0)
+        fail = self.fails.get((attempt, index))
+        if fail is not None and step >= fail[0]:
+            self.exited[name] = fail[1]
+        elif step >= self.steps:
+            self.exited[name] = 0
+        return self.exited.get(name)
+
+    def _step(self, attempt):
+        step = self.reached.get(attempt, 0) + 1
+        if step > self.steps:
+            return
+        if self.interrupt_at == (attempt, step):
+            raise KeyboardInterrupt
+        self.reached[attempt] = step
+        self.t += 1.0
+        event = {"v": 1, "t": self.t, "event": "step_end", "rank": 0, "pid": 10 + attempt, "cycle": 0,
+                 "iteration": 0, "attempt": attempt, "step": step, "step_s": 0.5, "loss": 1.0}  # fmt: skip
+        (self.trainer_dir / "events").mkdir(parents=True, exist_ok=True)
+        with (self.trainer_dir / "events" / "rank0.jsonl").open("a") as f:
+            f.write(json.dumps(event) + "\n")
+
+    def remove_labelled(self, label):
+        return [n for n in self.created if n not in self.removed]
+
+
+def _scripted_rehearsal(tmp_path: Path, faults: str, monkeypatch, **script):
+    """A Prepared around the rendered p5 JobSet, whose pods the script runs; pod 0's rendezvous
+    port listens (a socket of the test's)."""
+    monkeypatch.setattr(runner, "POLL_S", 0.0)
+    listener = socket.create_server(("127.0.0.1", 0))
+    trainer_dir = tmp_path / "fsx" / "runs" / "train"
+    engine = ScriptedPods(trainer_dir, **script)
+    out = io.StringIO()
+    run = runner.Rehearsal(engine, tmp_path, _jobset(), "twin:test", Console(file=out, width=200))
+    pod_faults, _ = split_faults(faults, 2)
+    prepared = runner.Prepared(run, trainer_dir, listener.getsockname()[1], 1, pod_faults)
+    return prepared, engine, out, listener
+
+
+def test_execute_restarts_the_jobset_as_its_controllers_would_and_fires_each_pod_fault(tmp_path, monkeypatch):
+    prepared, engine, out, listener = _scripted_rehearsal(tmp_path, "pod-kill@3:1,pod-stop@5:0", monkeypatch, steps=8)
+    with listener:
+        assert execute(prepared) == 0
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("rehearse:")]
+    assert lines == [
+        "rehearse: pod-kill@3:1 (train-worker-0-1-a0)",
+        "rehearse: pod train-worker-0-1-a0 exited 137",
+        "rehearse: the Job failed (BackoffLimitExceeded); JobSet restart 1",
+        "rehearse: pod-stop@5:0 (train-worker-0-0-a1)",
+        "rehearse: pod train-worker-0-0-a1 exited 143",
+        "rehearse: the Job failed (PodFailurePolicy); JobSet restart 2 (not counted: the pod was disrupted)",
+        "rehearse: pod train-worker-0-0-a2 exited 0",
+        "rehearse: pod train-worker-0-1-a2 exited 0",
+    ]
+    record = json.loads((tmp_path / "rehearsal.json").read_text())
+    assert {k: record[k] for k in ("exit_code", "attempts", "job_failure_reason", "pods", "image")} == {
+        "exit_code": 0,
+        "attempts": 3,
+        "job_failure_reason": None,
+        "pods": 2,
+        "image": "twin:test",
+    }
+    assert (record["pod_faults"], record["pod_faults_not_fired"]) == (["pod-kill@3:1", "pod-stop@5:0"], [])
+    assert record["leftover_containers"] == [] and set(engine.created) == engine.removed  # every pod deleted
+    assert {p.name for p in (tmp_path / "pod-logs").iterdir()} == {f"{name}.log" for name in engine.created}
+    faults = [json.loads(line) for line in (prepared.trainer_dir / "events" / "pods.jsonl").read_text().splitlines()]
+    assert [(f["kind"], f["step"], f["node"], f["attempt"]) for f in faults] == [
+        ("pod-kill", 3, 1, 0),
+        ("pod-stop", 5, 0, 1),
+    ]
+
+
+def test_execute_ends_on_a_do_not_requeue_exit_and_names_the_faults_it_did_not_fire(tmp_path, monkeypatch):
+    prepared, engine, out, listener = _scripted_rehearsal(
+        tmp_path, "pod-kill@20:1", monkeypatch, steps=30, fails={(0, 1): (4, EXIT_DO_NOT_REQUEUE)}
+    )
+    with listener:
+        assert execute(prepared) == EXIT_DO_NOT_REQUEUE
+    text = " ".join(out.getvalue().split())
+    assert "rehearse: pod faults not fired (the run ended first): pod-kill@20:1" in text
+    record = json.loads((tmp_path / "rehearsal.json").read_text())
+    assert (record["attempts"], record["job_failure_reason"]) == (1, "PodFailurePolicy")
+    assert record["pod_faults_not_fired"] == ["pod-kill@20:1"]
+    assert set(engine.created) == engine.removed
+
+
+def test_execute_deletes_the_pods_when_interrupted(tmp_path, monkeypatch):
+    prepared, engine, out, listener = _scripted_rehearsal(tmp_path, "", monkeypatch, steps=10, interrupt_at=(0, 3))
+    with listener:
+        assert execute(prepared) == 128 + signal.SIGINT
+    assert "rehearse: stopping: deleting the pods" in out.getvalue()
+    assert set(engine.created) == engine.removed
+    assert json.loads((tmp_path / "rehearsal.json").read_text())["attempts"] == 1
 
 
 # --- in podman ---------------------------------------------------------------------------------

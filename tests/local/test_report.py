@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from io import StringIO
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from nvrx_eks.bench.analysis import goodput
+from nvrx_eks.bench.analysis import goodput_record, goodput_split
 from nvrx_eks.local.report import (
     MAX_BARS_PER_LANE_COLOUR,
     analyze,
@@ -16,6 +18,7 @@ from nvrx_eks.local.report import (
     plot_timeline,
     print_breakdown,
 )
+from nvrx_eks.local.report import run as report_run
 from nvrx_eks.local.throughput_chart import FAULT_COLOUR, draw_throughput
 from tests.support.cli_process import WIDE_TERMINAL, cli_process
 from workloads.events import RunEvents, load_run, split_first_saves, summarize
@@ -83,13 +86,13 @@ def run_dir(tmp_path) -> Path:
 
 
 def test_breakdown_accounts_for_every_second(run_dir):
-    b = analyze(load_run(run_dir))
+    b = analyze(load_run(run_dir)).split
     assert b.final_step == 12
     assert b.productive_s == pytest.approx(12.0)  # each step counted once, at its last execution
     assert b.replayed_s == pytest.approx(2.0)  # steps 5 and 9 ran twice
     assert b.checkpoint_stall_s == pytest.approx(2.0 + 0.5 + 2.0)  # saves at steps 4, 8 and 12
     assert b.saves == 3 and b.median_stall_s == pytest.approx(2.0)
-    assert b.restarts == {"inprocess": 1, "launcher": 1}
+    assert b.restarts_by_layer() == {"inprocess": 1, "launcher": 1}
     total = b.productive_s + b.checkpoint_stall_s + b.replayed_s + b.recovery_s + b.other_s
     assert total == pytest.approx(b.wall_s)
     assert b.goodput == pytest.approx(b.productive_s / b.wall_s)
@@ -97,12 +100,31 @@ def test_breakdown_accounts_for_every_second(run_dir):
 
 def test_report_bench_and_the_summary_print_one_split(run_dir):
     run = load_run(run_dir)
-    report, bench, summary = analyze(run), goodput(run), summarize(run)
-    assert report.goodput == bench.goodput == summary.goodput
+    report, bench, summary = analyze(run), goodput_split(run), summarize(run)
+    assert report.split == bench == summary  # one split, not copies of its fields
+    record = goodput_record(bench)
+    assert record["goodput"] == summary.goodput
     parts = ("wall_s", "productive_s", "checkpoint_stall_s", "replayed_s")
-    assert [getattr(report, p) for p in parts] == [getattr(bench, p) for p in parts]
-    assert report.recovery_s == pytest.approx(3.0 + 8.0)  # the exception in process, the sigkill by the launcher
-    assert bench.other_s == pytest.approx(report.recovery_s + report.other_s)  # P4 shows them as one part
+    assert [record[p] for p in parts] == [getattr(summary, p) for p in parts]
+    assert summary.recovery_s == pytest.approx(3.0 + 8.0)  # the exception in process, the sigkill by the launcher
+    assert record["other_s"] == pytest.approx(summary.recovery_s + summary.other_s)  # P4 shows them as one part
+
+
+def test_report_json_keeps_its_keys_in_order(run_dir, tmp_path):
+    out = tmp_path / "breakdown.json"
+    report_run(run_dir, tmp_path / "timeline.png", out, Console(file=StringIO()))
+    written = json.loads(out.read_text())
+    assert list(written) == [
+        *("wall_s", "productive_s", "checkpoint_stall_s", "eval_s", "replayed_s", "recovery_s", "other_s"),
+        *("goodput", "final_step", "saves", "median_stall_s"),
+        *("first_save_stall_s", "first_saves", "steady_median_stall_s", "restarts", "faults", "throughput"),
+        "last_eval",
+    ]
+    summary = summarize(load_run(run_dir))
+    assert (written["goodput"], written["median_stall_s"]) == (summary.goodput, summary.median_stall_s)
+    assert list(written["faults"][0]) == [
+        *("label", "t", "layer", "detect_and_restart_s", "first_step_after_s", "resumed_from_step", "lost_steps")
+    ]
 
 
 def test_each_fault_has_its_layer_and_lost_steps(run_dir):
@@ -269,7 +291,7 @@ def test_report_skips_records_with_wrong_types_or_missing_fields_and_says_so(run
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert "skipped 1 line(s) of" in result.stdout and "a field missing or of the wrong type" in result.stdout
-    assert analyze(load_run(run_dir)).final_step == 12  # the well-formed events still count
+    assert analyze(load_run(run_dir)).split.final_step == 12  # the well-formed events still count
 
 
 def _long_run(steps: int, ranks: int = 2) -> RunEvents:
