@@ -48,7 +48,7 @@ from pydantic import (
 
 from nvrx_eks.facts.errors import ConfigError, validation_issues
 from nvrx_eks.facts.training_metrics import EMF_AGENT_ENDPOINT
-from nvrx_eks.facts.user_yaml import load_user_yaml
+from nvrx_eks.facts.user_yaml import load_user_yaml, read_user_text
 from workloads.faults import KINDS_NEEDING_CHECKPOINTS, parse_fault_spec
 from workloads.presets import MODEL_PRESETS, ModelShape
 
@@ -608,7 +608,7 @@ class TrainConfig(_Strict):
     def from_yaml(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
         path = Path(path)
         try:
-            text = path.read_text()
+            text = read_user_text(path)
         except OSError as err:
             # No flag named: the CLI passes this path as --train-config, the trainer as --config.
             raise ConfigError(

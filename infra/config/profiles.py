@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from infra.config.deployment import DeploymentConfig
 from nvrx_eks.facts.errors import ConfigError, describe_validation_error
-from nvrx_eks.facts.user_yaml import load_user_yaml
+from nvrx_eks.facts.user_yaml import load_user_yaml, read_user_text
 
 #: The profiles that ship with the package (package data of `infra`).
 PROFILES_DIR = Path(str(files("infra") / "profiles"))
@@ -32,7 +32,7 @@ def load_config(path: str | Path) -> DeploymentConfig:
     """Load and validate a profile file. Raises ConfigError naming the field and the fix."""
     path = Path(path)
     try:
-        raw = load_user_yaml(path.read_text(), str(path))
+        raw = load_user_yaml(read_user_text(path), str(path))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except IsADirectoryError:

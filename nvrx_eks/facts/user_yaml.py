@@ -8,7 +8,8 @@ second. This loader is the safe loader with three refusals, each a ConfigError n
 the line and the fix: text longer than MAX_YAML_CHARS, collections nested deeper than
 MAX_NESTING, and a key written twice in one mapping (a `<<` merge may still supply keys that the
 mapping then overrides: that is what a merge is for). YAML syntax errors stay yaml.YAMLError, for
-the caller to word.
+the caller to word. read_user_text reads such a file, refusing a pipe, a device or a file far
+too large before reading it.
 
 Kubernetes manifests read by `validate` have their own bounds (nvrx_eks.jobs.validate), sized for
 documents a hundred times larger.
@@ -16,6 +17,8 @@ documents a hundred times larger.
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -72,6 +75,21 @@ class _BoundedLoader(yaml.SafeLoader):
                     f"{first.start_mark.line + 1}); keep one of them",
                 )
         return super().construct_mapping(node, deep=deep)
+
+
+def read_user_text(path: Path) -> str:
+    """The text of a user's YAML file, refusing (ConfigError) what is no file to read once: a
+    pipe or a device (/dev/stdin waits for a writer, /dev/zero never ends) and a file far past
+    MAX_YAML_CHARS. OSError and UnicodeDecodeError, as Path.read_text raises them, are the
+    caller's to word."""
+    info = path.stat()
+    if stat.S_ISDIR(info.st_mode):
+        return path.read_text()  # IsADirectoryError, which each caller words
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{path} is a pipe or a device, not a file; give the path of the YAML file itself")
+    if info.st_size > 4 * MAX_YAML_CHARS:  # UTF-8 takes at most 4 bytes a character
+        raise ConfigError(f"{path}: {info.st_size:,} bytes, more than a config may have; give the config file itself")
+    return path.read_text()
 
 
 def load_user_yaml(text: str, source: str) -> Any:

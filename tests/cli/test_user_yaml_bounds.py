@@ -7,6 +7,9 @@ silently won."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import TRAIN_CONFIG_KEY, build_jobspec
 from nvrx_eks.jobs.validate import Expectations, validate_documents
 from tests.support.cli_harness import run_cli
+from tests.support.cli_process import cli_process
 from tests.support.profiles import profile_file
 
 #: What the review ran: a sequence 20,000 deep, a flow mapping 3,000 deep, and the same in block
@@ -115,3 +119,24 @@ def test_bounds_hold_what_configs_use_and_refuse_what_they_do_not():
         load_user_yaml("steps: 1\n'steps': 2\n", "x")
     with pytest.raises(ConfigError, match=f"more than the {MAX_YAML_CHARS:,} a config may have"):
         load_user_yaml("#" * (MAX_YAML_CHARS + 1), "x")
+
+
+def test_a_pipe_or_a_device_is_refused_before_it_is_read(tmp_path):
+    """A FIFO given as --train-config waited for a writer for ever, /dev/zero read until memory
+    ran out: both are refused without reading (the FIFO in a process of its own, so that a
+    regression fails at the timeout instead of hanging the suite)."""
+    fifo = tmp_path / "train.yaml"
+    os.mkfifo(fifo)
+    for flag, path in (("--train-config", fifo), ("--config", fifo), ("--train-config", Path("/dev/zero"))):
+        done = cli_process("render", "--nodes", "2", flag, str(path), timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert (
+            _one_line(done.stderr)
+            == f"error: {path} is a pipe or a device, not a file; give the path of the YAML file itself"
+        )
+    trainer = subprocess.run(
+        [sys.executable, "-m", "workloads.train", "--config", str(fifo), "--preflight", "--world-size", "2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert trainer.returncode == EXIT_DO_NOT_REQUEUE, trainer.stderr
+    assert _one_line(trainer.stderr).startswith(f"error: {fifo} is a pipe or a device")
