@@ -322,7 +322,13 @@ def run_local(
                 f"--faults: {fault.label} targets {unit} {fault.rank}; with --nodes {nodes} --nproc {nproc} "
                 f"--spare-nodes {spares} use an active {unit} below {limit}"
             )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=run_dir).close()
+    except OSError as err:
+        raise ConfigError(
+            f"--run-dir: cannot write in {run_dir} ({err.strerror or err}); give a writable directory"
+        ) from None
     # Before anything of the run is written: a second run on this directory is refused.
     # The do-not-requeue record's fallback (workloads.do_not_requeue): where a rank puts it when the
     # run dir refuses it, as the pod's /dev/shm is.

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from nvrx_eks.local import runner
+from tests.support.cli_harness import run_cli
 from workloads import do_not_requeue
 
 REASON = "cannot continue: checkpoint.dir /x is read-only (file system at /x)"
@@ -82,3 +83,14 @@ def test_local_ends_93_in_one_line_when_the_run_dir_refuses_writes(tmp_path, mon
         f"could not write {run_dir / 'local_run.json'} (Is a directory); the run ended with exit 93 all the same"
     ]
     assert not any(line.startswith("the launch lost") for line in lines)  # the record stopped a relaunch
+
+
+def test_local_refuses_a_run_dir_it_cannot_write_in_one_line(tmp_path):
+    """Not writable from the start (here: its parent is a file): exit 2 naming --run-dir, where
+    making the directory or taking its lease ended in an OSError traceback."""
+    (tmp_path / "file").write_text("")
+    run_dir = tmp_path / "file" / "run"
+    result = run_cli("local", "--nproc", "1", "--steps", "2", "--run-dir", str(run_dir))
+    assert result.code == 2, result.output
+    [line] = result.stderr.strip().splitlines()
+    assert line == f"error: --run-dir: cannot write in {run_dir} (Not a directory); give a writable directory"
