@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.errors import ConfigError, terminal_safe
 from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
 from nvrx_eks.jobs.options import FROM_JOB_FLAGS, JOB_FLAGS, JobOptions, data_overrides, job_flags
 from nvrx_eks.output_format import (
@@ -668,8 +668,9 @@ def main() -> None:
     try:
         app()
     except ConfigError as e:
-        # Messages echo user input (paths, names, specs): escape it, or a '[' in it is read as markup.
-        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        # Messages echo user input (paths, names, specs): escape it, or a '[' in it is read as
+        # markup and an ESC in it as a terminal's escape sequence.
+        err_console.print(f"[bold red]error:[/] {escape(terminal_safe(str(e)))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_CONFIG_ERROR)
     except KeyboardInterrupt:
         err_console.print("interrupted")

@@ -47,6 +47,7 @@ from pydantic import (
 
 from nvrx_eks.facts.errors import ConfigError, validation_issues
 from nvrx_eks.facts.training_metrics import DEFAULT_LOG_GROUP, EMF_AGENT_ENDPOINT
+from nvrx_eks.facts.user_yaml import load_user_yaml, read_user_text
 from workloads.faults import KINDS_NEEDING_CHECKPOINTS, parse_fault_spec
 from workloads.model_config import ModelConfig
 
@@ -527,7 +528,7 @@ class TrainConfig(_Strict):
     def from_yaml(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
         path = Path(path)
         try:
-            text = path.read_text()
+            text = read_user_text(path)
         except OSError as err:
             # No flag named: the CLI passes this path as --train-config, the trainer as --config.
             raise ConfigError(
@@ -538,7 +539,7 @@ class TrainConfig(_Strict):
                 f"trainer config {path} is not a text file (not UTF-8); give the path of a trainer config YAML file"
             ) from None
         try:
-            data = yaml.safe_load(text)
+            data = load_user_yaml(text, str(path))
         except yaml.YAMLError as err:
             raise ConfigError(f"invalid YAML in {path}: {err}") from None
         if data is not None and not isinstance(data, dict):
@@ -557,7 +558,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
         if not sep or not key or any(not part for part in key.split(".")):
             raise ConfigError(f"override {item!r}: expected dotted.key=value, e.g. checkpoint.interval_steps=5")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = load_user_yaml(raw, f"override {key}") if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         node = data

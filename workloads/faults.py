@@ -52,6 +52,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -100,6 +101,9 @@ class FaultSpec:
         return f"{self.index:02d}-{self.kind}-step{self.step}-rank{self.rank}"
 
 
+_DIGITS = re.compile(r"[0-9]+")
+
+
 def parse_fault_spec(spec: str) -> tuple[FaultSpec, ...]:
     """Parse `KIND@STEP[:RANK],...`. Raises ValueError naming the bad item and the accepted form."""
     faults = []
@@ -111,10 +115,13 @@ def parse_fault_spec(spec: str) -> tuple[FaultSpec, ...]:
         if not sep or kind not in FAULT_KINDS:
             raise ValueError(f"fault {raw!r}: {form}")
         step_text, _, rank_text = where.partition(":")
+        # Only 0-9: int() also takes other scripts' digits (٣, ５), `1_0`, `+5` and `-0`, none of
+        # which a schedule means to write.
+        if not all(_DIGITS.fullmatch(text) for text in (step_text, rank_text or "0")):
+            raise ValueError(f"fault {raw!r}: STEP and RANK must be written with the digits 0-9; {form}")
         try:
-            step = int(step_text)
-            rank = int(rank_text) if rank_text else 0
-        except ValueError:
+            step, rank = int(step_text), int(rank_text or 0)
+        except ValueError:  # more digits than Python converts
             raise ValueError(f"fault {raw!r}: STEP and RANK must be integers; {form}") from None
         if step < 1 or rank < 0:
             raise ValueError(f"fault {raw!r}: STEP must be >= 1 and RANK >= 0")

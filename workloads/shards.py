@@ -27,9 +27,11 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from nvrx_eks.facts.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from nvrx_eks.facts.errors import ConfigError, validation_issues
 from workloads.config import DataConfig
 
 MANIFEST_NAME = "manifest.json"
@@ -58,21 +60,79 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Shard(_Strict):
+    file: str = Field(pattern=r"^[^/\\]+$")
+    tokens: int = Field(ge=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("file")
+    @classmethod
+    def _in_the_directory(cls, name: str) -> str:
+        if name in (".", ".."):
+            raise ValueError("must name a file in the shard directory")
+        return name
+
+
+class _Position(_Strict):
+    source: int = Field(ge=0)
+    unit: int = Field(ge=0)
+    offset: int = Field(ge=0)
+
+
+class _Split(_Strict):
+    shards: list[_Shard]
+    total_tokens: int = Field(ge=0)
+    resume: _Position
+
+
+class _Manifest(_Split):
+    """What the trainer and a resumed `data prepare` read of a manifest, checked before either
+    uses it; its other keys (the settings prepare compares) are prepare's own."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    format: Literal[1]
+    tokenizer: str
+    tokenizer_sha256: str | None
+    vocab_size: int = Field(ge=1, le=1 << 32)
+    dtype: Literal["uint16", "uint32"]
+    complete: bool
+    eval: _Split | None = None
+
+
+#: Far above a manifest's size (~150 bytes a shard: 100,000 shards of 64 Mi tokens are ~15 MB).
+MAX_MANIFEST_BYTES = 64 << 20
+
+
 def read_manifest(root: Path) -> dict[str, Any] | None:
-    """The manifest of a shard directory, None if it has none (hand-made shards)."""
+    """The manifest of a shard directory, None if it has none (hand-made shards); ConfigError
+    naming data.path when it cannot be read or is not one `nvrx-eks data prepare` writes."""
     path = root / MANIFEST_NAME
     if not path.is_file():
         return None
+    redo = "re-run `nvrx-eks data prepare` into this directory"
     try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise ConfigError(f"data.path: {path} is larger than a manifest ({MAX_MANIFEST_BYTES:,} bytes); {redo}")
         manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(
-            f"data.path: {path} is not a readable manifest ({err}); re-run `nvrx-eks data prepare` into this directory"
-        ) from None
+    except RecursionError:
+        raise ConfigError(f"data.path: {path} nests JSON deeper than a manifest; {redo}") from None
+    except (OSError, ValueError) as err:  # unreadable, not UTF-8, not JSON, an integer past the digit limit
+        raise ConfigError(f"data.path: {path} is not a readable manifest ({err}); {redo}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise ConfigError(
             f"data.path: {path} is not a format-{MANIFEST_FORMAT} shard manifest; re-run `nvrx-eks data prepare`"
         )
+    try:
+        _Manifest.model_validate(manifest)
+    except ValidationError as err:
+        (field, problem), *_ = validation_issues(err)
+        raise ConfigError(
+            f"data.path: {path} is not a manifest `nvrx-eks data prepare` wrote ({'.'.join(field)}: {problem}); {redo}"
+        ) from None
     return manifest
 
 
@@ -149,4 +209,13 @@ def shard_files(cfg: DataConfig, vocab_size: int, hash_bytes: int = 0) -> tuple[
             f"data.path: no .bin token shards at {root}; point it at a "
             "directory of pre-tokenized shards (`nvrx-eks data prepare`)"
         )
-    return files, cfg.dtype or "uint16"
+    dtype = cfg.dtype or "uint16"
+    for path in files:
+        # What np.memmap refuses in every rank (an empty file, a partial token): found here, once.
+        size = path.stat().st_size
+        if size == 0 or size % DTYPE_BYTES[dtype]:
+            raise ConfigError(
+                f"data.path: shard {path} has {size} bytes, not a whole number of {dtype} tokens (at least "
+                "one); remove it, or set data.dtype to the shards' dtype"
+            )
+    return files, dtype

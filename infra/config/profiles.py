@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from infra.config.deployment import DeploymentConfig
 from nvrx_eks.facts.errors import ConfigError, describe_validation_error
+from nvrx_eks.facts.user_yaml import load_user_yaml, read_user_text
 
 #: The profiles that ship with the package (package data of `infra`).
 PROFILES_DIR = Path(str(files("infra") / "profiles"))
@@ -31,7 +32,7 @@ def load_config(path: str | Path) -> DeploymentConfig:
     """Load and validate a profile file. Raises ConfigError naming the field and the fix."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_user_yaml(read_user_text(path), str(path))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except IsADirectoryError:

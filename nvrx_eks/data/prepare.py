@@ -2,7 +2,16 @@
 
 Inputs are read in the order given, streaming: plain text line by line, JSONL record by record
 (the text in `text_field`), each optionally gzip (.gz) or Zstandard (.zst) compressed. Tokens
-collect in one shard-sized buffer, so memory is bounded by a shard whatever the corpus size.
+collect in one shard-sized buffer, and the tokenizer is given at most PIECE_CHARS characters at
+once: a longer line is read and tokenized in pieces. So memory is bounded by a shard whatever the
+corpus size or the length of a line (a JSONL record, parsed whole, may hold MAX_RECORD_CHARS).
+
+Pieces of a long line: each is cut before a space or tab that follows a word, where the
+pre-tokenizers of byte-level BPE tokenizers (GPT-2, Llama 3, ...) start a new pre-token anyway,
+so the tokens are the whole line's. A seam is otherwise like a line break: a tokenizer that marks
+the start of its input (SentencePiece's prepended "▁") marks each piece, as it marks each line.
+A piece of PIECE_CHARS characters without such a space (no natural text) is cut at that length,
+where a BPE tokenizer's tokens may differ from the whole line's. The byte tokenizer's never do.
 
 Units and documents: a plain-text line (with its newline) or a JSONL record is one unit; a JSONL
 record is followed by the tokenizer's end-of-document token. The position in the inputs is
@@ -29,8 +38,11 @@ import hashlib
 import io
 import json
 import os
+import re
+import sys
 import zlib
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
@@ -54,6 +66,13 @@ BYTE_END_OF_DOCUMENT = ord("\n")
 END_OF_DOCUMENT_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
 #: 64 Mi tokens: 128 MiB shards in uint16, 256 MiB in uint32.
 DEFAULT_SHARD_TOKENS = 1 << 26
+#: The most characters (besides a line break) the tokenizer is given at once: a longer line is
+#: read and tokenized in pieces (_seam says where they are cut), so that memory stays bounded by
+#: a shard's buffer whatever a line's length. A piece's token ids take ~8 bytes each.
+PIECE_CHARS = 1 << 20
+#: The longest JSONL record read: a record is parsed whole, so this bounds its memory (its line
+#: and its text, 1 to 4 bytes a character each). Far above any document of a training corpus.
+MAX_RECORD_CHARS = 1 << 25
 #: Settings that must match between a run and its resumption (manifest key -> CLI flag).
 _RESUME_KEYS = {
     "tokenizer": "--tokenizer",
@@ -131,18 +150,118 @@ def _is_jsonl(path: Path) -> bool:
     return stem.suffix in (".jsonl", ".json", ".ndjson")
 
 
-def _units(path: Path, text_field: str, on_bytes: Callable[[int], None]) -> Iterator[tuple[str, bool]]:
-    """(text, ends_document) per unit of one input."""
-    jsonl = _is_jsonl(path)
+def _line_chunks(read_line: Callable[[int], str], limit: int) -> Iterator[tuple[str, bool]]:
+    """(chunk, ends_line) through a text stream: its lines in chunks of at most `limit`
+    characters and a line break (`read_line` is TextIOWrapper.readline, which stops at the
+    limit), so that no line is ever held whole. Line breaks are universal newlines (LF, CRLF, CR)."""
+    chunk = read_line(limit)
+    while chunk:
+        following = read_line(limit)
+        if following == "\n" and chunk.endswith("\r"):
+            # The limit fell between the CR and the LF of one CRLF.
+            chunk, following = chunk + following, read_line(limit)
+        yield chunk, chunk.endswith(("\n", "\r")) or not following
+        chunk = following
+
+
+#: Where a piece of a long line may end: before a run of spaces or tabs that follows a character
+#: that is not one. The pre-tokenizers of byte-level BPE tokenizers (GPT-2, Llama 3, ...) start a
+#: pre-token there and never merge across it, so their tokens of the pieces are the whole line's.
+_SEAM = re.compile(r"(?<=\S)[^\S\r\n]")
+
+
+def _body_length(text: str) -> int:
+    """len(text) without the line break it ends with, if any."""
+    return len(text) - (2 if text.endswith("\r\n") else 1 if text.endswith(("\n", "\r")) else 0)
+
+
+def _seam(text: str, start: int, limit: int) -> int:
+    """Where the piece of `text` that starts at `start` ends, the rest being longer than `limit`:
+    before the last _SEAM in the second half of its `limit` characters, else after exactly
+    `limit` characters (a word that long has no honest place to cut: the tokens of a BPE
+    tokenizer may then differ at the seam from the whole line's; the byte tokenizer's never do)."""
+    last = deque(_SEAM.finditer(text, start + limit // 2 + 1, start + limit + 1), maxlen=1)
+    return last[0].start() if last else start + limit
+
+
+def _pieces(chunks: Iterable[tuple[str, bool]], limit: int) -> Iterator[tuple[str, bool]]:
+    """(piece, ends_line): each line of `chunks` in pieces of at most `limit` characters and
+    its line break, cut where _seam says. A line that short is one piece, itself."""
+    carry = ""
+    for chunk, ends_line in chunks:
+        carry += chunk  # at most 2 * limit + 2 characters: one piece and one chunk
+        start = 0
+        while _body_length(carry) - start > limit:
+            cut = _seam(carry, start, limit)
+            yield carry[start:cut], False
+            start = cut
+        carry = carry[start:]
+        if ends_line:
+            yield carry, True
+            carry = ""
+
+
+def _records(chunks: Iterable[tuple[str, bool]], path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a JSONL input, each line whole: ConfigError for one longer than
+    MAX_RECORD_CHARS, found after reading that many characters of it."""
+    number, parts, size = 1, [], 0
+    for chunk, ends_line in chunks:
+        size += len(chunk)
+        if size > MAX_RECORD_CHARS:
+            raise ConfigError(
+                f"INPUT: {path}:{number} is a JSONL record longer than {MAX_RECORD_CHARS:,} characters, "
+                "which is parsed whole; split the document into several records, or give its text as "
+                "a plain-text file (read in pieces, whatever a line's length)"
+            )
+        parts.append(chunk)
+        if ends_line:
+            yield number, "".join(parts)
+            number, parts, size = number + 1, [], 0
+
+
+#: Lone UTF-16 surrogates, which JSON's \ud800 escapes can write and UTF-8 cannot encode.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _record_text(line: str, path: Path, number: int, text_field: str) -> str:
+    """The text of one JSONL record, its lone surrogates replaced by U+FFFD as undecodable bytes
+    of a text file are; ConfigError naming the line for anything else."""
+    problem = None
+    try:
+        record = json.loads(line)
+    except RecursionError:
+        problem = "it nests arrays or objects deeper than Python can parse"
+    except json.JSONDecodeError as err:
+        problem = err.msg
+    except ValueError:  # the only other: an integer past Python's digit limit
+        problem = f"it holds an integer longer than {sys.get_int_max_str_digits()} digits"
+    if problem is not None:
+        raise ConfigError(
+            f"INPUT: {path}:{number} is not a JSON object Python can read ({problem}); give "
+            "JSONL, one object per line, or a plain-text file"
+        )
+    value = record.get(text_field) if isinstance(record, dict) else None
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"--text-field: {path}:{number} has no string field '{text_field}'; name the field that holds the text"
+        )
+    return _SURROGATE.sub("\ufffd", value)
+
+
+def _units(path: Path, text_field: str, on_bytes: Callable[[int], None]) -> Iterator[tuple[int, str, bool]]:
+    """(unit, piece, ends_document) through one input: each unit's pieces in order, at most
+    PIECE_CHARS characters each (and a line break), with the unit's number. A plain-text line is
+    read and yielded piece by piece, whatever its length; a JSONL record is parsed whole (at most
+    MAX_RECORD_CHARS), and its last piece ends the document."""
     raw, text, corrupt = _open_text(path)
     with raw, text:
+        chunks = _line_chunks(text.readline, PIECE_CHARS)
+        units = _jsonl_units(chunks, path, text_field) if _is_jsonl(path) else _text_units(chunks)
         last = 0
-        lines = enumerate(text, start=1)
         while True:
-            # Only the read is guarded: decompression fails there, and a mistake in the text
-            # below has its own message.
+            # Only decompression errors are caught here: a mistake in the text has its own message.
             try:
-                number, line = next(lines)
+                unit = next(units)
             except StopIteration:
                 return
             except corrupt as err:
@@ -153,25 +272,26 @@ def _units(path: Path, text_field: str, on_bytes: Callable[[int], None]) -> Iter
             if raw.tell() != last:
                 on_bytes(raw.tell() - last)
                 last = raw.tell()
-            if not jsonl:
-                yield line, False
-                continue
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(
-                    f"INPUT: {path}:{number} is not a JSON object ({err.msg}); give "
-                    "JSONL, one object per line, or a plain-text file"
-                ) from None
-            value = record.get(text_field) if isinstance(record, dict) else None
-            if not isinstance(value, str):
-                raise ConfigError(
-                    f"--text-field: {path}:{number} has no string field "
-                    f"'{text_field}'; name the field that holds the text"
-                )
-            yield value, True
+            yield unit
+
+
+def _text_units(chunks: Iterable[tuple[str, bool]]) -> Iterator[tuple[int, str, bool]]:
+    """A plain-text input's units: one per line, with its line break."""
+    unit = 0
+    for piece, ends_line in _pieces(chunks, PIECE_CHARS):
+        yield unit, piece, False
+        unit += ends_line
+
+
+def _jsonl_units(chunks: Iterable[tuple[str, bool]], path: Path, text_field: str) -> Iterator[tuple[int, str, bool]]:
+    """A JSONL input's units: one per record (blank lines are none), its text field's text."""
+    unit = 0
+    for number, line in _records(chunks, path):
+        if not line.strip():
+            continue
+        for piece, ends in _pieces([(_record_text(line, path, number, text_field), True)], PIECE_CHARS):
+            yield unit, piece, ends
+        unit += 1
 
 
 def eval_shard_name(index: int) -> str:
@@ -205,6 +325,17 @@ class _ShardWriter:
     def resume(self) -> tuple[int, int, int]:
         at = self.split["resume"]
         return at["source"], at["unit"], at["offset"]
+
+    def add(self, ids: list[int], start: int, source: int, unit: int, unit_offset: int) -> None:
+        """ids[start:], tokens of unit `unit` of input `source` whose first is the unit's token
+        `unit_offset`: into the buffer, flushing each full shard with where the next one starts."""
+        offset = start
+        while offset < len(ids):
+            take = min(len(ids) - offset, len(self.buffer) - self.fill)
+            self.buffer[self.fill : self.fill + take] = ids[offset : offset + take]
+            self.fill, offset = self.fill + take, offset + take
+            if self.fill == len(self.buffer):
+                self.flush({"source": source, "unit": unit, "offset": unit_offset + offset})
 
     def flush(self, resume: dict[str, int]) -> None:
         path = self.out / self.name(len(self.split["shards"]))
@@ -312,21 +443,21 @@ def prepare(
         if source_index < first_source:
             progress("bytes", path.stat().st_size)
             continue
-        for unit_index, (text, ends_document) in enumerate(_units(path, text_field, lambda n: progress("bytes", n))):
-            writer = held if held is not None and held_out(source_index, unit_index, eval_fraction) else train
-            resume_source, resume_unit, resume_offset = writer.resume
-            if (source_index, unit_index) < (resume_source, resume_unit):
+        unit, writer, skip, tokens_before = -1, train, 0, 0
+        for unit_index, piece, ends_document in _units(path, text_field, lambda n: progress("bytes", n)):
+            if unit_index != unit:
+                unit, tokens_before = unit_index, 0
+                writer = held if held is not None and held_out(source_index, unit, eval_fraction) else train
+                resume_source, resume_unit, resume_offset = writer.resume
+                # Tokens of this unit already in a completed shard of its split: read, not written.
+                skip = resume_offset if (source_index, unit) == (resume_source, resume_unit) else 0
+            if (source_index, unit) < (resume_source, resume_unit):
                 continue  # in a completed shard of its split: read, not tokenized
-            ids = tok.encode(text)
+            ids = tok.encode(piece)
             if ends_document and tok.end_of_document is not None:
                 ids.append(tok.end_of_document)
-            offset = resume_offset if (source_index, unit_index) == (resume_source, resume_unit) else 0
-            while offset < len(ids):
-                take = min(len(ids) - offset, len(writer.buffer) - writer.fill)
-                writer.buffer[writer.fill : writer.fill + take] = ids[offset : offset + take]
-                writer.fill, offset = writer.fill + take, offset + take
-                if writer.fill == len(writer.buffer):
-                    writer.flush({"source": source_index, "unit": unit_index, "offset": offset})
+            writer.add(ids, max(0, skip - tokens_before), source_index, unit, tokens_before)
+            tokens_before += len(ids)
     end = {"source": len(inputs), "unit": 0, "offset": 0}
     for writer in writers:
         if writer.fill:

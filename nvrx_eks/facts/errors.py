@@ -8,6 +8,7 @@ findings. The entry points turn it into exit code 2 without a traceback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from pydantic import ValidationError
@@ -66,3 +67,14 @@ def validation_issues(err: ValidationError) -> list[Issue]:
 def describe_validation_error(err: ValidationError, source: str) -> ConfigError:
     """Turn a pydantic ValidationError into a ConfigError naming every offending field by path."""
     return ConfigError(issues=validation_issues(err), source=source)
+
+
+#: C0 and C1 control characters but tab and newline.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with its control characters written as escapes (ESC as \\x1b): messages and tables
+    echo what a user or a file gave (a path, a kubeconfig context name), which must not recolour
+    the terminal or move its cursor."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)

@@ -12,8 +12,9 @@ container command and exits 93 itself for everything that can be checked before 
 that hits such an error later exits 93 too. ft_launcher restarts ranks whatever code they exit
 with, so the rank first records its decision for the job attempt and asks ft_launcher to shut the
 workload down; the launcher's wrapper (container entrypoint, `nvrx-eks local`) exits 93 on finding
-the record (workloads.do_not_requeue). Without a record (the run dir itself unwritable) it is
-restarted like any failure, until ft_launcher's restarts or its no-progress limit
+the record (workloads.do_not_requeue). A record the run dir refuses (read-only, full) goes to a
+directory of the rank's own node that its wrapper also reads (the pod's /dev/shm). Without any
+record it is restarted like any failure, until ft_launcher's restarts or its no-progress limit
 (`fault_tolerance.max_no_progress_cycles`) run out.
 """
 

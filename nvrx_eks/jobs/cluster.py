@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as kubeconfig
 from kubernetes.client.exceptions import ApiException
@@ -53,6 +54,13 @@ def api_client(cluster: ExistingClusterConfig) -> k8s.ApiClient:
         raise ConfigError(
             f"cluster.context: {cluster.context!r} cannot be used from {path} ({e}); `kubectl config "
             "get-contexts` lists the contexts there"
+        ) from None
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError, RecursionError) as e:
+        # What the client's loader raises for a file that is YAML but no kubeconfig (a list, a
+        # number where a list goes) or that its recursive parser cannot take.
+        raise ConfigError(
+            f"cluster.kubeconfig: {path} is not a kubeconfig the Kubernetes client can read "
+            f"({type(e).__name__}: {str(e)[:200]}); check it with `kubectl --kubeconfig {path} config view`"
         ) from None
     client.rest_client.pool_manager.connection_pool_kw["timeout"] = urllib3.Timeout(
         connect=CONNECT_TIMEOUT_S, read=None

@@ -364,7 +364,10 @@ def _render_training(spec: JobSpec, context: dict) -> list[str]:
         # PyTorchJob: the master is node 0, the Worker replicas are the other nodes.
         "worker_replicas": spec.nodes - 1,
         "coordinator": coordinator_context(spec),
-        "attempt_env": {do_not_requeue.ATTEMPT_ID_ENV: attempt_value},
+        "attempt_env": {
+            do_not_requeue.ATTEMPT_ID_ENV: attempt_value,
+            do_not_requeue.FALLBACK_DIR_ENV: do_not_requeue.POD_FALLBACK_DIR,
+        },
     }
     config_map = _ENV.get_template("trainer-configmap.yaml.j2").render(
         **context, config_key=TRAIN_CONFIG_KEY, config_path=TRAIN_CONFIG_PATH, train_yaml=spec.train.to_yaml()

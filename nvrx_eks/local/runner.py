@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -321,9 +322,17 @@ def run_local(
                 f"--faults: {fault.label} targets {unit} {fault.rank}; with --nodes {nodes} --nproc {nproc} "
                 f"--spare-nodes {spares} use an active {unit} below {limit}"
             )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=run_dir).close()
+    except OSError as err:
+        raise ConfigError(
+            f"--run-dir: cannot write in {run_dir} ({err.strerror or err}); give a writable directory"
+        ) from None
     # Before anything of the run is written: a second run on this directory is refused.
-    with RunLease(run_dir):
+    # The do-not-requeue record's fallback (workloads.do_not_requeue): where a rank puts it when the
+    # run dir refuses it, as the pod's /dev/shm is.
+    with RunLease(run_dir), tempfile.TemporaryDirectory(prefix="nvrx-eks-local-records-") as records:
         fixed_port = port
         port = port or free_port_pair()
         for n, node_cfg in enumerate(configs):
@@ -360,6 +369,7 @@ def run_local(
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
             do_not_requeue.ATTEMPT_ID_ENV: attempt,
+            do_not_requeue.FALLBACK_DIR_ENV: records,
         }
         if plan.launched > 1:
             # ft_launcher's barrier rendezvous closes itself when two launchers share a host, unless
@@ -376,6 +386,7 @@ def run_local(
             console.print("[red]preflight refused the run: no rank was started[/]")
             _write_run_record(
                 run_dir,
+                console,
                 exit_code=EXIT_DO_NOT_REQUEUE,
                 wall_s=time.monotonic() - started,
                 started_at=started_at,
@@ -456,7 +467,7 @@ def run_local(
                     and stop.received is None
                     and not released
                     and not _completed(run_dir, started_at, steps)
-                    and do_not_requeue.read_record(run_dir, attempt) is None
+                    and do_not_requeue.read_record(run_dir, attempt, fallback=Path(records)) is None
                 ):
                     tracker.reap(grace_s=EXIT_BARRIER_GRACE_S)
                     relaunch += 1
@@ -476,7 +487,7 @@ def run_local(
         # A rank decided that no restart can fix this run and shut the workload down: a launcher
         # exits 1 (or 0 on a node whose ranks did not fail), the run's result is 93
         # (workloads.do_not_requeue).
-        record = do_not_requeue.read_record(run_dir, attempt)
+        record = do_not_requeue.read_record(run_dir, attempt, fallback=Path(records))
         if record is not None:
             code = EXIT_DO_NOT_REQUEUE
         for p in launchers:
@@ -485,6 +496,7 @@ def run_local(
         wall_s = time.monotonic() - started
         _write_run_record(
             run_dir,
+            console,
             exit_code=code,
             wall_s=wall_s,
             started_at=started_at,
@@ -532,9 +544,20 @@ def preflight(config_path: Path, world_size: int, env: dict[str, str], console: 
     return problems or [f"the preflight ({' '.join(argv)}) exited {result.returncode}: {' / '.join(lines[-3:])}"]
 
 
-def _write_run_record(run_dir: Path, **record: Any) -> None:
-    """local_run.json: how the run ended, for the tests, the bench and a later look."""
-    (run_dir / "local_run.json").write_text(json.dumps(record, indent=1))
+def _write_run_record(run_dir: Path, console: Console, **record: Any) -> None:
+    """local_run.json: how the run ended, for the tests, the bench and a later look. A run dir that
+    refuses it (read-only, full: the very reason a run may have stopped) costs the record, said
+    in one line, never the run's exit code."""
+    path = run_dir / "local_run.json"
+    try:
+        path.write_text(json.dumps(record, indent=1))
+    except OSError as err:
+        console.print(
+            f"[yellow]could not write {escape(str(path))} ({escape(err.strerror or str(err))}); the run "
+            f"ended with exit {record['exit_code']} all the same[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 class StopSignals:

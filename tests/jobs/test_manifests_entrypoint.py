@@ -21,6 +21,7 @@ from infra.config import resolve_config
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import build_jobspec
 from tests.support import REPO_ROOT
+from workloads import do_not_requeue
 
 FAKE_PYTHON = """\
 #!/bin/sh
@@ -45,13 +46,15 @@ exit "${LAUNCHER_EXIT:-0}"
 """
 
 
-def _entrypoint(api: str) -> str:
+def _trainer_pod(api: str) -> dict:
     job = render_job(build_jobspec(resolve_config(), nodes=2, name="train", api=api)).job_document
     if api == "jobset":
-        pod = job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
-    else:
-        pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
-    args = pod["spec"]["containers"][0]["args"]
+        return job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    return job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+
+
+def _entrypoint(api: str) -> str:
+    args = _trainer_pod(api)["containers"][0]["args"]
     assert args[:2] == ["/bin/sh", "-c"]
     return args[2]
 
@@ -95,6 +98,49 @@ def test_launcher_gets_the_rendered_arguments(sandbox):
     assert _run(_entrypoint("jobset"), env) == 0
     args = (work / "launcher-args").read_text().split()
     assert args[args.index("--rdzv-endpoint") + 1] == "train-coordinator-0-0.train:29500"
+
+
+#: A launcher whose rank stops the job (workloads.train._stop_the_job) while the run dir refuses
+#: writes, then exits 1 as ft_launcher does after the shutdown request.
+STOPPING_LAUNCHER = """\
+#!/bin/sh
+"$REAL_PYTHON" -c '
+import sys
+from workloads import do_not_requeue
+do_not_requeue.write_record(sys.argv[1], do_not_requeue.attempt_id(), rank=0,
+                            reason="cannot continue: checkpoint.dir /x is read-only")
+' "$WORK/run"
+exit 1
+"""
+
+
+@pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
+def test_a_record_the_run_dir_refuses_reaches_the_entrypoint_through_the_pods_shm(sandbox, api):
+    """A run dir made read-only (the reason the rank stops): the record goes to the fallback the
+    pod names, a directory on its own memory emptyDir, where the entrypoint finds it: exit 93, not
+    the launcher's 1 (JobSet: retried up to maxRestarts; PyTorchJob: 138, retried)."""
+    work, env = sandbox
+    pod = _trainer_pod(api)
+    container = pod["containers"][0]
+    pod_env = {var["name"]: var.get("value") for var in container["env"]}
+    fallback = pod_env[do_not_requeue.FALLBACK_DIR_ENV]
+    [shm] = [m for m in container["volumeMounts"] if fallback.startswith(m["mountPath"].rstrip("/") + "/")]
+    [volume] = [v for v in pod["volumes"] if v["name"] == shm["name"]]
+    assert "emptyDir" in volume and not shm.get("readOnly")  # the pod's own, writable
+    (work / "run").mkdir()
+    (work / "run" / do_not_requeue.RECORD_DIR).write_text("")  # writes there fail, as on a read-only dir
+    (work / "bin" / "ft_launcher").write_text(STOPPING_LAUNCHER)
+    script = _entrypoint(api).replace("--run-dir /fsx/runs/train", f"--run-dir {work / 'run'}")
+    local_shm = str(work / "shm" / Path(fallback).name)
+    done = subprocess.run(
+        ["/bin/sh", "-c", script],
+        env={**env, "PYTHONPATH": str(REPO_ROOT), "NVRX_EKS_ATTEMPT_ID": "uid-1-0",
+             do_not_requeue.FALLBACK_DIR_ENV: local_shm},
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 93, done.stderr
+    assert "nvrx-eks: do not requeue (rank 0): cannot continue: checkpoint.dir /x is read-only" in done.stderr
+    assert list(Path(local_shm).iterdir())  # the record is there, not in the run dir
 
 
 @pytest.mark.parametrize("nodes", [1, 4])

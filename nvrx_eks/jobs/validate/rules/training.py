@@ -9,6 +9,7 @@ from infra import pod_security
 from nvrx_eks.facts import job_names
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import InstanceFacts
+from nvrx_eks.facts.user_yaml import load_user_yaml
 from nvrx_eks.jobs.spec import (
     FSX_MOUNT_PATH,
     TRAIN_CONFIG_KEY,
@@ -151,8 +152,9 @@ class TrainingRules(PodRules, SecurityRules, PolicyRules, EntrypointRules):
             self.findings.append(Finding("project", doc_id, format_path(key_path), "missing: the trainer config YAML"))
             return None, (doc_id, key_path)
         try:
-            data = yaml.safe_load(text)
-            train = TrainConfig.from_dict(data if isinstance(data, dict) else {}, source=f"{doc_id} {TRAIN_CONFIG_KEY}")
+            source = f"{doc_id} {TRAIN_CONFIG_KEY}"
+            data = load_user_yaml(text, source)
+            train = TrainConfig.from_dict(data if isinstance(data, dict) else {}, source=source)
         except yaml.YAMLError as e:
             self.findings.append(Finding("project", doc_id, format_path(key_path), f"not valid YAML: {e}"))
             return None, (doc_id, key_path)
