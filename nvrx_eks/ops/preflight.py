@@ -36,7 +36,7 @@ from infra.addon_catalog import managed_addons
 from infra.config import DeploymentConfig, documentation_placeholders
 from nvrx_eks.deploy import reservations
 from nvrx_eks.deploy.deployment import Deployment
-from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.errors import ConfigError, terminal_safe
 from nvrx_eks.facts.instances import INSTANCE_FACTS, VcpuQuota
 from nvrx_eks.ops.preflight_cluster import cluster_checks
 from nvrx_eks.ops.preflight_context import (
@@ -444,7 +444,9 @@ def print_results(results: list[CheckResult], console: Console) -> None:
     for column in ("check", "result", "detail", "fix"):
         table.add_column(column)
     for r in results:
-        table.add_row(escape(r.name), f"[{styles[r.status]}]{r.status}[/]", escape(r.detail), escape(r.fix))
+        # Details echo what a kubeconfig or the account holds (a context name, a principal): shown, never obeyed.
+        name, detail, fix = (escape(terminal_safe(text)) for text in (r.name, r.detail, r.fix))
+        table.add_row(name, f"[{styles[r.status]}]{r.status}[/]", detail, fix)
     console.print(table)
 
 

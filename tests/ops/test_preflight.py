@@ -10,6 +10,7 @@ import urllib.error
 
 import boto3
 import pytest
+from rich.console import Console
 
 from infra.addon_catalog import managed_addons
 from infra.config import DeploymentConfig, resolve_config
@@ -595,3 +596,14 @@ def test_preflight_command_prints_the_addon_fix(cli_sessions, own_profile):
     assert "set addons.versions.kube_proxy: v1.35.9-eksbuild.1" in " ".join(result.stdout.split())
     assert "(EKS add-on versions for 1.35)" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_a_control_sequence_in_a_check_prints_escaped_not_to_the_terminal():
+    """A kubeconfig context named with an escape sequence (the reliability probe's K1) is shown,
+    never obeyed: the terminal's colours stay as they were."""
+    console = Console(record=True, width=200, force_terminal=True)
+    detail = "context 'ctx\x1b[31mRED\x1b[0m' not found"
+    preflight.print_results([preflight.CheckResult("kubeconfig context", FAIL, detail, "fix\x07 it")], console)
+    text = console.export_text(styles=False)
+    assert "ctx\\x1b[31mRED\\x1b[0m" in text and "fix\\x07 it" in text
+    assert "\x1b[31mRED" not in console.export_text(styles=True)
