@@ -132,8 +132,8 @@ def read_pointer(ckpt_dir: str | Path) -> dict[str, Any] | None:
         pointer = json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise PointerUnreadable(f"{path}: {err}") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise PointerUnreadable(f"{path}: {err!s:.200}") from None
     committed = pointer.get("committed") if isinstance(pointer, dict) else None
     if not (
         isinstance(committed, list)
@@ -150,9 +150,11 @@ def verified_commit(directory: Path) -> dict[str, Any] | None:
     present with its recorded size (contents are checked again when loading); None otherwise."""
     try:
         manifest = json.loads((directory / COMMIT_FILE).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict):
+        return None
+    files = manifest.get("files")
     if manifest.get("step") != step_of(directory.name) or not isinstance(files, dict):
         return None
     for name, recorded in files.items():

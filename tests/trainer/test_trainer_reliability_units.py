@@ -59,6 +59,24 @@ def test_corrupt_pointer_is_rebuilt_or_reported_as_lost(tmp_path):
     assert layout.commit_state(tmp_path).source == "rebuilt"
 
 
+@pytest.mark.parametrize(
+    "record",
+    ["[1]", "7", '"step"', "[" * 100_000 + "]" * 100_000, '{"step": 10, "files": [1]}'],
+    ids=["a list", "a number", "a string", "nested past the parser", "files a list"],
+)
+def test_a_commit_record_of_another_shape_is_not_a_commit(tmp_path, record):
+    """A hostile or damaged commit.json is no commit (the run falls back to the others or starts
+    over), never an exception that ends the preflight with a traceback instead of 93."""
+    good = _commit(tmp_path, 10)
+    bad = _commit(tmp_path, 20)
+    (tmp_path / bad / layout.COMMIT_FILE).write_text(record)
+    assert layout.verified_commit(tmp_path / bad) is None
+    assert layout.commit_state(tmp_path).committed == [good]
+    (tmp_path / layout.POINTER_FILE).write_text(record)
+    with pytest.raises(layout.PointerUnreadable, match="latest.json"):
+        layout.read_pointer(tmp_path)
+
+
 def test_retention_deletes_committed_checkpoints_only_on_a_pointer_it_read(tmp_path):
     c10, c20, c30 = _commit(tmp_path, 10), _commit(tmp_path, 20), _commit(tmp_path, 30)
     abandoned = tmp_path / layout.step_dir_name(35, "b.0.0.1")
