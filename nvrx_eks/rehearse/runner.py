@@ -349,7 +349,7 @@ class _JobSetRun:
             self.running, self.disrupted, self.struck = dict(enumerate(self.names)), set(), set()
             action = self._watch_attempt(view)
             self.delete_pods()
-            self.names = []
+            self.names, self.coordinator = [], None  # gone: an interrupt from here on deletes only the next attempt's
             if action not in ("restart", "restart-uncounted"):
                 return
             self.attempt += 1

@@ -154,22 +154,27 @@ class ScriptedPods:
     """The few podman calls `execute` makes, answered from a script: the worker pods step through
     `steps` (rank 0 writing a step_end each time a pod's state is read), then exit 0, or exit
     `fails[(attempt, index)] = (step, code)` at that step; a kill ends a pod with 137 and a stop
-    (a pod deleted) with 143. `interrupt_at`: (attempt, step) at which Ctrl-C arrives."""
+    (a pod deleted) with 143. `interrupt_at`: (attempt, step) at which Ctrl-C arrives;
+    `interrupt_creating`: the pod whose creation Ctrl-C interrupts."""
 
-    def __init__(self, trainer_dir: Path, steps: int, fails=None, interrupt_at=None):
+    def __init__(self, trainer_dir: Path, steps: int, fails=None, interrupt_at=None, interrupt_creating=None):
         self.trainer_dir, self.steps = trainer_dir, steps
-        self.fails, self.interrupt_at = fails or {}, interrupt_at
+        self.fails, self.interrupt_at, self.interrupt_creating = fails or {}, interrupt_at, interrupt_creating
         self.created: list[str] = []
         self.exited: dict[str, int] = {}
         self.removed: set[str] = set()
+        self.removals: list[str] = []  # every name each `rm` named, in order
         self.reached: dict[int, int] = {}  # attempt -> rank 0's last step
         self.t = 1000.0
 
     def run(self, argv, check=True, **kwargs):
         if argv[0] == "create":
+            if argv[2] == self.interrupt_creating:
+                raise KeyboardInterrupt
             self.created.append(argv[2])
         if argv[0] == "rm":
             self.removed.update(argv[2:])
+            self.removals.extend(argv[2:])
         return subprocess.CompletedProcess(argv, 0, f"log of {argv[-1]}\n", "")
 
     def popen(self, argv, **kwargs):
@@ -278,6 +283,20 @@ def test_execute_deletes_the_pods_when_interrupted(tmp_path, monkeypatch):
     assert "rehearse: stopping: deleting the pods" in out.getvalue()
     assert set(engine.created) == engine.removed
     assert json.loads((tmp_path / "rehearsal.json").read_text())["attempts"] == 1
+
+
+def test_a_ctrl_c_while_the_next_attempt_starts_deletes_each_pod_once(tmp_path, monkeypatch):
+    """The first attempt's pods, its coordinator included, are gone once it ended; an interrupt
+    while the restart creates its pods must not delete that coordinator again (its saved log would
+    be overwritten by the runtime's "no such container")."""
+    prepared, engine, out, listener = _scripted_rehearsal(
+        tmp_path, "pod-kill@3:1", monkeypatch, steps=8, interrupt_creating="train-coordinator-0-0-a1"
+    )
+    with listener:
+        assert execute(prepared) == 128 + signal.SIGINT
+    assert "rehearse: stopping: deleting the pods" in out.getvalue()
+    assert sorted(engine.removals) == sorted(set(engine.removals)), engine.removals
+    assert set(engine.created) <= engine.removed
 
 
 # --- in podman ---------------------------------------------------------------------------------
