@@ -77,6 +77,9 @@ Events and their own fields:
     unrecoverable         reason (an error no restart can fix: the job ends in 93)
     rank_discarded        reason (spare nodes: a rank of this node was lost, so this rank left with
                           its node; workloads.spares)
+    run_lease             how (this process holds the run directory's lease now, as rank 0: "taken",
+                          "taken over from <holder>", or "held by the command that started this
+                          run"; workloads.lease)
     run_end               status ("completed"|"terminated"), final_step, final_loss; when completed
                           also state_sha256, rank_state_sha256, gpu_peak_reserved_bytes
                           (torch.cuda.max_memory_reserved since the setup of the iteration the
