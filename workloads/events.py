@@ -65,7 +65,8 @@ Events and their own fields:
                           ranks' agreement on what exists: checks, exchange, building the empty
                           state and copying into it; compare checkpoint_load's), build_s (of
                           load_s: building the empty state, the same work whichever tier loads)
-    fault_injected        kind, step, target_rank[, damaged][, node (node-loss: the simulated node)]
+    fault_injected        kind, step, target_rank[, damaged][, node (node-loss, local-disk-full: the
+                          simulated node)]
     fault_not_applicable  kind, step, reason (a fault this rank cannot carry out where it runs:
                           coordinator-loss in a pod, which cannot see the coordinator's process)
     restart_begin         layer="inprocess", reason (emitted when NVRx finalizes the failed
@@ -113,6 +114,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_eks.facts.training_metrics import EVENT_MARK
+from workloads.faults import KINDS_INTERRUPTING_NOTHING
 from workloads.goodput import WallTimeSplit, split_wall_time
 
 SCHEMA_VERSION = 1
@@ -354,7 +356,7 @@ class RunReport(WallTimeSplit):
 
 
 def fault_target(fault: dict[str, Any]) -> int:
-    """What a fault_injected event's spec named: the rank, or for node-loss the node."""
+    """What a fault_injected event's spec named: the rank, or for the node kinds the node."""
     return fault.get("node", fault["target_rank"])
 
 
@@ -434,12 +436,12 @@ def watch_line(event: dict[str, Any], took_s: float | None = None) -> str | None
 def fault_outcomes(faults: list[dict[str, Any]], restarts: list[Restart]) -> list[dict[str, Any]]:
     """Each fault with the first restart that ended after it: the layer, fault -> training ready
     (`recovered_s`), the step resumed from and the steps lost. Faults that interrupt nothing
-    (corrupt-latest, slow) get no restart."""
+    (workloads.faults.KINDS_INTERRUPTING_NOTHING) get no restart."""
     out = []
     for f in faults:
         after = [r for r in restarts if r.end_t >= f["t"]]
         rec = {"fault": fault_label(f), "kind": f["kind"], "target": fault_target(f), "t": f["t"]}
-        if after and f["kind"] != "corrupt-latest" and f["kind"] != "slow":
+        if after and f["kind"] not in KINDS_INTERRUPTING_NOTHING:
             r = after[0]
             rec.update(
                 layer=r.layer,

@@ -49,6 +49,7 @@ exchange here is a plain gloo send/recv of the copy's bytes, the same on CPU and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -63,7 +64,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 import torch.distributed as dist
@@ -75,7 +76,7 @@ from workloads.checkpoint.errors import CheckpointIncompatible
 from workloads.checkpoint.groups import checkpoint_gloo_group
 from workloads.config import TrainConfig
 from workloads.events import EventLog
-from workloads.faults import damage_in_place
+from workloads.faults import FullDiskFile, damage_in_place, local_disk_full, marker_dir, parse_fault_spec
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +273,37 @@ def _temporary(target: Path) -> Path:
     return target.with_name(f".{target.name}.tmp-{os.getpid()}")
 
 
+def _write_copy(
+    root: Path,
+    step: int,
+    rank: int,
+    write: Callable[[BinaryIO], tuple[int, str]],
+    run: str,
+    identity: dict[str, Any],
+    disk_full: bool,
+) -> tuple[Path, str]:
+    """Write rank `rank`'s copy of `step`: its data with `write` (returns its size and SHA-256)
+    to a temporary file moved into place, then its record; returns (the data file, SHA-256).
+    When any of it fails (a full disk) nothing of the copy is left: partial data takes space the
+    next save needs, and an earlier record of the same step must not describe other bytes.
+    `disk_full`: the local-disk-full fault (workloads.faults), every write of the data failing
+    as on a full disk."""
+    data, record = copy_paths(root, step, rank)
+    tmp = _temporary(data)
+    try:
+        data.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            nbytes, sha256 = write(FullDiskFile(tmp) if disk_full else f)
+        os.replace(tmp, data)
+        _write_record(root, step, rank, nbytes, sha256, run, identity)
+    except BaseException:
+        for path in (tmp, record, data):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+        raise
+    return data, sha256
+
+
 def write_own_copy(
     root: Path,
     step: int,
@@ -280,31 +312,31 @@ def write_own_copy(
     meta: dict[str, Any],
     run: str,
     identity: dict[str, Any],
+    disk_full: bool = False,
 ) -> tuple[Path, str]:
     """Write this rank's copy of `step` under `root`, hashed as it is written; returns (its data
     file, SHA-256)."""
-    target, _ = copy_paths(root, step, rank)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary(target)
-    with open(tmp, "wb") as f:
-        nbytes, sha256 = copy_format.write(f, tensors, meta)
-    os.replace(tmp, target)
-    _write_record(root, step, rank, nbytes, sha256, run, identity)
-    return target, sha256
+    return _write_copy(root, step, rank, lambda f: copy_format.write(f, tensors, meta), run, identity, disk_full)
 
 
 def write_replica(
-    root: Path, step: int, rank: int, data: Buffer, sha256: str, run: str, identity: dict[str, Any]
+    root: Path,
+    step: int,
+    rank: int,
+    data: Buffer,
+    sha256: str,
+    run: str,
+    identity: dict[str, Any],
+    disk_full: bool = False,
 ) -> None:
     """Write the copy of rank `rank` a peer sent, under the SHA-256 the peer computed as it wrote
     its own: what arrived is checked against what was written when the replica is used."""
-    target, _ = copy_paths(root, step, rank)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary(target)
-    with open(tmp, "wb") as f:
+
+    def write(f: BinaryIO) -> tuple[int, str]:
         f.write(data)
-    os.replace(tmp, target)
-    _write_record(root, step, rank, len(data), sha256, run, identity)
+        return len(data), sha256
+
+    _write_copy(root, step, rank, write, run, identity, disk_full)
 
 
 def copy_record(
@@ -447,6 +479,10 @@ class LocalTier:
         # node. With one node there is no other node to replicate to.
         self.peer = (self.rank + nproc_per_node) % self.world if self.world > nproc_per_node else None
         self.source = (self.rank - nproc_per_node) % self.world if self.peer is not None else None
+        #: Whether this node's storage is full (the local-disk-full fault; never, without it).
+        self._disk_full = local_disk_full(
+            parse_fault_spec(cfg.faults), self.rank // nproc_per_node, marker_dir(cfg.run_dir)
+        )
         # Its own gloo group: replicas move in the writer thread while the training thread runs
         # the step's collectives on the default group.
         self._group = checkpoint_gloo_group(cfg.checkpoint.finalize_timeout_s)
@@ -538,7 +574,9 @@ class LocalTier:
             pass
         try:
             started = time.monotonic()
-            path, sha256 = write_own_copy(self.root, step, self.rank, tensors, meta, self.run, self.identity)
+            path, sha256 = write_own_copy(
+                self.root, step, self.rank, tensors, meta, self.run, self.identity, self._disk_full(step)
+            )
             written = time.monotonic()
             nbytes = path.stat().st_size
             if self.peer is not None and self.source is not None:  # both or neither
@@ -548,7 +586,16 @@ class LocalTier:
                     raise OSError(f"{path}: {reason}")
                 replica, replica_sha256 = _exchange(self._group, self.peer, own, self.source, sha256)
                 assert replica is not None and replica_sha256 is not None
-                write_replica(self.root, step, self.source, replica, replica_sha256, self.run, self.identity)
+                write_replica(
+                    self.root,
+                    step,
+                    self.source,
+                    replica,
+                    replica_sha256,
+                    self.run,
+                    self.identity,
+                    self._disk_full(step),
+                )
             self._retain()
             self.events.emit(
                 "local_saved",
