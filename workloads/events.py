@@ -54,8 +54,13 @@ Events and their own fields:
     checkpoint_trust_failed     step, path, reason (a file trusted at reload by its metadata failed
                           the background re-hash: the next commit is refused)
     local_save            step, stall_s (the copy into host buffers), bytes (node-local tier)
-    local_saved           step, write_s, replicate_s, bytes, replica_of (the writer thread, done)
-    local_save_failed     reason (the local tier only; FSx still holds the run)
+    local_saved           step, write_s, replicate_s, bytes, replica_of (the writer thread, done,
+                          with the rank's own copy written; replica_of: the rank whose copy it
+                          now holds, null when that rank sent none: its own write failed)
+    local_save_failed     step, reason (the first of the rank's local saves that failed in a row;
+                          the local tier only, FSx still holds the run)
+    local_save_recovered  step, failed_saves, since_step (the first local save that succeeded
+                          again after failed ones, and how many failed)
     local_copy_skipped    step, origin_rank, own, reason (a local copy failed its check on restore)
     local_tier_skipped    reason, fsx_step (no local step complete for every rank, or FSx newer)
     local_tier_disabled   reason (checkpoint.local.dir cannot be created: the iteration runs on

@@ -139,6 +139,50 @@ def drop_host_copy() -> None:
     _host_copy = None
 
 
+@dataclass
+class _Failing:
+    """Saves of this process that failed in a row, since `since_step`, the first for `reason`."""
+
+    since_step: int
+    reason: str
+    saves: int = 1
+
+
+# Outlives the in-process iteration, as the node's storage does: a restart does not report again
+# what was reported already.
+_failing: _Failing | None = None
+
+
+def _report(events: EventLog, step: int, problem: str | None) -> None:
+    """Report how the save of `step` went, once per failure and not per save: the first failed
+    save (`local_save_failed`, with a log line) and the first that succeeds again
+    (`local_save_recovered`, with the count of those that failed). A full disk fails every
+    interval for as long as nobody frees it, and one line per interval would bury the rest of
+    the run's log."""
+    global _failing
+    if problem is not None and _failing is None:
+        _failing = _Failing(step, problem)
+        log.warning(
+            "local checkpoint save of step %d failed: %s; training goes on (the tier is a cache: a "
+            "restore takes the newest step complete for every rank, or checkpoint.dir); said once, "
+            "until a save succeeds again",
+            step,
+            problem,
+        )
+        events.emit("local_save_failed", step=step, reason=problem[:500])
+    elif problem is not None and _failing is not None:
+        _failing.saves += 1
+    elif _failing is not None:
+        log.info(
+            "local checkpoint saves succeed again at step %d (%d failed from step %d)",
+            step,
+            _failing.saves,
+            _failing.since_step,
+        )
+        events.emit("local_save_recovered", step=step, failed_saves=_failing.saves, since_step=_failing.since_step)
+        _failing = None
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
@@ -424,8 +468,9 @@ class LocalRestore:
     source: str  # "local" (own copy) or "replica" (received from the rank that held it)
 
 
-#: What precedes a copy on the wire: its size and the SHA-256 its origin recorded.
-_WIRE_HEADER = struct.Struct("<Q32s")
+#: What precedes a copy on the wire: its size, the SHA-256 its origin recorded, and whether a
+#: copy follows at all (not when the origin's own write failed).
+_WIRE_HEADER = struct.Struct("<Q32s?")
 
 
 def _exchange(
@@ -433,13 +478,14 @@ def _exchange(
 ) -> tuple[memoryview | None, str | None]:
     """Send `payload` (with its SHA-256, when given) to one rank and receive one from another,
     without ordering deadlocks: sizes and digests first, then the bytes, all as non-blocking pairs.
-    Returns what was received: (bytes, SHA-256 hex), or (None, None)."""
+    A `send_to` with no `payload` sends the header alone, saying no copy follows: the receiver
+    does not wait for one. Returns what was received: (bytes, SHA-256 hex), or (None, None)."""
     # isend/irecv return None only on a rank outside the group; every rank here is in it.
     works: list[Any] = []
     header_in = torch.zeros(_WIRE_HEADER.size, dtype=torch.uint8)
     if send_to is not None:
-        assert payload is not None
-        header = _WIRE_HEADER.pack(len(payload), bytes.fromhex(sha256) if sha256 else b"")
+        digest = bytes.fromhex(sha256) if sha256 and payload is not None else b""
+        header = _WIRE_HEADER.pack(len(payload) if payload is not None else 0, digest, payload is not None)
         works.append(dist.isend(torch.frombuffer(bytearray(header), dtype=torch.uint8), send_to, group=group))
     if recv_from is not None:
         works.append(dist.irecv(header_in, recv_from, group=group))
@@ -447,18 +493,18 @@ def _exchange(
         w.wait()
     works = []
     data_in = None
-    if send_to is not None:
-        assert payload is not None
+    if send_to is not None and payload is not None:
         works.append(dist.isend(torch.frombuffer(payload, dtype=torch.uint8), send_to, group=group))
     if recv_from is not None:
-        size, digest = _WIRE_HEADER.unpack(header_in.numpy().tobytes())
-        data_in = torch.empty(size, dtype=torch.uint8)
-        works.append(dist.irecv(data_in, recv_from, group=group))
+        size, digest_in, follows = _WIRE_HEADER.unpack(header_in.numpy().tobytes())
+        if follows:
+            data_in = torch.empty(size, dtype=torch.uint8)
+            works.append(dist.irecv(data_in, recv_from, group=group))
     for w in works:
         w.wait()
     if data_in is None:
         return None, None
-    return data_in.numpy().data, digest.hex()
+    return data_in.numpy().data, digest_in.hex()
 
 
 class LocalTier:
@@ -487,7 +533,8 @@ class LocalTier:
         # the step's collectives on the default group.
         self._group = checkpoint_gloo_group(cfg.checkpoint.finalize_timeout_s)
         self._writer: threading.Thread | None = None
-        self._error: BaseException | None = None
+        #: (step, what failed or None) of the save the writer thread finished, for wait().
+        self._outcome: tuple[int, str | None] | None = None
         self.last_saved_step = -1
         global _previous_writer
         stuck = False
@@ -551,7 +598,8 @@ class LocalTier:
             # one from the file, and later changes to the live objects do not reach the copy.
             meta = json.loads(json.dumps(meta))
         except (TypeError, ValueError) as err:
-            self._error = err  # reported at once by wait(): no save of this state can be written
+            # Reported at once by wait(): no save of this state can be written.
+            self._outcome = (step, f"{type(err).__name__}: {err}")
             self.wait()
             return time.monotonic() - started
         _host_copy = HostCopy(step, self.rank, self.run, self.identity, tensors, meta)
@@ -572,56 +620,66 @@ class LocalTier:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
         except OSError:
             pass
+        problems: list[str] = []
         try:
             started = time.monotonic()
-            path, sha256 = write_own_copy(
-                self.root, step, self.rank, tensors, meta, self.run, self.identity, self._disk_full(step)
-            )
-            written = time.monotonic()
-            nbytes = path.stat().st_size
-            if self.peer is not None and self.source is not None:  # both or neither
+            own: Buffer | None = None
+            sha256, nbytes = "", 0
+            try:
+                path, sha256 = write_own_copy(
+                    self.root, step, self.rank, tensors, meta, self.run, self.identity, self._disk_full(step)
+                )
+                nbytes = path.stat().st_size
                 # The file just written, from the page cache: no serialized copy in memory.
                 own, reason = open_copy(path, {"bytes": nbytes}, hashed=False)
                 if own is None:
                     raise OSError(f"{path}: {reason}")
+            except Exception as err:  # noqa: BLE001 - the exchange below still takes place
+                problems.append(f"own copy: {type(err).__name__}: {err}")
+            written = time.monotonic()
+            replica_of = None
+            if self.peer is not None and self.source is not None:  # both or neither
+                # Whatever became of the own copy: the peer waits for this rank's word, and one
+                # that never came would hold it until the group's timeout, then restart every
+                # rank, at every interval for as long as this node's storage fails.
                 replica, replica_sha256 = _exchange(self._group, self.peer, own, self.source, sha256)
-                assert replica is not None and replica_sha256 is not None
-                write_replica(
-                    self.root,
-                    step,
-                    self.source,
-                    replica,
-                    replica_sha256,
-                    self.run,
-                    self.identity,
-                    self._disk_full(step),
+                if replica is not None and replica_sha256 is not None:
+                    try:
+                        write_replica(
+                            self.root, step, self.source, replica, replica_sha256, self.run, self.identity,
+                            self._disk_full(step),
+                        )  # fmt: skip
+                        replica_of = self.source
+                    except Exception as err:  # noqa: BLE001 - reported by wait()
+                        problems.append(f"replica of rank {self.source}: {type(err).__name__}: {err}")
+            if own is not None:
+                # Not after a failed own copy: the older ones are then this rank's newest.
+                self._retain()
+                self.events.emit(
+                    "local_saved",
+                    step=step,
+                    write_s=written - started,
+                    replicate_s=time.monotonic() - written,
+                    bytes=nbytes,
+                    replica_of=replica_of,
                 )
-            self._retain()
-            self.events.emit(
-                "local_saved",
-                step=step,
-                write_s=written - started,
-                replicate_s=time.monotonic() - written,
-                bytes=nbytes,
-                replica_of=self.source,
-            )
         except BaseException as err:  # noqa: BLE001 - reported by wait(); the thread must end
-            self._error = err
+            problems.append(f"{type(err).__name__}: {err}")
+        self._outcome = (step, "; ".join(problems) or None)
 
     def wait(self, ping: Callable[[], None] = _no_ping) -> None:
         """Wait for the writer thread, calling `ping` meanwhile: under load a writer takes seconds
         (200 MB written, sent and received at nice 10), longer than the in-process soft timeout
-        allows a rank to go without progress. A failed local save is logged, not raised: the tier
-        is a shortcut, the FSx tier still holds the run."""
+        allows a rank to go without progress. A failed local save is reported (_report), not
+        raised: the tier is a shortcut, the FSx tier still holds the run."""
         if self._writer is not None:
             while self._writer.is_alive():
                 self._writer.join(timeout=_PING_EVERY_S)
                 ping()
             self._writer = None
-        if self._error is not None:
-            log.warning("local checkpoint save failed: %s: %s", type(self._error).__name__, self._error)
-            self.events.emit("local_save_failed", reason=f"{type(self._error).__name__}: {self._error}"[:500])
-            self._error = None
+        if self._outcome is not None:
+            _report(self.events, *self._outcome)
+            self._outcome = None
 
     def _mine(self) -> set[int]:
         return {self.rank} | ({self.source} if self.source is not None else set())
