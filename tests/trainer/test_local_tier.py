@@ -16,18 +16,18 @@ import torch.multiprocessing as mp
 
 from tests.support.trainer_fixtures import port_pair
 from workloads.checkpoint import copy_format
-from workloads.checkpoint.local_tier import (
+from workloads.checkpoint.local_copies import (
     DATA_SUFFIX,
     RECORD_SUFFIX,
     copies_in,
     copy_paths,
     copy_record,
-    drop_host_copy,
     fill_state,
     open_copy,
     split_state,
     write_own_copy,
 )
+from workloads.checkpoint.local_tier import drop_host_copy
 from workloads.config import TrainConfig
 from workloads.faults import FaultInjector, marker_dir, parse_fault_spec
 

@@ -7,10 +7,10 @@ tensor of the state are copied to CPU on the training thread, into the buffers o
 save once its writer is done (the copy floor: the optimizer may change them as soon as the save
 returns). Those buffers are the host-memory copy: the newest save, kept for the life of the
 process, across in-process restarts. A writer thread then streams them to
-`<root>/step_<N>/rank<R>.bin` (workloads.checkpoint.copy_format: a JSON header and the tensors'
-raw bytes) while hashing them, writes `rank<R>.json` last (size, SHA-256 and the run's identity: a
-copy without it is incomplete), and exchanges copies with the peers over its own gloo group: rank
-R sends to R + nproc_per_node and receives from R - nproc_per_node, i.e. always to another node.
+`<root>/step_<N>/rank<R>.bin` (workloads.checkpoint.local_copies) while hashing them, writes
+`rank<R>.json` last (size, SHA-256 and the run's identity: a copy without it is incomplete), and
+exchanges copies with the peers over its own gloo group: rank R sends to R + nproc_per_node and
+receives from R - nproc_per_node, i.e. always to another node.
 The SHA-256 travels with the bytes, so the holder's record vouches for what the origin wrote, not
 for what arrived. Nothing in a copy is unpickled: its header is JSON and its tensors are views.
 
@@ -39,7 +39,11 @@ A peer's replica is always hashed by the rank holding it before it is sent.
 
 The tier is a cache: when its root cannot be created (read-only, not permitted, full), it is off
 for the iteration, with one `local_tier_disabled` event and log line naming checkpoint.local.dir,
-and the run goes on with the FSx tier.
+and the run goes on with the FSx tier. When a save cannot be written (a node's disk fills), the
+rank still takes part in the exchange, saying it has no copy, so its peer never waits for one;
+the rank reports the first of its saves that fail in a row and the first that succeeds again, and
+a restore takes the newest step complete for every rank as always (the failed rank's host copy
+after an in-process restart; else an older complete step, or FSx).
 
 Why not NVRx's LocalCheckpointManager: on CPU its BasicTensorAwareStateDict asserts CUDA and its
 replica retrieval sends through CUDA (PLATFORM-FACTS), and it loads copies with
@@ -49,59 +53,47 @@ exchange here is a plain gloo send/recv of the copy's bytes, the same on CPU and
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
-import mmap
 import os
-import re
 import shutil
-import struct
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
-from nvrx_eks.facts.checkpoint_layout import LAYOUT_FIELDS, atomic_write, incompatibility, local_copy_identity
+from nvrx_eks.facts.checkpoint_layout import local_copy_identity
 from workloads.checkpoint import copy_format
 from workloads.checkpoint.errors import CheckpointIncompatible
 from workloads.checkpoint.groups import checkpoint_gloo_group
+from workloads.checkpoint.local_copies import (
+    Buffer,
+    copies_in,
+    copy_paths,
+    copy_record,
+    corrupt_newest_copy,
+    exchange,
+    fill_state,
+    open_copy,
+    run_id,
+    split_state,
+    step_dir,
+    write_own_copy,
+    write_replica,
+)
 from workloads.config import TrainConfig
 from workloads.events import EventLog
-from workloads.faults import FullDiskFile, damage_in_place, local_disk_full, marker_dir, parse_fault_spec
+from workloads.faults import local_disk_full, marker_dir, parse_fault_spec
 
 log = logging.getLogger(__name__)
 
-#: In the run directory (on FSx): the run's identity, recorded in every local copy. A node-local
-#: directory outlives the run that wrote it (a job resubmitted under the same name gets the same
-#: directory); a copy from another run is never restored.
-RUN_ID_FILE = "local-tier-run-id"
-
-#: A copy's data and its record, in `step_<N>/`: rank<R>.bin, rank<R>.json.
-DATA_SUFFIX, RECORD_SUFFIX = ".bin", ".json"
-#: Recorded in every copy's record: copies of another format (torch.save ones, before this one)
-#: are skipped, and the FSx checkpoint loads instead.
-COPY_FORMAT = "flat-1"
-
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
-_COPY = re.compile(rf"^rank(\d+){re.escape(RECORD_SUFFIX)}$")
-
-#: The fix for a node-local copy of another identity when the operator means to start over.
-_START_OVER = "point checkpoint.dir and checkpoint.local.dir at empty directories to start a new run"
-
 #: Nice value of the writer thread (0-19; higher yields more CPU to the training thread).
 WRITER_NICENESS = 10
-
-#: A copy's bytes: a memory map of its file, or what a peer sent.
-Buffer = bytearray | memoryview | mmap.mmap
 
 #: How often a wait for the writer reports progress to the in-process watchdog.
 _PING_EVERY_S = 0.05
@@ -183,328 +175,11 @@ def _report(events: EventLog, step: int, problem: str | None) -> None:
         _failing = None
 
 
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step_{step:08d}"
-
-
-def _leaves(value: Any, path: tuple[str, ...] = ()):
-    """(path, leaf) of a nested state: dicts and lists/tuples holding tensors are containers."""
-    if isinstance(value, dict):
-        for key in sorted(value, key=str):
-            yield from _leaves(value[key], (*path, str(key)))
-    elif isinstance(value, (list, tuple)) and any(isinstance(v, (dict, torch.Tensor)) for v in value):
-        for i, v in enumerate(value):
-            yield from _leaves(v, (*path, str(i)))
-    else:
-        yield path, value
-
-
-def _key(path: tuple[str, ...]) -> str:
-    return "\x1f".join(path)
-
-
-def split_state(
-    state: dict[str, Any], staging: dict[str, torch.Tensor] | None = None
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """This rank's share of `state` as (CPU tensor copies, JSON-able leaves), keyed by path.
-    Copies go into the tensors of `staging` where shape and dtype match (no allocation, no page
-    faults: the copy floor), else into new ones.
-
-    GPU tensors are copied into pinned buffers without waiting, with one synchronization of the
-    streams used at the end: a pageable device-to-host copy stages through a driver buffer and
-    blocks per tensor, at about half the bandwidth. The pinned buffers stay with the host copy
-    and take the next save, like pageable ones; a restore from memory reads them back to the GPU
-    at pinned speed too. CPU tensors are copied as before."""
-    tensors: dict[str, torch.Tensor] = {}
-    meta: dict[str, Any] = {}
-    staging = staging if staging is not None else {}
-    copying_from: set[torch.device] = set()
-    for path, leaf in _leaves(state):
-        if isinstance(leaf, torch.Tensor):
-            local = leaf.detach()
-            local = local.to_local() if isinstance(local, DTensor) else local
-            key = _key(path)
-            buffer = staging.get(key)
-            from_gpu = local.is_cuda
-            if (
-                buffer is None
-                or buffer.shape != local.shape
-                or buffer.dtype != local.dtype
-                or (from_gpu and not buffer.is_pinned())
-            ):
-                buffer = torch.empty(local.shape, dtype=local.dtype, device="cpu", pin_memory=from_gpu)
-            buffer.copy_(local, non_blocking=from_gpu)
-            if from_gpu:
-                copying_from.add(local.device)
-            tensors[key] = buffer
-        else:
-            meta[_key(path)] = list(leaf) if isinstance(leaf, tuple) else leaf
-    for device in copying_from:
-        # The copies were queued on the device's current stream, after the step that produced
-        # the tensors: once it is drained the buffers hold this step, and the writer may read.
-        torch.cuda.current_stream(device).synchronize()
-    return tensors, meta
-
-
-def fill_state(
-    template: Any, tensors: dict[str, torch.Tensor], meta: dict[str, Any], path: tuple[str, ...] = ()
-) -> Any:
-    """`template` with its tensors overwritten in place from `tensors` and its other leaves
-    replaced from `meta` (same structure as split_state walked)."""
-    if isinstance(template, dict):
-        return {k: fill_state(v, tensors, meta, (*path, str(k))) for k, v in template.items()}
-    if isinstance(template, (list, tuple)) and any(isinstance(v, (dict, torch.Tensor)) for v in template):
-        filled = [fill_state(v, tensors, meta, (*path, str(i))) for i, v in enumerate(template)]
-        return type(template)(filled)
-    key = _key(path)
-    if isinstance(template, torch.Tensor):
-        local = template.to_local() if isinstance(template, DTensor) else template
-        stored = tensors[key]
-        if stored.shape != local.shape or stored.dtype != local.dtype:
-            raise ValueError(
-                f"{key}: stored {stored.dtype}{tuple(stored.shape)}, expected {local.dtype}{tuple(local.shape)}"
-            )
-        with torch.no_grad():
-            local.copy_(stored)
-        return template
-    value = meta[key]
-    return tuple(value) if isinstance(template, tuple) else value
-
-
-def run_id(run_dir: Path) -> str:
-    """This run's identity, created on first use (collective: rank 0 decides, all ranks learn)."""
-    ident: list[str | None] = [None]
-    if dist.get_rank() == 0:
-        path = run_dir / RUN_ID_FILE
-        if not path.is_file():
-            run_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, uuid.uuid4().hex)
-        ident[0] = path.read_text().strip()
-    dist.broadcast_object_list(ident, src=0)
-    run = ident[0]
-    assert run is not None  # rank 0 always sets it
-    return run
-
-
-def copy_paths(root: Path, step: int, rank: int) -> tuple[Path, Path]:
-    """(data, record) of rank `rank`'s copy of `step` under `root`."""
-    directory = step_dir(root, step)
-    return directory / f"rank{rank}{DATA_SUFFIX}", directory / f"rank{rank}{RECORD_SUFFIX}"
-
-
-def _write_record(
-    root: Path, step: int, rank: int, nbytes: int, sha256: str, run: str, identity: dict[str, Any]
-) -> None:
-    """The record, written atomically after the data: a copy interrupted half way has none and is
-    never read."""
-    atomic_write(
-        copy_paths(root, step, rank)[1],
-        json.dumps(
-            {
-                "step": step,
-                "rank": rank,
-                "run": run,
-                "identity": identity,
-                "format": COPY_FORMAT,
-                "bytes": nbytes,
-                "sha256": sha256,
-            }
-        ),
-    )
-
-
-def _temporary(target: Path) -> Path:
-    return target.with_name(f".{target.name}.tmp-{os.getpid()}")
-
-
-def _write_copy(
-    root: Path,
-    step: int,
-    rank: int,
-    write: Callable[[BinaryIO], tuple[int, str]],
-    run: str,
-    identity: dict[str, Any],
-    disk_full: bool,
-) -> tuple[Path, str]:
-    """Write rank `rank`'s copy of `step`: its data with `write` (returns its size and SHA-256)
-    to a temporary file moved into place, then its record; returns (the data file, SHA-256).
-    When any of it fails (a full disk) nothing of the copy is left: partial data takes space the
-    next save needs, and an earlier record of the same step must not describe other bytes.
-    `disk_full`: the local-disk-full fault (workloads.faults), every write of the data failing
-    as on a full disk."""
-    data, record = copy_paths(root, step, rank)
-    tmp = _temporary(data)
-    try:
-        data.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            nbytes, sha256 = write(FullDiskFile(tmp) if disk_full else f)
-        os.replace(tmp, data)
-        _write_record(root, step, rank, nbytes, sha256, run, identity)
-    except BaseException:
-        for path in (tmp, record, data):
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
-        raise
-    return data, sha256
-
-
-def write_own_copy(
-    root: Path,
-    step: int,
-    rank: int,
-    tensors: dict[str, torch.Tensor],
-    meta: dict[str, Any],
-    run: str,
-    identity: dict[str, Any],
-    disk_full: bool = False,
-) -> tuple[Path, str]:
-    """Write this rank's copy of `step` under `root`, hashed as it is written; returns (its data
-    file, SHA-256)."""
-    return _write_copy(root, step, rank, lambda f: copy_format.write(f, tensors, meta), run, identity, disk_full)
-
-
-def write_replica(
-    root: Path,
-    step: int,
-    rank: int,
-    data: Buffer,
-    sha256: str,
-    run: str,
-    identity: dict[str, Any],
-    disk_full: bool = False,
-) -> None:
-    """Write the copy of rank `rank` a peer sent, under the SHA-256 the peer computed as it wrote
-    its own: what arrived is checked against what was written when the replica is used."""
-
-    def write(f: BinaryIO) -> tuple[int, str]:
-        f.write(data)
-        return len(data), sha256
-
-    _write_copy(root, step, rank, write, run, identity, disk_full)
-
-
-def copy_record(
-    root: Path, step: int, rank: int, run: str, identity: dict[str, Any]
-) -> tuple[dict[str, Any] | None, str | None]:
-    """(record, None) when the copy is complete and fits this run, else (None, reason); reads no
-    data. A copy of this run of another model raises CheckpointIncompatible: skipping it would
-    only move the mismatch to FSx, or to a fresh start over the run's checkpoints. A copy of another
-    layout (LAYOUT_FIELDS) is skipped: the FSx checkpoint is resharded onto this run's."""
-    data_path, record_path = copy_paths(root, step, rank)
-    try:
-        record = json.loads(record_path.read_text())
-    except FileNotFoundError:
-        return None, "incomplete (no record)"
-    except (OSError, ValueError) as err:
-        return None, f"unreadable record: {err}"
-    if record.get("run") != run:
-        return None, f"written by another run ({record.get('run')}), not this one ({run})"
-    recorded = record.get("identity")
-    if not isinstance(recorded, dict):
-        return None, "records no run identity (written before copies carried one)"
-    problem = incompatibility(recorded, identity, start_over=_START_OVER, layout_may_differ=True)
-    if problem is not None:
-        raise CheckpointIncompatible(f"checkpoint.local.dir: the node-local copy {record_path} {problem}")
-    layout = {key: recorded.get(key) for key in LAYOUT_FIELDS if recorded.get(key) != identity.get(key)}
-    if layout:
-        # Another layout (a resume on another world size): the FSx checkpoint is resharded instead.
-        return None, f"laid out for {layout}, this run for { {key: identity.get(key) for key in layout} }"
-    if record.get("format") != COPY_FORMAT:
-        return None, f"written in another format ({record.get('format', 'torch.save')}), this run reads {COPY_FORMAT}"
-    try:
-        size = data_path.stat().st_size
-    except OSError as err:
-        return None, f"unreadable: {err}"
-    if size != record.get("bytes"):
-        return None, f"has {size} bytes, its record says {record.get('bytes')}"
-    return record, None
-
-
-def open_copy(path: Path, record: dict[str, Any], *, hashed: bool) -> tuple[mmap.mmap | None, str | None]:
-    """(the copy's bytes, None), memory-mapped, or (None, reason). `hashed`: check the SHA-256
-    against the record first. The mapping is private: views of it may be written (torch.frombuffer
-    needs writable memory) without touching the file."""
-    try:
-        with open(path, "rb") as f:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    except (OSError, ValueError) as err:  # ValueError: an empty file cannot be mapped
-        return None, f"unreadable: {err}"
-    if len(data) != record.get("bytes"):
-        return None, f"has {len(data)} bytes, its record says {record.get('bytes')}"
-    if hashed and hashlib.sha256(data).hexdigest() != record.get("sha256"):
-        return None, "does not match its recorded SHA-256"
-    return data, None
-
-
-def copies_in(root: Path) -> list[tuple[int, int]]:
-    """(step, rank) of every copy that has a record under root, newest step first."""
-    found: list[tuple[int, int]] = []
-    if not root.is_dir():
-        return found
-    for d in root.iterdir():
-        m = _STEP_DIR.match(d.name)
-        if not m:
-            continue
-        for f in d.iterdir():
-            c = _COPY.match(f.name)
-            if c:
-                found.append((int(m.group(1)), int(c.group(1))))
-    return sorted(found, reverse=True)
-
-
-def corrupt_newest_copy(root: Path, rank: int) -> str | None:
-    """The `corrupt-local` fault: overwrite bytes in the middle of this rank's newest own copy
-    (same size, so only the SHA-256 notices)."""
-    steps = [s for s, r in copies_in(root) if r == rank]
-    if not steps:
-        return None
-    return damage_in_place(copy_paths(root, steps[0], rank)[0])
-
-
 @dataclass
 class LocalRestore:
     step: int
     state: dict[str, Any]
     source: str  # "local" (own copy) or "replica" (received from the rank that held it)
-
-
-#: What precedes a copy on the wire: its size, the SHA-256 its origin recorded, and whether a
-#: copy follows at all (not when the origin's own write failed).
-_WIRE_HEADER = struct.Struct("<Q32s?")
-
-
-def _exchange(
-    group: Any, send_to: int | None, payload: Buffer | None, recv_from: int | None, sha256: str | None = None
-) -> tuple[memoryview | None, str | None]:
-    """Send `payload` (with its SHA-256, when given) to one rank and receive one from another,
-    without ordering deadlocks: sizes and digests first, then the bytes, all as non-blocking pairs.
-    A `send_to` with no `payload` sends the header alone, saying no copy follows: the receiver
-    does not wait for one. Returns what was received: (bytes, SHA-256 hex), or (None, None)."""
-    # isend/irecv return None only on a rank outside the group; every rank here is in it.
-    works: list[Any] = []
-    header_in = torch.zeros(_WIRE_HEADER.size, dtype=torch.uint8)
-    if send_to is not None:
-        digest = bytes.fromhex(sha256) if sha256 and payload is not None else b""
-        header = _WIRE_HEADER.pack(len(payload) if payload is not None else 0, digest, payload is not None)
-        works.append(dist.isend(torch.frombuffer(bytearray(header), dtype=torch.uint8), send_to, group=group))
-    if recv_from is not None:
-        works.append(dist.irecv(header_in, recv_from, group=group))
-    for w in works:
-        w.wait()
-    works = []
-    data_in = None
-    if send_to is not None and payload is not None:
-        works.append(dist.isend(torch.frombuffer(payload, dtype=torch.uint8), send_to, group=group))
-    if recv_from is not None:
-        size, digest_in, follows = _WIRE_HEADER.unpack(header_in.numpy().tobytes())
-        if follows:
-            data_in = torch.empty(size, dtype=torch.uint8)
-            works.append(dist.irecv(data_in, recv_from, group=group))
-    for w in works:
-        w.wait()
-    if data_in is None:
-        return None, None
-    return data_in.numpy().data, digest_in.hex()
 
 
 class LocalTier:
@@ -642,7 +317,7 @@ class LocalTier:
                 # Whatever became of the own copy: the peer waits for this rank's word, and one
                 # that never came would hold it until the group's timeout, then restart every
                 # rank, at every interval for as long as this node's storage fails.
-                replica, replica_sha256 = _exchange(self._group, self.peer, own, self.source, sha256)
+                replica, replica_sha256 = exchange(self._group, self.peer, own, self.source, sha256)
                 if replica is not None and replica_sha256 is not None:
                     try:
                         write_replica(
@@ -876,9 +551,9 @@ class LocalTier:
             if holder == origin:
                 continue
             if self.rank == holder:
-                _exchange(self._group, origin, opened[origin], None)
+                exchange(self._group, origin, opened[origin], None)
             elif self.rank == origin:
-                data, _ = _exchange(self._group, None, None, holder)
+                data, _ = exchange(self._group, None, None, holder)
         from_memory = sources[self.rank] == self.rank and candidates[(chosen, self.rank)] is None
         if from_memory:
             assert host is not None  # the candidate without a record is the host copy
