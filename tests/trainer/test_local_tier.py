@@ -29,7 +29,7 @@ from workloads.checkpoint.local_copies import (
 )
 from workloads.checkpoint.local_tier import drop_host_copy
 from workloads.config import TrainConfig
-from workloads.faults import FaultInjector, marker_dir, parse_fault_spec
+from workloads.faults import FaultInjector, local_disk_full, marker_dir, parse_fault_spec, target_limit
 
 
 def _state(rank: int, value: float) -> dict:
@@ -176,11 +176,28 @@ def test_a_newer_fsx_checkpoint_wins_with_the_reason_in_the_event_log(tmp_path):
     assert reasons == {"newest complete local step 6 is older than FSx step 8"}
 
 
-def test_corrupt_local_needs_the_local_tier():
-    assert parse_fault_spec("corrupt-local@5:1")[0].kind == "corrupt-local"
+@pytest.mark.parametrize("kind", ["corrupt-local", "local-disk-full"])
+def test_local_tier_faults_need_the_local_tier(kind):
+    assert parse_fault_spec(f"{kind}@5:1")[0].kind == kind
     with pytest.raises(ValueError, match="checkpoint.local.interval_steps"):
-        TrainConfig.from_dict({"steps": 10, "faults": "corrupt-local@5:1"})
-    TrainConfig.from_dict({"steps": 10, "faults": "corrupt-local@5:1", "checkpoint": {"local": {"interval_steps": 2}}})
+        TrainConfig.from_dict({"steps": 10, "faults": f"{kind}@5:1"})
+    TrainConfig.from_dict({"steps": 10, "faults": f"{kind}@5:1", "checkpoint": {"local": {"interval_steps": 2}}})
+
+
+def test_local_disk_full_names_a_node_fired_by_its_first_rank_and_fills_it_from_its_step_on(tmp_path):
+    (fault,) = parse_fault_spec("local-disk-full@5:1")
+    assert target_limit(fault, nodes=2, world_size=4) == ("node", 2)
+    emitted: list[dict] = []
+    second_rank = FaultInjector((fault,), 3, tmp_path, lambda *a, **k: None, nproc_per_node=2)
+    first_rank = FaultInjector((fault,), 2, tmp_path, lambda event, **k: emitted.append(k), nproc_per_node=2)
+    assert second_rank.mine == [] and first_rank.mine == [fault]
+    full = local_disk_full((fault,), 1, tmp_path)
+    first_rank.at_step_start(4, corrupt_latest=lambda: None)
+    assert not full(4)
+    first_rank.at_step_start(5, corrupt_latest=lambda: None)  # no exception: nothing restarts
+    assert emitted == [{"kind": "local-disk-full", "step": 5, "target_rank": 2, "node": 1}]
+    assert full(5) and full(6) and not full(4)  # a save of an earlier step still being written
+    assert not local_disk_full((fault,), 0, tmp_path)(6)  # node 0's storage is not node 1's
 
 
 def test_copy_record_names_an_incomplete_copy_one_of_another_run_and_a_torch_save_one(tmp_path):
