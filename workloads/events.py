@@ -405,16 +405,22 @@ def _short(reason: str) -> str:
 
 
 def watch_line(event: dict[str, Any], took_s: float | None = None) -> str | None:
-    """The line a person watching the run reads for an event: faults and errors no restart fixes
-    from any rank, restarts, checkpoints and the run's end from rank 0 (every rank records those);
-    None for the rest. `took_s`: a restart_end's length where the caller knows it better than the
-    event (a launcher restart has no begin in its process)."""
+    """The line a person watching the run reads for an event: faults, errors no restart fixes and
+    failing node-local saves from any rank, restarts, checkpoints and the run's end from rank 0
+    (every rank records those); None for the rest. `took_s`: a restart_end's length where the
+    caller knows it better than the event (a launcher restart has no begin in its process)."""
     name = event["event"]
     if name == "fault_injected":
         return f"{SHARED_LINE_STARTS[0]}{fault_label(event)} injected"
     if name == "unrecoverable":
         return f"{SHARED_LINE_STARTS[1]}{_short(event['reason'])}"
-    if event["rank"] != 0:
+    # A rank's node-local storage failing, and recovering: each reported once per failure.
+    rank = event["rank"]
+    if name == "local_save_failed":
+        return f"local checkpoints failing on rank {rank} from step {event.get('step')}: {_short(event['reason'])}"
+    if name == "local_save_recovered":
+        return f"local checkpoints on rank {rank} saved again at step {event['step']} ({event['failed_saves']} failed)"
+    if rank != 0:
         return None
     if name == "restart_begin":
         layer = LAYER_NAMES.get(event.get("layer", "inprocess"), event.get("layer"))

@@ -29,6 +29,7 @@ from workloads.checkpoint.local_copies import (
 )
 from workloads.checkpoint.local_tier import drop_host_copy
 from workloads.config import TrainConfig
+from workloads.events import watch_line
 from workloads.faults import FaultInjector, local_disk_full, marker_dir, parse_fault_spec, target_limit
 
 
@@ -288,6 +289,9 @@ def test_a_full_disk_on_one_node_fails_its_saves_once_and_stalls_no_peer(tmp_pat
     (failed,) = [e for e in events if e["event"] == "local_save_failed"]
     assert (failed["rank"], failed["step"]) == (1, 4)
     assert failed["reason"].startswith("own copy: OSError: [Errno 28] No space left on device: ")
+    assert watch_line(failed).startswith(
+        "local checkpoints failing on rank 1 from step 4: own copy: OSError: [Errno 28] No space left on device"
+    )
     saved = {(e["rank"], e["step"]): e["replica_of"] for e in events if e["event"] == "local_saved"}
     assert saved == {(0, 2): 1, (1, 2): 0, (0, 4): None, (0, 6): None}
     assert [e["node"] for e in events if e["event"] == "fault_injected"] == [1]
@@ -309,3 +313,18 @@ def test_after_a_full_disk_a_new_process_restores_the_newest_step_complete_for_e
     assert results[0] == {"step": 2, "source": "replica", "w": [2.0] * 4, "cursor": 16}
     assert results[1] == {"step": 2, "source": "local", "w": [3.0] * 4, "cursor": 16}
     assert _restores(events)[0]["from_rank"] == 1
+
+
+def test_saves_that_fail_in_a_row_are_reported_at_the_first_and_when_one_succeeds_again(tmp_path, monkeypatch):
+    from workloads.checkpoint import local_tier
+    from workloads.events import EventLog, load_run
+
+    monkeypatch.setattr(local_tier, "_failing", None)
+    events = EventLog(tmp_path, 1)
+    for step, problem in [(2, None), (4, "own copy: full"), (6, "own copy: full"), (8, None), (10, "replica: full")]:
+        local_tier._report(events, step, problem)
+    reported = [(e["event"], e["step"]) for e in load_run(tmp_path).events]
+    assert reported == [("local_save_failed", 4), ("local_save_recovered", 8), ("local_save_failed", 10)]
+    (recovered,) = load_run(tmp_path).of("local_save_recovered")
+    assert (recovered["failed_saves"], recovered["since_step"]) == (2, 4)
+    assert watch_line(recovered) == "local checkpoints on rank 1 saved again at step 8 (2 failed)"

@@ -147,8 +147,9 @@ _failing: _Failing | None = None
 
 def _report(events: EventLog, step: int, problem: str | None) -> None:
     """Report how the save of `step` went, once per failure and not per save: the first failed
-    save (`local_save_failed`, with a log line) and the first that succeeds again
-    (`local_save_recovered`, with the count of those that failed). A full disk fails every
+    save (`local_save_failed`, with a warning that says what it means) and the first that
+    succeeds again (`local_save_recovered`, with the count of those that failed); both are
+    watched lines (workloads.events.watch_line). A full disk fails every
     interval for as long as nobody frees it, and one line per interval would bury the rest of
     the run's log."""
     global _failing
@@ -165,12 +166,6 @@ def _report(events: EventLog, step: int, problem: str | None) -> None:
     elif problem is not None and _failing is not None:
         _failing.saves += 1
     elif _failing is not None:
-        log.info(
-            "local checkpoint saves succeed again at step %d (%d failed from step %d)",
-            step,
-            _failing.saves,
-            _failing.since_step,
-        )
         events.emit("local_save_recovered", step=step, failed_saves=_failing.saves, since_step=_failing.since_step)
         _failing = None
 
