@@ -161,11 +161,11 @@ class HeartbeatLease:
     finds a lower term of its own launch (the replaced holder's last beat, written as it was
     replaced) writes its own again."""
 
-    def __init__(self, run_dir: Path, attempt: str | None, command: str, launch: str | None = None):
+    def __init__(self, run_dir: Path, attempt: str | None, command: str, rendezvous_round: str | None = None):
         self.path = Path(run_dir) / LEASE_FILE
         #: The launch the holder belongs to: its job attempt and rendezvous round (None: unknown,
         #: then no other process counts as the same launch).
-        self.launch = f"{attempt}/{launch}" if attempt and launch else None
+        self.launch = f"{attempt}/{rendezvous_round}" if attempt and rendezvous_round else None
         self.holder = {**holder(command), "attempt": attempt, "launch": self.launch, "term": 0, "beat": 0}
         self._stop = threading.Event()
         self._written = ""  # the lease as this holder last wrote it
@@ -186,7 +186,7 @@ class HeartbeatLease:
                 return "taken" if not seen else f"taken over from {describe(seen)}"
             # Another contender wrote the lease since `seen`: it is live unless it is our launch's.
             now = self._read()
-            if now is not None and not (self._gone(now) or self._same_launch(now)):
+            if now and not (self._gone(now) or self._same_launch(now)):
                 raise in_use("run_dir", self.path.parent, now)
             seen = now
         raise in_use("run_dir", self.path.parent, seen or "")
@@ -324,8 +324,8 @@ class RankZeroLease:
     NVRx made rank 0 (with spare nodes, a spare that took a lost node's place) takes it over from
     its own launch at once, and a process that is no longer rank 0 stops renewing it."""
 
-    def __init__(self, run_dir: Path, *, attempt: str | None, launch: str | None, command: str):
-        self.run_dir, self.attempt, self.launch, self.command = Path(run_dir), attempt, launch, command
+    def __init__(self, run_dir: Path, *, attempt: str | None, rendezvous_round: str | None, command: str):
+        self.run_dir, self.attempt, self.round, self.command = Path(run_dir), attempt, rendezvous_round, command
         self.held: HeartbeatLease | None = None
 
     def follow(self, rank: int, ping: Callable[[], None] = _no_ping) -> str | None:
@@ -333,7 +333,7 @@ class RankZeroLease:
         it (returns how it came to be held), stop renewing it if it is no longer rank 0. Raises
         RunDirectoryInUse when another live run holds it."""
         if rank == 0 and self.held is None:
-            lease = HeartbeatLease(self.run_dir, self.attempt, self.command, self.launch)
+            lease = HeartbeatLease(self.run_dir, self.attempt, self.command, self.round)
             how = lease.take(ping)
             self.held = lease
             return how

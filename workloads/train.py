@@ -289,7 +289,10 @@ def _take_run_lease(cfg: TrainConfig, rank: int) -> str | None:
 
     global _run_lease
     _run_lease = RankZeroLease(
-        Path(cfg.run_dir), attempt=do_not_requeue.attempt_id(), launch=round_key(), command="workloads.train rank 0"
+        Path(cfg.run_dir),
+        attempt=do_not_requeue.attempt_id(),
+        rendezvous_round=round_key(),
+        command="workloads.train rank 0",
     )
     return _run_lease.follow(rank)
 

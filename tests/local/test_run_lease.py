@@ -136,17 +136,17 @@ LAUNCH_HOLDER = """
 import pathlib, sys, time
 import workloads.lease as lease
 lease.BEAT_S = 0.2
-run_dir, attempt, launch = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-lease.HeartbeatLease(run_dir, attempt, "workloads.train rank 0", launch).take()
+run_dir, attempt, rendezvous_round = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+lease.HeartbeatLease(run_dir, attempt, "workloads.train rank 0", rendezvous_round).take()
 print("held", flush=True)
 time.sleep(60)
 """
 
 
-def _launch_holder(run_dir, attempt: str, launch: str) -> subprocess.Popen:
-    """A rank 0 of job attempt `attempt` in rendezvous round `launch`, beating on run_dir's lease."""
+def _launch_holder(run_dir, attempt: str, rendezvous_round: str) -> subprocess.Popen:
+    """A rank 0 of job attempt `attempt` in `rendezvous_round`, beating on run_dir's lease."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH_HOLDER, str(run_dir), attempt, launch],
+        [sys.executable, "-c", LAUNCH_HOLDER, str(run_dir), attempt, rendezvous_round],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
@@ -167,7 +167,9 @@ def test_the_process_that_becomes_rank_0_takes_its_own_launchs_lease_at_once(tmp
     old = _launch_holder(tmp_path, "uid-1-0", "10.0.0.1:29400")
     try:
         begin = time.monotonic()
-        follower = lease.RankZeroLease(tmp_path, attempt="uid-1-0", launch="10.0.0.1:29400", command="rank 0 now")
+        follower = lease.RankZeroLease(
+            tmp_path, attempt="uid-1-0", rendezvous_round="10.0.0.1:29400", command="rank 0 now"
+        )
         assert follower.follow(2) is None and follower.held is None  # not rank 0: nothing to hold
         how = follower.follow(0)
         assert time.monotonic() - begin < lease.BEAT_S
@@ -185,11 +187,11 @@ def test_the_process_that_becomes_rank_0_takes_its_own_launchs_lease_at_once(tmp
 
 
 @pytest.mark.parametrize(
-    ("attempt", "launch"),
+    ("attempt", "rendezvous_round"),
     [("uid-2-0", "10.0.0.1:29400"), ("train", "10.0.0.9:41017")],
     ids=["another-job", "same-name-resubmitted"],
 )
-def test_a_live_lease_of_another_launch_is_still_refused(tmp_path, monkeypatch, attempt, launch):
+def test_a_live_lease_of_another_launch_is_still_refused(tmp_path, monkeypatch, attempt, rendezvous_round):
     """Another job, or the same PyTorchJob name submitted again (its attempt id is the name; its
     rendezvous round is its own), is refused once the lease is seen beating."""
     import workloads.lease as lease
@@ -197,7 +199,7 @@ def test_a_live_lease_of_another_launch_is_still_refused(tmp_path, monkeypatch, 
     monkeypatch.setattr(lease, "BEAT_S", 0.2)
     other = _launch_holder(tmp_path, "train" if attempt == "train" else "uid-1-0", "10.0.0.1:29400")
     try:
-        follower = lease.RankZeroLease(tmp_path, attempt=attempt, launch=launch, command="x")
+        follower = lease.RankZeroLease(tmp_path, attempt=attempt, rendezvous_round=rendezvous_round, command="x")
         with pytest.raises(RunDirectoryInUse, match=r"in use by another run \(workloads.train rank 0, pid"):
             follower.follow(0)
         assert follower.held is None and _lease(tmp_path)["pid"] == other.pid
@@ -210,7 +212,7 @@ def test_a_process_no_longer_rank_0_stops_renewing_the_lease(tmp_path, monkeypat
     import workloads.lease as lease
 
     monkeypatch.setattr(lease, "BEAT_S", 0.1)
-    follower = lease.RankZeroLease(tmp_path, attempt="uid-1-0", launch="10.0.0.1:29400", command="x")
+    follower = lease.RankZeroLease(tmp_path, attempt="uid-1-0", rendezvous_round="10.0.0.1:29400", command="x")
     assert follower.follow(0) == "taken"
     assert follower.follow(0) is None  # still rank 0 after a restart: it holds it already
     time.sleep(3 * lease.BEAT_S)
@@ -284,7 +286,7 @@ def test_each_in_process_iteration_the_process_nvrx_made_rank_0_holds_the_lease(
     from workloads.events import EventLog
 
     monkeypatch.setattr(lease, "BEAT_S", 0.1)
-    follower = lease.RankZeroLease(tmp_path, attempt="uid-1-0", launch="10.0.0.1:29400", command="x")
+    follower = lease.RankZeroLease(tmp_path, attempt="uid-1-0", rendezvous_round="10.0.0.1:29400", command="x")
     monkeypatch.setattr(train, "_run_lease", follower)
     process = SimpleNamespace(events=EventLog(tmp_path, 2))  # a spare, started as rank 2
     monkeypatch.setenv("RANK", "2")
