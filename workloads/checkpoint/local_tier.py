@@ -297,7 +297,7 @@ class LocalTier:
             sha256, nbytes = "", 0
             try:
                 path, sha256 = write_own_copy(
-                    self.root, step, self.rank, tensors, meta, self.run, self.identity, self._disk_full(step)
+                    self.root, step, self.rank, tensors, meta, self.run, self.identity, disk_full=self._disk_full(step)
                 )
                 nbytes = path.stat().st_size
                 # The file just written, from the page cache: no serialized copy in memory.
@@ -316,9 +316,15 @@ class LocalTier:
                 if replica is not None and replica_sha256 is not None:
                     try:
                         write_replica(
-                            self.root, step, self.source, replica, replica_sha256, self.run, self.identity,
-                            self._disk_full(step),
-                        )  # fmt: skip
+                            self.root,
+                            step,
+                            self.source,
+                            replica,
+                            replica_sha256,
+                            self.run,
+                            self.identity,
+                            disk_full=self._disk_full(step),
+                        )
                         replica_of = self.source
                     except Exception as err:  # noqa: BLE001 - reported by wait()
                         problems.append(f"replica of rank {self.source}: {type(err).__name__}: {err}")
