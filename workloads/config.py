@@ -48,7 +48,7 @@ from pydantic import (
 from nvrx_eks.facts.errors import ConfigError, validation_issues
 from nvrx_eks.facts.training_metrics import DEFAULT_LOG_GROUP, EMF_AGENT_ENDPOINT
 from nvrx_eks.facts.user_yaml import load_user_yaml, read_user_text
-from workloads.faults import KINDS_NEEDING_CHECKPOINTS, parse_fault_spec
+from workloads.faults import KINDS_NEEDING_CHECKPOINTS, KINDS_NEEDING_LOCAL_TIER, parse_fault_spec
 from workloads.model_config import ModelConfig
 
 
@@ -401,7 +401,7 @@ class TrainConfig(_Strict):
                 problems.append(f"faults: {fault.label} is after the last step ({self.steps}); it would never fire")
             if fault.kind in KINDS_NEEDING_CHECKPOINTS and self.checkpoint.backend == "none":
                 problems.append(f"faults: {fault.label} needs checkpoints; set checkpoint.backend")
-            if fault.kind == "corrupt-local" and not self.checkpoint.local.enabled:
+            if fault.kind in KINDS_NEEDING_LOCAL_TIER and not self.checkpoint.local.enabled:
                 problems.append(f"faults: {fault.label} needs the local tier; set checkpoint.local.interval_steps")
         problems += self._timeout_problems()
         if problems:

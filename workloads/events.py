@@ -56,8 +56,13 @@ Events and their own fields:
     checkpoint_trust_failed     step, path, reason (a file trusted at reload by its metadata failed
                           the background re-hash: the next commit is refused)
     local_save            step, stall_s (the copy into host buffers), bytes (node-local tier)
-    local_saved           step, write_s, replicate_s, bytes, replica_of (the writer thread, done)
-    local_save_failed     reason (the local tier only; FSx still holds the run)
+    local_saved           step, write_s, replicate_s, bytes, replica_of (the writer thread, done,
+                          with the rank's own copy written; replica_of: the rank whose copy it
+                          now holds, null when that rank sent none: its own write failed)
+    local_save_failed     step, reason (the first of the rank's local saves that failed in a row;
+                          the local tier only, FSx still holds the run)
+    local_save_recovered  step, failed_saves, since_step (the first local save that succeeded
+                          again after failed ones, and how many failed)
     local_copy_skipped    step, origin_rank, own, reason (a local copy failed its check on restore)
     local_tier_skipped    reason, fsx_step (no local step complete for every rank, or FSx newer)
     local_tier_disabled   reason (checkpoint.local.dir cannot be created: the iteration runs on
@@ -67,7 +72,8 @@ Events and their own fields:
                           ranks' agreement on what exists: checks, exchange, building the empty
                           state and copying into it; compare checkpoint_load's), build_s (of
                           load_s: building the empty state, the same work whichever tier loads)
-    fault_injected        kind, step, target_rank[, damaged][, node (node-loss: the simulated node)]
+    fault_injected        kind, step, target_rank[, damaged][, node (node-loss, local-disk-full: the
+                          simulated node)]
     fault_not_applicable  kind, step, reason (a fault this rank cannot carry out where it runs:
                           coordinator-loss in a pod, which cannot see the coordinator's process)
     restart_begin         layer="inprocess", reason (emitted when NVRx finalizes the failed
@@ -79,6 +85,9 @@ Events and their own fields:
     unrecoverable         reason (an error no restart can fix: the job ends in 93)
     rank_discarded        reason (spare nodes: a rank of this node was lost, so this rank left with
                           its node; workloads.spares)
+    run_lease             how (this process holds the run directory's lease now, as rank 0: "taken",
+                          "taken over from <holder>", or "held by the command that started this
+                          run"; workloads.lease)
     run_end               status ("completed"|"terminated"), final_step, final_loss; when completed
                           also state_sha256, rank_state_sha256, gpu_peak_reserved_bytes
                           (torch.cuda.max_memory_reserved since the setup of the iteration the
@@ -113,6 +122,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_eks.facts.training_metrics import EVENT_MARK
+from workloads.faults import KINDS_INTERRUPTING_NOTHING
 from workloads.goodput import WallTimeSplit, split_wall_time
 
 SCHEMA_VERSION = 1
@@ -354,7 +364,7 @@ class RunReport(WallTimeSplit):
 
 
 def fault_target(fault: dict[str, Any]) -> int:
-    """What a fault_injected event's spec named: the rank, or for node-loss the node."""
+    """What a fault_injected event's spec named: the rank, or for the node kinds the node."""
     return fault.get("node", fault["target_rank"])
 
 
@@ -398,16 +408,22 @@ def _short(reason: str) -> str:
 
 
 def watch_line(event: dict[str, Any], took_s: float | None = None) -> str | None:
-    """The line a person watching the run reads for an event: faults and errors no restart fixes
-    from any rank, restarts, checkpoints and the run's end from rank 0 (every rank records those);
-    None for the rest. `took_s`: a restart_end's length where the caller knows it better than the
-    event (a launcher restart has no begin in its process)."""
+    """The line a person watching the run reads for an event: faults, errors no restart fixes and
+    failing node-local saves from any rank, restarts, checkpoints and the run's end from rank 0
+    (every rank records those); None for the rest. `took_s`: a restart_end's length where the
+    caller knows it better than the event (a launcher restart has no begin in its process)."""
     name = event["event"]
     if name == "fault_injected":
         return f"{SHARED_LINE_STARTS[0]}{fault_label(event)} injected"
     if name == "unrecoverable":
         return f"{SHARED_LINE_STARTS[1]}{_short(event['reason'])}"
-    if event["rank"] != 0:
+    # A rank's node-local storage failing, and recovering: each reported once per failure.
+    rank = event["rank"]
+    if name == "local_save_failed":
+        return f"local checkpoints failing on rank {rank} from step {event.get('step')}: {_short(event['reason'])}"
+    if name == "local_save_recovered":
+        return f"local checkpoints on rank {rank} saved again at step {event['step']} ({event['failed_saves']} failed)"
+    if rank != 0:
         return None
     if name == "restart_begin":
         layer = LAYER_NAMES.get(event.get("layer", "inprocess"), event.get("layer"))
@@ -434,12 +450,12 @@ def watch_line(event: dict[str, Any], took_s: float | None = None) -> str | None
 def fault_outcomes(faults: list[dict[str, Any]], restarts: list[Restart]) -> list[dict[str, Any]]:
     """Each fault with the first restart that ended after it: the layer, fault -> training ready
     (`recovered_s`), the step resumed from and the steps lost. Faults that interrupt nothing
-    (corrupt-latest, slow) get no restart."""
+    (workloads.faults.KINDS_INTERRUPTING_NOTHING) get no restart."""
     out = []
     for f in faults:
         after = [r for r in restarts if r.end_t >= f["t"]]
         rec = {"fault": fault_label(f), "kind": f["kind"], "target": fault_target(f), "t": f["t"]}
-        if after and f["kind"] != "corrupt-latest" and f["kind"] != "slow":
+        if after and f["kind"] not in KINDS_INTERRUPTING_NOTHING:
             r = after[0]
             rec.update(
                 layer=r.layer,

@@ -35,6 +35,14 @@ Kinds and which resilience layer should recover them:
                                                                   -> in-process restart with a spare
                                                                      node (workloads.spares), else
                                                                      a relaunch
+  local-disk-full  NODE instead of RANK: from STEP on, that node's node-local checkpoint storage
+                 (checkpoint.local.dir) is full: every write there of a local copy of STEP or a
+                 later step, its own or a replica, fails with ENOSPC (OSError, errno 28) as the
+                 file system's would
+                                                                  -> nothing restarts: the node's
+                                                                     ranks and their peers keep
+                                                                     training, restores use what
+                                                                     is complete or FSx
   coordinator-loss  at the start of STEP the rank SIGKILLs the job's coordinator (workloads.coordinator,
                  found through the pidfile `nvrx-eks local` writes; in pods no rank can see it, and
                  the fault only records that)             -> every store gone: the launch fails and
@@ -51,6 +59,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import re
 import signal
@@ -58,6 +67,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from nvrx_eks.facts.run_layout import coordinator_pidfile
 
@@ -70,11 +80,17 @@ FAULT_KINDS = (
     "corrupt-latest",
     "corrupt-local",
     "node-loss",
+    "local-disk-full",
     "coordinator-loss",
     "slow",
     "slow-digest",
 )
 KINDS_NEEDING_CHECKPOINTS = ("kill-in-save", "corrupt-latest")
+KINDS_NEEDING_LOCAL_TIER = ("corrupt-local", "local-disk-full")
+#: Kinds whose target is a node (its first rank carries them out), not a rank.
+NODE_KINDS = ("node-loss", "local-disk-full")
+#: Kinds that interrupt nothing by themselves: no restart is theirs to recover from.
+KINDS_INTERRUPTING_NOTHING = ("corrupt-latest", "slow", "local-disk-full")
 SLOW_SECONDS_PER_STEP = 0.5
 SLOW_STEPS = 5
 SLOW_DIGEST_SECONDS = 12.0
@@ -136,9 +152,35 @@ def outside_world(faults: tuple[FaultSpec, ...], world_size: int) -> list[FaultS
 
 
 def target_limit(fault: FaultSpec, *, nodes: int, world_size: int) -> tuple[str, int]:
-    """What a fault's target counts, and how many of them the job has active: node-loss names a
-    node, every other kind a rank. A target at or above the limit would never fire."""
-    return ("node", nodes) if fault.kind == "node-loss" else ("rank", world_size)
+    """What a fault's target counts, and how many of them the job has active: the NODE_KINDS name
+    a node, every other kind a rank. A target at or above the limit would never fire."""
+    return ("node", nodes) if fault.kind in NODE_KINDS else ("rank", world_size)
+
+
+def marker_dir(run_dir: str | Path) -> Path:
+    """Where each fault's marker is created when it fires (see FaultInjector._claim)."""
+    return Path(run_dir) / "faults"
+
+
+def local_disk_full(faults: tuple[FaultSpec, ...], node: int, markers: Path) -> Callable[[int], bool]:
+    """Whether a local save of a step finds `node`'s node-local checkpoint storage full: a
+    local-disk-full fault of that node has fired (its marker exists; the first rank of the node
+    creates it at the fault's step, FaultInjector.at_step_start) and the step is the fault's or
+    later. The step, not the moment: a save of an earlier step still being written when the
+    fault fires is not touched, so which saves fail does not depend on the writer's speed."""
+    mine = [(markers / f.marker_name, f.step) for f in faults if f.kind == "local-disk-full" and f.rank == node]
+    return lambda step: any(step >= first and marker.exists() for marker, first in mine)
+
+
+class FullDiskFile:
+    """A file being written on a disk with no space left: every write fails with ENOSPC, as the
+    kernel's does (the local-disk-full fault)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, data: Any) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
 
 
 def outside_world_problem(fault: FaultSpec, world_size: int) -> str:
@@ -220,7 +262,7 @@ class FaultInjector:
         spares move ranks)."""
         node, local = divmod(rank, self.nproc_per_node)
         self.mine = [
-            f for f in self.faults if (f.rank == node and local == 0 if f.kind == "node-loss" else f.rank == rank)
+            f for f in self.faults if (f.rank == node and local == 0 if f.kind in NODE_KINDS else f.rank == rank)
         ]
         self.rank = rank
 
@@ -257,8 +299,9 @@ class FaultInjector:
                 damaged = corrupt_local() if corrupt_local is not None else None
                 self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank, damaged=damaged)
                 raise InjectedFault(f"corrupt-local at step {step} on rank {self.rank}: damaged {damaged}")
-            node = {"node": fault.rank} if fault.kind == "node-loss" else {}
+            node = {"node": fault.rank} if fault.kind in NODE_KINDS else {}
             self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank, **node)
+            # local-disk-full: its marker, just created, is what the node's local tier finds full.
             if fault.kind == "exception":
                 raise InjectedFault(f"injected exception at step {step} on rank {self.rank}")
             if fault.kind == "hang":

@@ -38,6 +38,7 @@ from workloads.config import TrainConfig
 from workloads.faults import outside_world, outside_world_problem, parse_fault_spec
 from workloads.ft_integration import FaultToleranceReporter
 from workloads.launch import split_endpoint
+from workloads.lease import RankZeroLease, RunDirectoryInUse
 from workloads.numa import bind_rank_to_numa_node
 from workloads.process_state import ProcessState
 
@@ -55,6 +56,7 @@ def train_attempt(process: ProcessState, call_wrapper: CallWrapper | None = None
     from workloads.trainer import Trainer  # torch and the model: not for the checkpoint worker's import
 
     try:
+        _follow_rank_0(process, call_wrapper)
         return Trainer(process, call_wrapper).run()
     except ConfigError as err:
         # From here the rank is leaving: the watchdog bounds everything the Wrapper and run()
@@ -100,11 +102,17 @@ def run(cfg: TrainConfig, store: tuple[str, int] | None) -> int:
             "the job's coordinator (python -m workloads.coordinator); or set inprocess.enabled=false"
         )
     exit_bound_s(cfg)
-    if rank == 0:
-        refusal = _take_run_lease(cfg)
-        if refusal is not None:
-            return refusal
+    try:
+        taken = _take_run_lease(cfg, rank)
+    except RunDirectoryInUse as err:
+        # Another live run writes this directory, and two writers delete each other's checkpoints.
+        arm_exit_watchdog(EXIT_DO_NOT_REQUEUE)
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        _stop_the_job(cfg, 0, FaultToleranceReporter(cfg.fault_tolerance), str(err))
+        return EXIT_DO_NOT_REQUEUE
     process = ProcessState(cfg, rank, world, store)
+    if taken is not None:
+        process.events.emit("run_lease", how=taken)
 
     _exit_watchdog.start()  # before the handler that arms it (see _ExitWatchdog)
     first_sigterm_at: float | None = None
@@ -267,20 +275,43 @@ class _ExitWatchdog:
 _exit_watchdog = _ExitWatchdog()
 
 
-def _take_run_lease(cfg: TrainConfig) -> int | None:
-    """Rank 0 takes the run directory's lease (workloads.lease) before anything of the run is
-    written there; None once held, else the exit code after stopping the job: another live run
-    writes this directory, and two writers delete each other's checkpoints."""
-    from workloads import do_not_requeue
-    from workloads.lease import HeartbeatLease, RunDirectoryInUse
+#: This process's part in the run directory's lease, made by run(); None where train_attempt is
+#: called without it (tools, tests).
+_run_lease: RankZeroLease | None = None
 
-    try:
-        HeartbeatLease(Path(cfg.run_dir), do_not_requeue.attempt_id(), command="workloads.train rank 0").take()
-    except RunDirectoryInUse as err:
-        arm_exit_watchdog(EXIT_DO_NOT_REQUEUE)
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        _stop_the_job(cfg, 0, FaultToleranceReporter(cfg.fault_tolerance), str(err))
-        return EXIT_DO_NOT_REQUEUE
+
+def _take_run_lease(cfg: TrainConfig, rank: int) -> str | None:
+    """The launcher's rank 0 takes the run directory's lease (workloads.lease) before anything of
+    the run is written there; returns how it came to be held (for the event log, once there is
+    one), None on any other rank. Raises RunDirectoryInUse when another live run holds it."""
+    from workloads import do_not_requeue
+    from workloads.coordinator import round_key
+
+    global _run_lease
+    _run_lease = RankZeroLease(
+        Path(cfg.run_dir),
+        attempt=do_not_requeue.attempt_id(),
+        rendezvous_round=round_key(),
+        command="workloads.train rank 0",
+    )
+    return _run_lease.follow(rank)
+
+
+def _follow_rank_0(process: ProcessState, call_wrapper: CallWrapper | None) -> None:
+    """At the start of each in-process iteration: the process NVRx made rank 0 holds the lease (a
+    spare that took the lost rank 0's place takes it over from its own launch at once), and one
+    that is rank 0 no longer stops renewing it. A refusal (another job took the lease while none
+    of this launch renewed it) is a ConfigError: the job ends in 93."""
+    if _run_lease is None:
+        return
+    rank = int(os.environ.get("RANK", "0"))  # NVRx's assignment for this iteration
+    taken = _run_lease.follow(rank, ping=call_wrapper.ping if call_wrapper is not None else _no_ping)
+    if taken is not None:
+        process.events.rank = rank
+        process.events.emit("run_lease", how=taken)
+
+
+def _no_ping() -> None:
     return None
 
 

@@ -44,9 +44,17 @@ def local_tier_line(run: RunEvents) -> str | None:
     via = [e["source"] for e in restores]
     line = f"{len(run.of('local_save', rank=0))} saves"
     if failed:
-        # The tier is a cache: a failed write leaves the run on FSx alone, so it is named, not fatal.
+        # The tier is a cache: failed writes leave restores to what is complete elsewhere, or FSx,
+        # so they are named, not fatal. A rank reports the first of the saves that fail in a row,
+        # and the first that succeeds again.
         ranks = sorted({e["rank"] for e in failed})
-        line += f", {len(failed)} failed on rank(s) {', '.join(map(str, ranks))} (last: {failed[-1]['reason']})"
+        recovered = run.of("local_save_recovered")
+        still = [r for r in ranks if not [e for e in recovered if e["rank"] == r and e["t"] > failed[-1]["t"]]]
+        since = min(e.get("step", 0) for e in failed)
+        line += (
+            f", saves failed on rank(s) {', '.join(map(str, ranks))} from step {since}"
+            f" ({'still failing at the end' if still else 'then recovered'}; last: {failed[-1]['reason']})"
+        )
     return (
         f"{line}; restores by rank: {via.count('local')} own copy, {via.count('replica')} replica; "
         f"FSx loads {len(run.of('checkpoint_load'))}"

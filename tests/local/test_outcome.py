@@ -80,13 +80,19 @@ def _rows(run_dir: Path, started_at: float, code: int = 0) -> dict[str, str]:
 
 
 def test_a_local_tier_whose_saves_all_failed_says_so(tmp_path):
-    reason = "OSError: [Errno 30] Read-only file system: '/local/run/rank0'"
+    # A rank reports the first of the saves that fail in a row (and the first that succeeds again).
+    reason = "own copy: OSError: [Errno 30] Read-only file system: '/local/run/rank0'"
     saves = [{"pid": 1, "t": 10.0 + s, "event": "local_save", "step": s, "stall_s": 0.01} for s in range(1, 16)]
-    failures = [{"pid": 1, "t": 10.5 + s, "event": "local_save_failed", "reason": reason} for s in range(1, 16)]
-    _write_events(tmp_path, [{"pid": 1, "t": 1.0, "event": "run_start"}, *saves, *failures])
+    failure = {"pid": 1, "t": 11.5, "event": "local_save_failed", "step": 1, "reason": reason}
+    _write_events(tmp_path, [{"pid": 1, "t": 1.0, "event": "run_start"}, *saves, failure])
     assert _rows(tmp_path, 0.0)["local tier"] == (
-        f"15 saves, 15 failed on rank(s) 0 (last: {reason}); restores by rank: 0 own copy, 0 replica; FSx loads 0"
+        f"15 saves, saves failed on rank(s) 0 from step 1 (still failing at the end; last: {reason}); "
+        "restores by rank: 0 own copy, 0 replica; FSx loads 0"
     )
+    recovered = {"pid": 1, "t": 15.5, "event": "local_save_recovered", "step": 5, "failed_saves": 4, "since_step": 1}
+    _write_events(tmp_path / "recovered", [{"pid": 1, "t": 1.0, "event": "run_start"}, *saves, failure, recovered])
+    line = _rows(tmp_path / "recovered", 0.0)["local tier"]
+    assert "saves failed on rank(s) 0 from step 1 (then recovered; last: " in line
 
 
 def test_replayed_steps_count_a_resume_that_fell_back_to_an_older_checkpoint(tmp_path):

@@ -128,3 +128,176 @@ def test_a_trainer_on_a_run_directory_another_job_writes_exits_93_and_writes_not
     assert "run_dir: " in trainer.stderr and "is in use by another run (workloads.train rank 0, pid" in trainer.stderr
     assert not (run_dir / "events").exists() and not (run_dir / "checkpoints").exists()
     assert json.loads((run_dir / LEASE_FILE).read_text())["attempt"] == "other-job-0"
+
+
+# --- The lease follows rank 0 (spares), and two contenders never both take it -------------------
+
+LAUNCH_HOLDER = """
+import pathlib, sys, time
+import workloads.lease as lease
+lease.BEAT_S = 0.2
+run_dir, attempt, rendezvous_round = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+lease.HeartbeatLease(run_dir, attempt, "workloads.train rank 0", rendezvous_round).take()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def _launch_holder(run_dir, attempt: str, rendezvous_round: str) -> subprocess.Popen:
+    """A rank 0 of job attempt `attempt` in `rendezvous_round`, beating on run_dir's lease."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH_HOLDER, str(run_dir), attempt, rendezvous_round],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def _lease(run_dir) -> dict:
+    return json.loads((run_dir / LEASE_FILE).read_text())
+
+
+def test_the_process_that_becomes_rank_0_takes_its_own_launchs_lease_at_once(tmp_path, monkeypatch):
+    """A spare made rank 0 at an in-process restart: the lost rank 0's lease, still fresh, is its
+    own job's, taken over without the STALE_S wait; the replaced holder (alive here, as a node's
+    discarded rank 0 is for a moment) sees the higher term at its next beat and stops renewing."""
+    import workloads.lease as lease
+
+    monkeypatch.setattr(lease, "BEAT_S", 0.2)
+    old = _launch_holder(tmp_path, "uid-1-0", "10.0.0.1:29400")
+    try:
+        begin = time.monotonic()
+        follower = lease.RankZeroLease(
+            tmp_path, attempt="uid-1-0", rendezvous_round="10.0.0.1:29400", command="rank 0 now"
+        )
+        assert follower.follow(2) is None and follower.held is None  # not rank 0: nothing to hold
+        how = follower.follow(0)
+        assert time.monotonic() - begin < lease.BEAT_S
+        assert how is not None and how.startswith("taken over from workloads.train rank 0, pid ")
+        assert _lease(tmp_path)["pid"] == os.getpid() and _lease(tmp_path)["term"] == 2
+        time.sleep(6 * lease.BEAT_S)  # the old holder beats again, sees term 2 and stops
+        held = _lease(tmp_path)
+        assert (held["pid"], held["command"]) == (os.getpid(), "rank 0 now") and held["beat"] >= 3
+    finally:
+        old.kill()
+        _, stderr = old.communicate()
+        if follower.held is not None:
+            follower.held.release()
+    assert "the run directory's lease is now held by rank 0 now, pid" in stderr
+
+
+@pytest.mark.parametrize(
+    ("attempt", "rendezvous_round"),
+    [("uid-2-0", "10.0.0.1:29400"), ("train", "10.0.0.9:41017")],
+    ids=["another-job", "same-name-resubmitted"],
+)
+def test_a_live_lease_of_another_launch_is_still_refused(tmp_path, monkeypatch, attempt, rendezvous_round):
+    """Another job, or the same PyTorchJob name submitted again (its attempt id is the name; its
+    rendezvous round is its own), is refused once the lease is seen beating."""
+    import workloads.lease as lease
+
+    monkeypatch.setattr(lease, "BEAT_S", 0.2)
+    other = _launch_holder(tmp_path, "train" if attempt == "train" else "uid-1-0", "10.0.0.1:29400")
+    try:
+        follower = lease.RankZeroLease(tmp_path, attempt=attempt, rendezvous_round=rendezvous_round, command="x")
+        with pytest.raises(RunDirectoryInUse, match=r"in use by another run \(workloads.train rank 0, pid"):
+            follower.follow(0)
+        assert follower.held is None and _lease(tmp_path)["pid"] == other.pid
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_process_no_longer_rank_0_stops_renewing_the_lease(tmp_path, monkeypatch):
+    import workloads.lease as lease
+
+    monkeypatch.setattr(lease, "BEAT_S", 0.1)
+    follower = lease.RankZeroLease(tmp_path, attempt="uid-1-0", rendezvous_round="10.0.0.1:29400", command="x")
+    assert follower.follow(0) == "taken"
+    assert follower.follow(0) is None  # still rank 0 after a restart: it holds it already
+    time.sleep(3 * lease.BEAT_S)
+    assert _lease(tmp_path)["beat"] >= 1
+    follower.follow(1)
+    time.sleep(lease.BEAT_S)  # a beat in flight when it was released
+    last = (tmp_path / LEASE_FILE).read_text()
+    time.sleep(3 * lease.BEAT_S)
+    assert (tmp_path / LEASE_FILE).read_text() == last
+
+
+CONTENDER = """
+import pathlib, sys, time
+import workloads.lease as lease
+lease.BEAT_S, lease.STALE_S = 0.2, 0.0
+run_dir, name, sync = pathlib.Path(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3])
+read = lease.HeartbeatLease._read
+first = [True]
+def read_in_step(self):
+    # Both contenders have read the lease before either writes it: the window a wait loop leaves.
+    text = read(self)
+    if first[0]:
+        first[0] = False
+        (sync / f"ready-{name}").touch()
+        while not (sync / "go").exists():
+            time.sleep(0.005)
+    return text
+lease.HeartbeatLease._read = read_in_step
+try:
+    lease.HeartbeatLease(run_dir, name, f"contender {name}").take()
+    print("held", flush=True)
+except lease.RunDirectoryInUse as err:
+    print(f"refused: {err}", flush=True)
+time.sleep(1.0)
+"""
+
+
+@pytest.mark.parametrize("lease_before", ["none", "stale"])
+def test_two_contenders_that_read_the_same_lease_never_both_take_it(tmp_path, lease_before):
+    """S5's window: both read an absent (or stale) lease, then both write. The absent one is
+    created by a hard link, the stale one replaced under a claim: exactly one holds it."""
+    run_dir, sync = tmp_path / "run", tmp_path / "sync"
+    run_dir.mkdir()
+    sync.mkdir()
+    if lease_before == "stale":
+        (run_dir / LEASE_FILE).write_text(json.dumps({"pid": 1, "host": "lost-node", "command": "x", "since": 0}))
+    contenders = {
+        name: subprocess.Popen([sys.executable, "-c", CONTENDER, str(run_dir), name, str(sync)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name in ("a", "b")
+    }  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not all((sync / f"ready-{n}").exists() for n in contenders) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (sync / "go").touch()
+    said = {name: p.communicate(timeout=30)[0].strip() for name, p in contenders.items()}
+    holders = [name for name, out in said.items() if out == "held"]
+    assert len(holders) == 1, said
+    (loser,) = set(said) - set(holders)
+    assert said[loser].startswith(f"refused: run_dir: {run_dir} is in use by another run (contender {holders[0]}, pid")
+    assert _lease(run_dir)["command"] == f"contender {holders[0]}"
+    assert [p.name for p in run_dir.iterdir()] == [LEASE_FILE]  # no claim or temporary file left
+
+
+def test_each_in_process_iteration_the_process_nvrx_made_rank_0_holds_the_lease(tmp_path, monkeypatch):
+    """workloads.train at an iteration's start: RANK is NVRx's assignment for it."""
+    from types import SimpleNamespace
+
+    import workloads.lease as lease
+    import workloads.train as train
+    from workloads.events import EventLog
+
+    monkeypatch.setattr(lease, "BEAT_S", 0.1)
+    follower = lease.RankZeroLease(tmp_path, attempt="uid-1-0", rendezvous_round="10.0.0.1:29400", command="x")
+    monkeypatch.setattr(train, "_run_lease", follower)
+    process = SimpleNamespace(events=EventLog(tmp_path, 2))  # a spare, started as rank 2
+    monkeypatch.setenv("RANK", "2")
+    train._follow_rank_0(process, None)
+    assert follower.held is None and not (tmp_path / LEASE_FILE).exists()
+    monkeypatch.setenv("RANK", "0")  # rank 0's node was lost: this process is rank 0 now
+    train._follow_rank_0(process, None)
+    try:
+        assert _lease(tmp_path)["pid"] == os.getpid()
+        (event,) = load_run(tmp_path).of("run_lease")
+        assert (event["rank"], event["how"]) == (0, "taken")
+    finally:
+        assert follower.held is not None
+        follower.held.release()

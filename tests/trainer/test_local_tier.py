@@ -16,20 +16,21 @@ import torch.multiprocessing as mp
 
 from tests.support.trainer_fixtures import port_pair
 from workloads.checkpoint import copy_format
-from workloads.checkpoint.local_tier import (
+from workloads.checkpoint.local_copies import (
     DATA_SUFFIX,
     RECORD_SUFFIX,
     copies_in,
     copy_paths,
     copy_record,
-    drop_host_copy,
     fill_state,
     open_copy,
     split_state,
     write_own_copy,
 )
+from workloads.checkpoint.local_tier import drop_host_copy
 from workloads.config import TrainConfig
-from workloads.faults import parse_fault_spec
+from workloads.events import watch_line
+from workloads.faults import FaultInjector, local_disk_full, marker_dir, parse_fault_spec, target_limit
 
 
 def _state(rank: int, value: float) -> dict:
@@ -74,19 +75,25 @@ def _worker(rank: int, port: int, run_dir: str, plan: str, out: str) -> None:
     from workloads.events import EventLog
 
     root = Path(run_dir) / f"node{rank}"
-    cfg = TrainConfig.from_dict(
-        {"run_dir": run_dir, "checkpoint": {"local": {"interval_steps": 2, "dir": str(root), "keep": 2}}}
-    )
+    settings: dict = {"run_dir": run_dir, "checkpoint": {"local": {"interval_steps": 2, "dir": str(root), "keep": 2}}}
+    if plan.startswith("disk-full"):
+        # Node 1's storage is full from step 4 on. A short group timeout: a rank left waiting
+        # for a peer that never sends fails in seconds, not checkpoint.finalize_timeout_s's 300.
+        settings.update(faults="local-disk-full@4:1")
+        settings["checkpoint"]["finalize_timeout_s"] = 10
+    cfg = TrainConfig.from_dict(settings)
     events = EventLog(Path(run_dir), rank)
+    faults = FaultInjector(parse_fault_spec(cfg.faults), rank, marker_dir(run_dir), events.emit)
     tier = LocalTier(cfg, events=events, nproc_per_node=1)
     for step in (2, 4, 6):
+        faults.at_step_start(step, corrupt_latest=lambda: None)
         tier.save(step, _state(rank, float(step)))
     tier.wait()
     dist.barrier()
     fsx_step = {"fsx-newer": 8}.get(plan, -1)
     if plan == "corrupt-own" and rank == 1:
         tier.corrupt_newest()  # the corrupt-local fault: the host copy goes, the file is damaged
-    if plan == "new-process":
+    if plan in ("new-process", "disk-full-new-process"):
         drop_host_copy()  # as after ft_launcher's restart: only the files are left
     if plan == "incomplete" and rank == 1:
         # Rank 1's step-6 copy is gone on both nodes and from its memory; step 4 is still complete.
@@ -170,11 +177,28 @@ def test_a_newer_fsx_checkpoint_wins_with_the_reason_in_the_event_log(tmp_path):
     assert reasons == {"newest complete local step 6 is older than FSx step 8"}
 
 
-def test_corrupt_local_needs_the_local_tier():
-    assert parse_fault_spec("corrupt-local@5:1")[0].kind == "corrupt-local"
+@pytest.mark.parametrize("kind", ["corrupt-local", "local-disk-full"])
+def test_local_tier_faults_need_the_local_tier(kind):
+    assert parse_fault_spec(f"{kind}@5:1")[0].kind == kind
     with pytest.raises(ValueError, match="checkpoint.local.interval_steps"):
-        TrainConfig.from_dict({"steps": 10, "faults": "corrupt-local@5:1"})
-    TrainConfig.from_dict({"steps": 10, "faults": "corrupt-local@5:1", "checkpoint": {"local": {"interval_steps": 2}}})
+        TrainConfig.from_dict({"steps": 10, "faults": f"{kind}@5:1"})
+    TrainConfig.from_dict({"steps": 10, "faults": f"{kind}@5:1", "checkpoint": {"local": {"interval_steps": 2}}})
+
+
+def test_local_disk_full_names_a_node_fired_by_its_first_rank_and_fills_it_from_its_step_on(tmp_path):
+    (fault,) = parse_fault_spec("local-disk-full@5:1")
+    assert target_limit(fault, nodes=2, world_size=4) == ("node", 2)
+    emitted: list[dict] = []
+    second_rank = FaultInjector((fault,), 3, tmp_path, lambda *a, **k: None, nproc_per_node=2)
+    first_rank = FaultInjector((fault,), 2, tmp_path, lambda event, **k: emitted.append(k), nproc_per_node=2)
+    assert second_rank.mine == [] and first_rank.mine == [fault]
+    full = local_disk_full((fault,), 1, tmp_path)
+    first_rank.at_step_start(4, corrupt_latest=lambda: None)
+    assert not full(4)
+    first_rank.at_step_start(5, corrupt_latest=lambda: None)  # no exception: nothing restarts
+    assert emitted == [{"kind": "local-disk-full", "step": 5, "target_rank": 2, "node": 1}]
+    assert full(5) and full(6) and not full(4)  # a save of an earlier step still being written
+    assert not local_disk_full((fault,), 0, tmp_path)(6)  # node 0's storage is not node 1's
 
 
 def test_copy_record_names_an_incomplete_copy_one_of_another_run_and_a_torch_save_one(tmp_path):
@@ -254,3 +278,53 @@ def test_the_copy_format_round_trips_every_dtype_and_refuses_crafted_headers():
         with pytest.raises(copy_format.MalformedCopy):
             copy_format.read(data)
             pytest.fail(name)
+
+
+def test_a_full_disk_on_one_node_fails_its_saves_once_and_stalls_no_peer(tmp_path):
+    """S1: node 1's storage fills after step 2's save. Its rank still takes part in every
+    exchange (saying it has no copy), so rank 0 never waits on it, keeps saving its own copies and
+    stores no replica; the failure is one event, not one per save. An in-process restart then
+    restores step 6 from both ranks' host copies: the newest state, nothing replayed."""
+    results, events = _run(tmp_path, "disk-full")
+    (failed,) = [e for e in events if e["event"] == "local_save_failed"]
+    assert (failed["rank"], failed["step"]) == (1, 4)
+    assert failed["reason"].startswith("own copy: OSError: [Errno 28] No space left on device: ")
+    assert watch_line(failed).startswith(
+        "local checkpoints failing on rank 1 from step 4: own copy: OSError: [Errno 28] No space left on device"
+    )
+    saved = {(e["rank"], e["step"]): e["replica_of"] for e in events if e["event"] == "local_saved"}
+    assert saved == {(0, 2): 1, (1, 2): 0, (0, 4): None, (0, 6): None}
+    assert [e["node"] for e in events if e["event"] == "fault_injected"] == [1]
+    for rank in (0, 1):
+        assert results[rank] == {"step": 6, "source": "local", "w": [6.0 + rank] * 4, "cursor": 48}
+        assert _restores(events)[rank]["from_memory"] is True
+    # Nothing of the failed writes is left on node 1: its copies are step 2's, its own and rank 0's.
+    assert copies_in(tmp_path / "node1") == [(2, 1), (2, 0)]
+    assert sorted(p.name for p in (tmp_path / "node1").rglob("*") if p.is_file()) == [
+        "rank0.bin", "rank0.json", "rank1.bin", "rank1.json"
+    ]  # fmt: skip
+
+
+def test_after_a_full_disk_a_new_process_restores_the_newest_step_complete_for_every_rank(tmp_path):
+    """Steps 4 and 6 lack rank 1's copy everywhere; step 2 is complete on node 1 alone (rank 1's
+    own copy and rank 0's replica: node 0 dropped its step 2 by retention), so rank 0 gets its
+    copy back from rank 1."""
+    results, events = _run(tmp_path, "disk-full-new-process")
+    assert results[0] == {"step": 2, "source": "replica", "w": [2.0] * 4, "cursor": 16}
+    assert results[1] == {"step": 2, "source": "local", "w": [3.0] * 4, "cursor": 16}
+    assert _restores(events)[0]["from_rank"] == 1
+
+
+def test_saves_that_fail_in_a_row_are_reported_at_the_first_and_when_one_succeeds_again(tmp_path, monkeypatch):
+    from workloads.checkpoint import local_tier
+    from workloads.events import EventLog, load_run
+
+    monkeypatch.setattr(local_tier, "_failing", None)
+    events = EventLog(tmp_path, 1)
+    for step, problem in [(2, None), (4, "own copy: full"), (6, "own copy: full"), (8, None), (10, "replica: full")]:
+        local_tier._report(events, step, problem)
+    reported = [(e["event"], e["step"]) for e in load_run(tmp_path).events]
+    assert reported == [("local_save_failed", 4), ("local_save_recovered", 8), ("local_save_failed", 10)]
+    (recovered,) = load_run(tmp_path).of("local_save_recovered")
+    assert (recovered["failed_saves"], recovered["since_step"]) == (2, 4)
+    assert watch_line(recovered) == "local checkpoints on rank 1 saved again at step 8 (2 failed)"

@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from nvrx_eks.facts.errors import ConfigError
 from workloads.checkpoint.errors import CheckpointIncompatible
-from workloads.checkpoint.local_tier import LocalTier, drop_host_copy, step_dir
+from workloads.checkpoint.local_copies import step_dir
+from workloads.checkpoint.local_tier import LocalTier, drop_host_copy
 from workloads.config import TrainConfig
 from workloads.events import EventLog, load_run
 

@@ -1,6 +1,7 @@
 """The node-local checkpoint tier end to end: `nvrx-eks local --nodes 2 --nproc 1` (two
 ft_launchers, one rendezvous, a local root each), the same faults as the issue's acceptance plus
-corrupt-local, against the same command without faults."""
+corrupt-local, against the same command without faults; and a node whose local storage fills up,
+against the shared clean run of two nodes (the local tier changes no numerics)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.support.trainer_fixtures import assert_nothing_left, exclusive_trainer_runs, port_pair
+from tests.support.trainer_fixtures import (
+    assert_nothing_left,
+    clean_two_node_summary,
+    exclusive_trainer_runs,
+    port_pair,
+)
 from workloads.events import load_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
@@ -55,3 +61,28 @@ def test_faults_recover_from_the_local_tier_and_end_bit_identical(tmp_path, tmp_
                                   if r["cycle"] == e["cycle"]} for e in inprocess)  # fmt: skip
     assert run.of("checkpoint_load") == []
     assert_nothing_left(tmp_path / "faulted", json.loads((tmp_path / "faulted" / "local_run.json").read_text()))
+
+
+def test_a_full_local_disk_on_one_node_stalls_no_peer_and_costs_no_restart(tmp_path, tmp_path_factory):
+    """S1: node 1's local storage is full from step 13 on (every write there fails with ENOSPC).
+    Its rank still takes part in each replica exchange, saying it has no copy: nothing waits for a
+    gloo timeout, so the only restart is the injected exception's, which restores step 30 from
+    both ranks' host copies. The failure is one event, not one per interval."""
+    clean = clean_two_node_summary(tmp_path_factory)
+    run_dir = tmp_path / "full"
+    with exclusive_trainer_runs(tmp_path_factory):
+        code, summary = _run(run_dir, "local-disk-full@13:1,exception@31:1")
+    assert code == 0, (run_dir / "launcher.log").read_text()[-4000:]
+    assert summary["state_sha256"] == clean["state_sha256"]
+    assert summary["restarts"] == {"inprocess": 1, "launcher": 0}, summary["faults"]
+    exception = next(f for f in summary["faults"] if f["kind"] == "exception")
+    assert (exception["layer"], exception["resumed_from_step"], exception["lost_steps"]) == ("inprocess", 30, 0)
+    run = load_run(run_dir)
+    (failed,) = run.of("local_save_failed")
+    assert (failed["rank"], failed["step"]) == (1, 14)
+    assert "[Errno 28] No space left on device" in failed["reason"]
+    # Rank 0 kept saving its own copies after step 13, and stored no replica of rank 1's.
+    late = [e for e in run.of("local_saved", rank=0) if e["step"] > 13]
+    assert late and all(e["replica_of"] is None for e in late)
+    assert {e["source"] for e in run.of("local_restore")} == {"local"}
+    assert_nothing_left(run_dir, json.loads((run_dir / "local_run.json").read_text()))

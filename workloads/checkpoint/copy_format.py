@@ -4,7 +4,7 @@
     | tensor bytes, each starting at a multiple of ALIGN from the start of the copy
 
 The header is {"tensors": [[key, dtype, shape, offset, nbytes], ...], "meta": {...}}: the tensors
-by path (workloads.checkpoint.local_tier.split_state) and the JSON-able leaves of the state.
+by path (workloads.checkpoint.local_copies.split_state) and the JSON-able leaves of the state.
 
 Why not torch.save: reading a torch.save copy back decodes every storage out of a zip archive
 (3.8 s for the 200 MB of the `small` preset on a 2-core host, slower than a DCP load of the same

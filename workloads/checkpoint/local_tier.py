@@ -7,10 +7,10 @@ tensor of the state are copied to CPU on the training thread, into the buffers o
 save once its writer is done (the copy floor: the optimizer may change them as soon as the save
 returns). Those buffers are the host-memory copy: the newest save, kept for the life of the
 process, across in-process restarts. A writer thread then streams them to
-`<root>/step_<N>/rank<R>.bin` (workloads.checkpoint.copy_format: a JSON header and the tensors'
-raw bytes) while hashing them, writes `rank<R>.json` last (size, SHA-256 and the run's identity: a
-copy without it is incomplete), and exchanges copies with the peers over its own gloo group: rank
-R sends to R + nproc_per_node and receives from R - nproc_per_node, i.e. always to another node.
+`<root>/step_<N>/rank<R>.bin` (workloads.checkpoint.local_copies) while hashing them, writes
+`rank<R>.json` last (size, SHA-256 and the run's identity: a copy without it is incomplete), and
+exchanges copies with the peers over its own gloo group: rank R sends to R + nproc_per_node and
+receives from R - nproc_per_node, i.e. always to another node.
 The SHA-256 travels with the bytes, so the holder's record vouches for what the origin wrote, not
 for what arrived. Nothing in a copy is unpickled: its header is JSON and its tensors are views.
 
@@ -39,7 +39,11 @@ A peer's replica is always hashed by the rank holding it before it is sent.
 
 The tier is a cache: when its root cannot be created (read-only, not permitted, full), it is off
 for the iteration, with one `local_tier_disabled` event and log line naming checkpoint.local.dir,
-and the run goes on with the FSx tier.
+and the run goes on with the FSx tier. When a save cannot be written (a node's disk fills), the
+rank still takes part in the exchange, saying it has no copy, so its peer never waits for one;
+the rank reports the first of its saves that fail in a row and the first that succeeds again, and
+a restore takes the newest step complete for every rank as always (the failed rank's host copy
+after an in-process restart; else an older complete step, or FSx).
 
 Why not NVRx's LocalCheckpointManager: on CPU its BasicTensorAwareStateDict asserts CUDA and its
 replica retrieval sends through CUDA (PLATFORM-FACTS), and it loads copies with
@@ -49,17 +53,12 @@ exchange here is a plain gloo send/recv of the copy's bytes, the same on CPU and
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import mmap
 import os
-import re
 import shutil
-import struct
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,40 +66,34 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
-from nvrx_eks.facts.checkpoint_layout import LAYOUT_FIELDS, atomic_write, incompatibility, local_copy_identity
+from nvrx_eks.facts.checkpoint_layout import local_copy_identity
 from workloads.checkpoint import copy_format
 from workloads.checkpoint.errors import CheckpointIncompatible
 from workloads.checkpoint.groups import checkpoint_gloo_group
+from workloads.checkpoint.local_copies import (
+    Buffer,
+    copies_in,
+    copy_paths,
+    copy_record,
+    corrupt_newest_copy,
+    exchange,
+    fill_state,
+    open_copy,
+    run_id,
+    split_state,
+    step_dir,
+    write_own_copy,
+    write_replica,
+)
 from workloads.config import TrainConfig
 from workloads.events import EventLog
-from workloads.faults import damage_in_place
+from workloads.faults import local_disk_full, marker_dir, parse_fault_spec
 
 log = logging.getLogger(__name__)
 
-#: In the run directory (on FSx): the run's identity, recorded in every local copy. A node-local
-#: directory outlives the run that wrote it (a job resubmitted under the same name gets the same
-#: directory); a copy from another run is never restored.
-RUN_ID_FILE = "local-tier-run-id"
-
-#: A copy's data and its record, in `step_<N>/`: rank<R>.bin, rank<R>.json.
-DATA_SUFFIX, RECORD_SUFFIX = ".bin", ".json"
-#: Recorded in every copy's record: copies of another format (torch.save ones, before this one)
-#: are skipped, and the FSx checkpoint loads instead.
-COPY_FORMAT = "flat-1"
-
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
-_COPY = re.compile(rf"^rank(\d+){re.escape(RECORD_SUFFIX)}$")
-
-#: The fix for a node-local copy of another identity when the operator means to start over.
-_START_OVER = "point checkpoint.dir and checkpoint.local.dir at empty directories to start a new run"
-
 #: Nice value of the writer thread (0-19; higher yields more CPU to the training thread).
 WRITER_NICENESS = 10
-
-#: A copy's bytes: a memory map of its file, or what a peer sent.
-Buffer = bytearray | memoryview | mmap.mmap
 
 #: How often a wait for the writer reports progress to the in-process watchdog.
 _PING_EVERY_S = 0.05
@@ -138,251 +131,43 @@ def drop_host_copy() -> None:
     _host_copy = None
 
 
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step_{step:08d}"
+@dataclass
+class _Failing:
+    """Saves of this process that failed in a row, since `since_step`, the first for `reason`."""
+
+    since_step: int
+    reason: str
+    saves: int = 1
 
 
-def _leaves(value: Any, path: tuple[str, ...] = ()):
-    """(path, leaf) of a nested state: dicts and lists/tuples holding tensors are containers."""
-    if isinstance(value, dict):
-        for key in sorted(value, key=str):
-            yield from _leaves(value[key], (*path, str(key)))
-    elif isinstance(value, (list, tuple)) and any(isinstance(v, (dict, torch.Tensor)) for v in value):
-        for i, v in enumerate(value):
-            yield from _leaves(v, (*path, str(i)))
-    else:
-        yield path, value
+# Outlives the in-process iteration, as the node's storage does: a restart does not report again
+# what was reported already.
+_failing: _Failing | None = None
 
 
-def _key(path: tuple[str, ...]) -> str:
-    return "\x1f".join(path)
-
-
-def split_state(
-    state: dict[str, Any], staging: dict[str, torch.Tensor] | None = None
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """This rank's share of `state` as (CPU tensor copies, JSON-able leaves), keyed by path.
-    Copies go into the tensors of `staging` where shape and dtype match (no allocation, no page
-    faults: the copy floor), else into new ones.
-
-    GPU tensors are copied into pinned buffers without waiting, with one synchronization of the
-    streams used at the end: a pageable device-to-host copy stages through a driver buffer and
-    blocks per tensor, at about half the bandwidth. The pinned buffers stay with the host copy
-    and take the next save, like pageable ones; a restore from memory reads them back to the GPU
-    at pinned speed too. CPU tensors are copied as before."""
-    tensors: dict[str, torch.Tensor] = {}
-    meta: dict[str, Any] = {}
-    staging = staging if staging is not None else {}
-    copying_from: set[torch.device] = set()
-    for path, leaf in _leaves(state):
-        if isinstance(leaf, torch.Tensor):
-            local = leaf.detach()
-            local = local.to_local() if isinstance(local, DTensor) else local
-            key = _key(path)
-            buffer = staging.get(key)
-            from_gpu = local.is_cuda
-            if (
-                buffer is None
-                or buffer.shape != local.shape
-                or buffer.dtype != local.dtype
-                or (from_gpu and not buffer.is_pinned())
-            ):
-                buffer = torch.empty(local.shape, dtype=local.dtype, device="cpu", pin_memory=from_gpu)
-            buffer.copy_(local, non_blocking=from_gpu)
-            if from_gpu:
-                copying_from.add(local.device)
-            tensors[key] = buffer
-        else:
-            meta[_key(path)] = list(leaf) if isinstance(leaf, tuple) else leaf
-    for device in copying_from:
-        # The copies were queued on the device's current stream, after the step that produced
-        # the tensors: once it is drained the buffers hold this step, and the writer may read.
-        torch.cuda.current_stream(device).synchronize()
-    return tensors, meta
-
-
-def fill_state(
-    template: Any, tensors: dict[str, torch.Tensor], meta: dict[str, Any], path: tuple[str, ...] = ()
-) -> Any:
-    """`template` with its tensors overwritten in place from `tensors` and its other leaves
-    replaced from `meta` (same structure as split_state walked)."""
-    if isinstance(template, dict):
-        return {k: fill_state(v, tensors, meta, (*path, str(k))) for k, v in template.items()}
-    if isinstance(template, (list, tuple)) and any(isinstance(v, (dict, torch.Tensor)) for v in template):
-        filled = [fill_state(v, tensors, meta, (*path, str(i))) for i, v in enumerate(template)]
-        return type(template)(filled)
-    key = _key(path)
-    if isinstance(template, torch.Tensor):
-        local = template.to_local() if isinstance(template, DTensor) else template
-        stored = tensors[key]
-        if stored.shape != local.shape or stored.dtype != local.dtype:
-            raise ValueError(
-                f"{key}: stored {stored.dtype}{tuple(stored.shape)}, expected {local.dtype}{tuple(local.shape)}"
-            )
-        with torch.no_grad():
-            local.copy_(stored)
-        return template
-    value = meta[key]
-    return tuple(value) if isinstance(template, tuple) else value
-
-
-def run_id(run_dir: Path) -> str:
-    """This run's identity, created on first use (collective: rank 0 decides, all ranks learn)."""
-    ident: list[str | None] = [None]
-    if dist.get_rank() == 0:
-        path = run_dir / RUN_ID_FILE
-        if not path.is_file():
-            run_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, uuid.uuid4().hex)
-        ident[0] = path.read_text().strip()
-    dist.broadcast_object_list(ident, src=0)
-    run = ident[0]
-    assert run is not None  # rank 0 always sets it
-    return run
-
-
-def copy_paths(root: Path, step: int, rank: int) -> tuple[Path, Path]:
-    """(data, record) of rank `rank`'s copy of `step` under `root`."""
-    directory = step_dir(root, step)
-    return directory / f"rank{rank}{DATA_SUFFIX}", directory / f"rank{rank}{RECORD_SUFFIX}"
-
-
-def _write_record(
-    root: Path, step: int, rank: int, nbytes: int, sha256: str, run: str, identity: dict[str, Any]
-) -> None:
-    """The record, written atomically after the data: a copy interrupted half way has none and is
-    never read."""
-    atomic_write(
-        copy_paths(root, step, rank)[1],
-        json.dumps(
-            {
-                "step": step,
-                "rank": rank,
-                "run": run,
-                "identity": identity,
-                "format": COPY_FORMAT,
-                "bytes": nbytes,
-                "sha256": sha256,
-            }
-        ),
-    )
-
-
-def _temporary(target: Path) -> Path:
-    return target.with_name(f".{target.name}.tmp-{os.getpid()}")
-
-
-def write_own_copy(
-    root: Path,
-    step: int,
-    rank: int,
-    tensors: dict[str, torch.Tensor],
-    meta: dict[str, Any],
-    run: str,
-    identity: dict[str, Any],
-) -> tuple[Path, str]:
-    """Write this rank's copy of `step` under `root`, hashed as it is written; returns (its data
-    file, SHA-256)."""
-    target, _ = copy_paths(root, step, rank)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary(target)
-    with open(tmp, "wb") as f:
-        nbytes, sha256 = copy_format.write(f, tensors, meta)
-    os.replace(tmp, target)
-    _write_record(root, step, rank, nbytes, sha256, run, identity)
-    return target, sha256
-
-
-def write_replica(
-    root: Path, step: int, rank: int, data: Buffer, sha256: str, run: str, identity: dict[str, Any]
-) -> None:
-    """Write the copy of rank `rank` a peer sent, under the SHA-256 the peer computed as it wrote
-    its own: what arrived is checked against what was written when the replica is used."""
-    target, _ = copy_paths(root, step, rank)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary(target)
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, target)
-    _write_record(root, step, rank, len(data), sha256, run, identity)
-
-
-def copy_record(
-    root: Path, step: int, rank: int, run: str, identity: dict[str, Any]
-) -> tuple[dict[str, Any] | None, str | None]:
-    """(record, None) when the copy is complete and fits this run, else (None, reason); reads no
-    data. A copy of this run of another model raises CheckpointIncompatible: skipping it would
-    only move the mismatch to FSx, or to a fresh start over the run's checkpoints. A copy of another
-    layout (LAYOUT_FIELDS) is skipped: the FSx checkpoint is resharded onto this run's."""
-    data_path, record_path = copy_paths(root, step, rank)
-    try:
-        record = json.loads(record_path.read_text())
-    except FileNotFoundError:
-        return None, "incomplete (no record)"
-    except (OSError, ValueError) as err:
-        return None, f"unreadable record: {err}"
-    if record.get("run") != run:
-        return None, f"written by another run ({record.get('run')}), not this one ({run})"
-    recorded = record.get("identity")
-    if not isinstance(recorded, dict):
-        return None, "records no run identity (written before copies carried one)"
-    problem = incompatibility(recorded, identity, start_over=_START_OVER, layout_may_differ=True)
-    if problem is not None:
-        raise CheckpointIncompatible(f"checkpoint.local.dir: the node-local copy {record_path} {problem}")
-    layout = {key: recorded.get(key) for key in LAYOUT_FIELDS if recorded.get(key) != identity.get(key)}
-    if layout:
-        # Another layout (a resume on another world size): the FSx checkpoint is resharded instead.
-        return None, f"laid out for {layout}, this run for { {key: identity.get(key) for key in layout} }"
-    if record.get("format") != COPY_FORMAT:
-        return None, f"written in another format ({record.get('format', 'torch.save')}), this run reads {COPY_FORMAT}"
-    try:
-        size = data_path.stat().st_size
-    except OSError as err:
-        return None, f"unreadable: {err}"
-    if size != record.get("bytes"):
-        return None, f"has {size} bytes, its record says {record.get('bytes')}"
-    return record, None
-
-
-def open_copy(path: Path, record: dict[str, Any], *, hashed: bool) -> tuple[mmap.mmap | None, str | None]:
-    """(the copy's bytes, None), memory-mapped, or (None, reason). `hashed`: check the SHA-256
-    against the record first. The mapping is private: views of it may be written (torch.frombuffer
-    needs writable memory) without touching the file."""
-    try:
-        with open(path, "rb") as f:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    except (OSError, ValueError) as err:  # ValueError: an empty file cannot be mapped
-        return None, f"unreadable: {err}"
-    if len(data) != record.get("bytes"):
-        return None, f"has {len(data)} bytes, its record says {record.get('bytes')}"
-    if hashed and hashlib.sha256(data).hexdigest() != record.get("sha256"):
-        return None, "does not match its recorded SHA-256"
-    return data, None
-
-
-def copies_in(root: Path) -> list[tuple[int, int]]:
-    """(step, rank) of every copy that has a record under root, newest step first."""
-    found: list[tuple[int, int]] = []
-    if not root.is_dir():
-        return found
-    for d in root.iterdir():
-        m = _STEP_DIR.match(d.name)
-        if not m:
-            continue
-        for f in d.iterdir():
-            c = _COPY.match(f.name)
-            if c:
-                found.append((int(m.group(1)), int(c.group(1))))
-    return sorted(found, reverse=True)
-
-
-def corrupt_newest_copy(root: Path, rank: int) -> str | None:
-    """The `corrupt-local` fault: overwrite bytes in the middle of this rank's newest own copy
-    (same size, so only the SHA-256 notices)."""
-    steps = [s for s, r in copies_in(root) if r == rank]
-    if not steps:
-        return None
-    return damage_in_place(copy_paths(root, steps[0], rank)[0])
+def _report(events: EventLog, step: int, problem: str | None) -> None:
+    """Report how the save of `step` went, once per failure and not per save: the first failed
+    save (`local_save_failed`, with a warning that says what it means) and the first that
+    succeeds again (`local_save_recovered`, with the count of those that failed); both are
+    watched lines (workloads.events.watch_line). A full disk fails every
+    interval for as long as nobody frees it, and one line per interval would bury the rest of
+    the run's log."""
+    global _failing
+    if problem is not None and _failing is None:
+        _failing = _Failing(step, problem)
+        log.warning(
+            "local checkpoint save of step %d failed: %s; training goes on (the tier is a cache: a "
+            "restore takes the newest step complete for every rank, or checkpoint.dir); said once, "
+            "until a save succeeds again",
+            step,
+            problem,
+        )
+        events.emit("local_save_failed", step=step, reason=problem[:500])
+    elif problem is not None and _failing is not None:
+        _failing.saves += 1
+    elif _failing is not None:
+        events.emit("local_save_recovered", step=step, failed_saves=_failing.saves, since_step=_failing.since_step)
+        _failing = None
 
 
 @dataclass
@@ -390,43 +175,6 @@ class LocalRestore:
     step: int
     state: dict[str, Any]
     source: str  # "local" (own copy) or "replica" (received from the rank that held it)
-
-
-#: What precedes a copy on the wire: its size and the SHA-256 its origin recorded.
-_WIRE_HEADER = struct.Struct("<Q32s")
-
-
-def _exchange(
-    group: Any, send_to: int | None, payload: Buffer | None, recv_from: int | None, sha256: str | None = None
-) -> tuple[memoryview | None, str | None]:
-    """Send `payload` (with its SHA-256, when given) to one rank and receive one from another,
-    without ordering deadlocks: sizes and digests first, then the bytes, all as non-blocking pairs.
-    Returns what was received: (bytes, SHA-256 hex), or (None, None)."""
-    # isend/irecv return None only on a rank outside the group; every rank here is in it.
-    works: list[Any] = []
-    header_in = torch.zeros(_WIRE_HEADER.size, dtype=torch.uint8)
-    if send_to is not None:
-        assert payload is not None
-        header = _WIRE_HEADER.pack(len(payload), bytes.fromhex(sha256) if sha256 else b"")
-        works.append(dist.isend(torch.frombuffer(bytearray(header), dtype=torch.uint8), send_to, group=group))
-    if recv_from is not None:
-        works.append(dist.irecv(header_in, recv_from, group=group))
-    for w in works:
-        w.wait()
-    works = []
-    data_in = None
-    if send_to is not None:
-        assert payload is not None
-        works.append(dist.isend(torch.frombuffer(payload, dtype=torch.uint8), send_to, group=group))
-    if recv_from is not None:
-        size, digest = _WIRE_HEADER.unpack(header_in.numpy().tobytes())
-        data_in = torch.empty(size, dtype=torch.uint8)
-        works.append(dist.irecv(data_in, recv_from, group=group))
-    for w in works:
-        w.wait()
-    if data_in is None:
-        return None, None
-    return data_in.numpy().data, digest.hex()
 
 
 class LocalTier:
@@ -449,11 +197,16 @@ class LocalTier:
         # node. With one node there is no other node to replicate to.
         self.peer = (self.rank + nproc_per_node) % self.world if self.world > nproc_per_node else None
         self.source = (self.rank - nproc_per_node) % self.world if self.peer is not None else None
+        #: Whether this node's storage is full (the local-disk-full fault; never, without it).
+        self._disk_full = local_disk_full(
+            parse_fault_spec(cfg.faults), self.rank // nproc_per_node, marker_dir(cfg.run_dir)
+        )
         # Its own gloo group: replicas move in the writer thread while the training thread runs
         # the step's collectives on the default group.
         self._group = checkpoint_gloo_group(cfg.checkpoint.finalize_timeout_s)
         self._writer: threading.Thread | None = None
-        self._error: BaseException | None = None
+        #: (step, what failed or None) of the save the writer thread finished, for wait().
+        self._outcome: tuple[int, str | None] | None = None
         self.last_saved_step = -1
         global _previous_writer
         stuck = False
@@ -517,7 +270,8 @@ class LocalTier:
             # one from the file, and later changes to the live objects do not reach the copy.
             meta = json.loads(json.dumps(meta))
         except (TypeError, ValueError) as err:
-            self._error = err  # reported at once by wait(): no save of this state can be written
+            # Reported at once by wait(): no save of this state can be written.
+            self._outcome = (step, f"{type(err).__name__}: {err}")
             self.wait()
             return time.monotonic() - started
         _host_copy = HostCopy(step, self.rank, self.run, self.identity, tensors, meta)
@@ -538,45 +292,72 @@ class LocalTier:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
         except OSError:
             pass
+        problems: list[str] = []
         try:
             started = time.monotonic()
-            path, sha256 = write_own_copy(self.root, step, self.rank, tensors, meta, self.run, self.identity)
-            written = time.monotonic()
-            nbytes = path.stat().st_size
-            if self.peer is not None and self.source is not None:  # both or neither
+            own: Buffer | None = None
+            sha256, nbytes = "", 0
+            try:
+                path, sha256 = write_own_copy(
+                    self.root, step, self.rank, tensors, meta, self.run, self.identity, disk_full=self._disk_full(step)
+                )
+                nbytes = path.stat().st_size
                 # The file just written, from the page cache: no serialized copy in memory.
                 own, reason = open_copy(path, {"bytes": nbytes}, hashed=False)
                 if own is None:
                     raise OSError(f"{path}: {reason}")
-                replica, replica_sha256 = _exchange(self._group, self.peer, own, self.source, sha256)
-                assert replica is not None and replica_sha256 is not None
-                write_replica(self.root, step, self.source, replica, replica_sha256, self.run, self.identity)
-            self._retain()
-            self.events.emit(
-                "local_saved",
-                step=step,
-                write_s=written - started,
-                replicate_s=time.monotonic() - written,
-                bytes=nbytes,
-                replica_of=self.source,
-            )
+            except Exception as err:  # noqa: BLE001 - the exchange below still takes place
+                problems.append(f"own copy: {type(err).__name__}: {err}")
+            written = time.monotonic()
+            replica_of = None
+            if self.peer is not None and self.source is not None:  # both or neither
+                # Whatever became of the own copy: the peer waits for this rank's word, and one
+                # that never came would hold it until the group's timeout, then restart every
+                # rank, at every interval for as long as this node's storage fails.
+                replica, replica_sha256 = exchange(self._group, self.peer, own, self.source, sha256)
+                if replica is not None and replica_sha256 is not None:
+                    try:
+                        write_replica(
+                            self.root,
+                            step,
+                            self.source,
+                            replica,
+                            replica_sha256,
+                            self.run,
+                            self.identity,
+                            disk_full=self._disk_full(step),
+                        )
+                        replica_of = self.source
+                    except Exception as err:  # noqa: BLE001 - reported by wait()
+                        problems.append(f"replica of rank {self.source}: {type(err).__name__}: {err}")
+            if own is not None:
+                # Not after a failed own copy: the older ones are then this rank's newest.
+                self._retain()
+                self.events.emit(
+                    "local_saved",
+                    step=step,
+                    write_s=written - started,
+                    replicate_s=time.monotonic() - written,
+                    bytes=nbytes,
+                    replica_of=replica_of,
+                )
         except BaseException as err:  # noqa: BLE001 - reported by wait(); the thread must end
-            self._error = err
+            problems.append(f"{type(err).__name__}: {err}")
+        self._outcome = (step, "; ".join(problems) or None)
 
     def wait(self, ping: Callable[[], None] = _no_ping) -> None:
         """Wait for the writer thread, calling `ping` meanwhile: under load a writer takes seconds
         (200 MB written, sent and received at nice 10), longer than the in-process soft timeout
-        allows a rank to go without progress. A failed local save is logged, not raised: the tier
-        is a shortcut, the FSx tier still holds the run."""
+        allows a rank to go without progress. A failed local save is reported (_report), not
+        raised: the tier is a shortcut, the FSx tier still holds the run."""
         if self._writer is not None:
             while self._writer.is_alive():
                 self._writer.join(timeout=_PING_EVERY_S)
                 ping()
             self._writer = None
-        if self._error is not None:
-            log.warning("local checkpoint save failed: %s: %s", type(self._error).__name__, self._error)
-            self.events.emit("local_save_failed", reason=f"{type(self._error).__name__}: {self._error}"[:500])
-            self._error = None
+        if self._outcome is not None:
+            _report(self.events, *self._outcome)
+            self._outcome = None
 
     def _mine(self) -> set[int]:
         return {self.rank} | ({self.source} if self.source is not None else set())
@@ -773,9 +554,9 @@ class LocalTier:
             if holder == origin:
                 continue
             if self.rank == holder:
-                _exchange(self._group, origin, opened[origin], None)
+                exchange(self._group, origin, opened[origin], None)
             elif self.rank == origin:
-                data, _ = _exchange(self._group, None, None, holder)
+                data, _ = exchange(self._group, None, None, holder)
         from_memory = sources[self.rank] == self.rank and candidates[(chosen, self.rank)] is None
         if from_memory:
             assert host is not None  # the candidate without a record is the host copy
