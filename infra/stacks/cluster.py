@@ -14,7 +14,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
-from infra.addon_catalog import CLOUDWATCH_OBSERVABILITY
+from infra.addons.catalog import CLOUDWATCH_OBSERVABILITY
 from infra.config import DeploymentConfig
 from infra.constructs.addons import install_addons
 from infra.constructs.dashboard import TrainingDashboard
