@@ -17,8 +17,8 @@ from aws_cdk import aws_ecr_assets as ecr_assets
 from constructs import Construct
 
 from infra.config import DeploymentConfig
+from nvrx_eks.facts.checkout import checkout_root
 from nvrx_eks.facts.errors import ConfigError
-from nvrx_eks.resources import checkout_root
 
 #: The Dockerfile, relative to the build context (the checkout's root).
 DOCKERFILE = "workloads/Dockerfile"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from nvrx_eks.facts.checkout import checkout_root
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.rehearse.runtime import REHEARSAL_LABEL, Podman
-from nvrx_eks.resources import checkout_root
 
 DOCKERFILE = "workloads/Dockerfile"
 #: The twin's base: Debian 12 (its python3 is 3.11, as on the machines the project is tested on).

@@ -1,5 +1,6 @@
-"""The import graph, read from the source with every lazy and TYPE_CHECKING import counted: no
-circles in the packages that have none."""
+"""The import graph, read from the source with every lazy and TYPE_CHECKING import counted: the
+ground floor of facts imports nothing else of ours, the trainer and the CDK app import only it of
+the operator's package, and no circles in the packages that have none."""
 
 from __future__ import annotations
 
@@ -13,11 +14,37 @@ def graph() -> dict[str, set[str]]:
     return import_graph(own_modules())
 
 
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+#: What each package may import of ours besides itself.
+ALLOWED = {
+    "nvrx_eks.facts": (),
+    "infra": ("nvrx_eks.facts",),
+    "workloads": ("nvrx_eks.facts",),
+}
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_the_package_imports_only_the_floors_below_it(graph, package):
+    """The CDK app reaching into the operator's modules (for the checkout's root) put the
+    operator's package both above and below it."""
+    crossing = sorted(
+        (importer, target)
+        for importer, targets in graph.items()
+        if _in(importer, package)
+        for target in targets
+        if not _in(target, package) and not any(_in(target, allowed) for allowed in ALLOWED[package])
+    )
+    assert not crossing, f"{package} imports above its floor: {crossing}"
+
+
 @pytest.mark.parametrize("package", ["infra", "workloads", "nvrx_eks.facts"])
 def test_no_import_circle_runs_through(graph, package):
     """A circle hidden by a lazy or TYPE_CHECKING import (the add-on catalog and the config model
     read each other) still forces an import order on readers and tools."""
-    inside = [c for c in circles(graph) if any(m == package or m.startswith(package + ".") for m in c)]
+    inside = [c for c in circles(graph) if any(_in(m, package) for m in c)]
     assert not inside, f"import circles through {package}: {inside}"
 
 
