@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from infra import addon_catalog as catalog
+from infra.addons import catalog
 from infra.config.sections import (
     AddonsConfig,
     EndpointConfig,

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from infra import addon_catalog as catalog
+from infra.addons import catalog
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, facts_for
 from nvrx_eks.facts.names import GPU_NODE_LABEL_KEY, INSTANCE_TYPE_LABEL_KEY, RUNS_COPY_PREFIX
 
@@ -289,7 +289,7 @@ def _pin(addon: catalog.ManagedAddon) -> str:
 
 class AddonVersions(StrictModel):
     """Overrides of the pinned add-on and chart versions; each defaults to its record's pin in
-    infra/addon_catalog.py. The per-minor EKS add-ons default to None: the build
+    infra/addons/catalog.py. The per-minor EKS add-ons default to None: the build
     nvrx_eks/facts/kubernetes_versions.py pins for `kubernetes_version`."""
 
     vpc_cni: str | None = None

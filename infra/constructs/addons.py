@@ -1,5 +1,6 @@
-"""Creates the add-ons of infra/addon_catalog.py on the cluster: EKS managed add-ons (with their
-EKS Pod Identity roles), Helm charts and the optional training-operator installer.
+"""Creates the add-ons a config installs (infra/addons/install.py) on the cluster: EKS managed
+add-ons (with their EKS Pod Identity roles), Helm charts and the optional training-operator
+installer.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from infra.addon_catalog import ManagedAddon, helm_addons, managed_addons, training_operator_installer
+from infra.addons.catalog import ManagedAddon
+from infra.addons.install import helm_addons, managed_addons, training_operator_installer
 from infra.config import DeploymentConfig
 
 

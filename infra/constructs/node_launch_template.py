@@ -12,7 +12,7 @@ get their credentials from EKS Pod Identity (no IMDS), and the add-on pods that 
 metadata run in the host network (VPC CNI, kube-proxy, the Pod Identity agent, the CloudWatch
 agent and its Fluent Bit: aws-observability/helm-charts, `hostNetwork: true`). The one that
 does not, the FSx CSI controller, reads its region from IMDS unless given one, so its add-on
-configuration gives it (infra/addon_catalog.py, FSX_CSI_DRIVER).
+configuration gives it (infra/addons/catalog.py, FSX_CSI_DRIVER).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
-from infra.addon_catalog import CLOUDWATCH_OBSERVABILITY
+from infra.addons.catalog import CLOUDWATCH_OBSERVABILITY
 from infra.config import DeploymentConfig
 from infra.constructs.addons import install_addons
 from infra.constructs.dashboard import TrainingDashboard
@@ -65,14 +65,47 @@ class TrainingClusterStack(Stack):
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+        self.cluster = self._control_plane(config, vpc, private_subnets)
+        if config.admin_principal_arn:
+            self._grant_cluster_admin(config.admin_principal_arn)
+        self.system_nodegroup = self._system_nodes(config, private_subnets)
+        self.gpu_nodes = GpuNodeGroup(
+            self,
+            "GpuNodeGroup",
+            config=config,
+            cluster=self.cluster,
+            subnet=gpu_subnet,
+            node_security_group=gpu_node_security_group,
+            node_role=worker_node_role(self, "GpuNodeRole"),
+        )
+        self._addons(config)
+        self.fsx_volume = FsxVolume(
+            self,
+            "FsxVolume",
+            cluster=self.cluster,
+            config=config,
+            file_system_id=file_system_id,
+            dns_name=file_system_dns_name,
+            mount_name=file_system_mount_name,
+        )
+        self.pod_security = self.cluster.add_manifest("PodSecurity", *admission_policy_manifests())
+        self.image = TrainerImage(self, "TrainerImage", config=config)
+        self.dashboard = TrainingDashboard(self, "TrainingDashboard", config=config, file_system_id=file_system_id)
+        outputs = self._outputs(config, file_system_id, file_system_dns_name, file_system_mount_name, data_bucket)
+        for key, (value, description) in outputs.items():
+            CfnOutput(self, key.value, value=value, description=description)
 
+    def _control_plane(
+        self, config: DeploymentConfig, vpc: ec2.IVpc, private_subnets: ec2.SubnetSelection
+    ) -> eks.Cluster:
+        """The EKS cluster itself: private subnets, secrets envelope-encrypted, every
+        control-plane log on, no default capacity (the node groups below are its capacity)."""
         secrets_key = rotated_key(self, "SecretsKey", f"{config.name}: EKS secrets envelope encryption")
         if config.endpoint.access == "private":
             endpoint = eks.EndpointAccess.PRIVATE
         else:
             endpoint = eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*config.endpoint.public_cidrs)
-
-        self.cluster = eks.Cluster(
+        return eks.Cluster(
             self,
             "Cluster",
             cluster_name=config.cluster_name,
@@ -93,21 +126,23 @@ class TrainingClusterStack(Stack):
             ),
         )
 
-        if config.admin_principal_arn:
-            self.cluster.grant_access(
-                "AdminAccess",
-                config.admin_principal_arn,
-                [
-                    eks.AccessPolicy.from_access_policy_name(
-                        "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER
-                    )
-                ],
-            )
+    def _grant_cluster_admin(self, principal_arn: str) -> None:
+        self.cluster.grant_access(
+            "AdminAccess",
+            principal_arn,
+            [
+                eks.AccessPolicy.from_access_policy_name(
+                    "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER
+                )
+            ],
+        )
 
+    def _system_nodes(self, config: DeploymentConfig, private_subnets: ec2.SubnetSelection) -> eks.Nodegroup:
+        """The node group the add-ons' controllers and the job's coordinator run on."""
         system = config.system_nodes
         # The job's coordinator runs here: one hop to IMDS, as on the GPU nodes (node_launch_template.py).
         system_template = system_launch_template(self, "SystemNodeLaunchTemplate", config)
-        self.system_nodegroup = self.cluster.add_nodegroup_capacity(
+        return self.cluster.add_nodegroup_capacity(
             "SystemNodes",
             nodegroup_name=config.system_nodegroup_name,
             instance_types=[ec2.InstanceType(system.instance_type)],
@@ -123,16 +158,7 @@ class TrainingClusterStack(Stack):
             node_role=worker_node_role(self, "SystemNodeRole"),
         )
 
-        self.gpu_nodes = GpuNodeGroup(
-            self,
-            "GpuNodeGroup",
-            config=config,
-            cluster=self.cluster,
-            subnet=gpu_subnet,
-            node_security_group=gpu_node_security_group,
-            node_role=worker_node_role(self, "GpuNodeRole"),
-        )
-
+    def _addons(self, config: DeploymentConfig) -> None:
         # Add-ons need somewhere to run (CoreDNS, controllers, Helm's wait): after system nodes.
         addons = install_addons(self, self.cluster, config)
         for addon in addons.values():
@@ -149,20 +175,16 @@ class TrainingClusterStack(Stack):
             )
             addons[CLOUDWATCH_OBSERVABILITY.name].node.add_dependency(self.training_metrics_logs)
 
-        self.fsx_volume = FsxVolume(
-            self,
-            "FsxVolume",
-            cluster=self.cluster,
-            config=config,
-            file_system_id=file_system_id,
-            dns_name=file_system_dns_name,
-            mount_name=file_system_mount_name,
-        )
-        self.pod_security = self.cluster.add_manifest("PodSecurity", *admission_policy_manifests())
-        self.image = TrainerImage(self, "TrainerImage", config=config)
-        self.dashboard = TrainingDashboard(self, "TrainingDashboard", config=config, file_system_id=file_system_id)
-
-        outputs = {
+    def _outputs(
+        self,
+        config: DeploymentConfig,
+        file_system_id: str,
+        file_system_dns_name: str,
+        file_system_mount_name: str,
+        data_bucket: s3.IBucket,
+    ) -> dict[OutputKey, tuple[str, str]]:
+        """What the CLI reads back from the stack (nvrx_eks/facts/stack_outputs.py): value, description."""
+        return {
             OutputKey.CLUSTER_NAME: (self.cluster.cluster_name, "EKS cluster name"),
             OutputKey.REGION: (self.region, "AWS region"),
             OutputKey.UPDATE_KUBECONFIG_COMMAND: (
@@ -188,8 +210,6 @@ class TrainingClusterStack(Stack):
             # created at desired 0 and scaled up when the block starts.)
             OutputKey.GPU_NODE_COUNT: (str(config.gpu_nodes.max_size), "GPU nodes (node group maximum)"),
         }
-        for key, (value, description) in outputs.items():
-            CfnOutput(self, key.value, value=value, description=description)
 
 
 def worker_node_role(scope: Construct, construct_id: str) -> iam.Role:

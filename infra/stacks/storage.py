@@ -32,6 +32,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from infra.config import DeploymentConfig
+from infra.config.sections import FsxConfig
 from infra.constructs.log_groups import encrypted_log_group
 from infra.constructs.secure_defaults import private_bucket
 from nvrx_eks.facts.names import FSX_RUNS_PATH, RUNS_COPY_PREFIX
@@ -60,7 +61,21 @@ class StorageStack(Stack):
         keep_data = fsx_cfg.removal_policy == "retain"
         removal = RemovalPolicy.RETAIN if keep_data else RemovalPolicy.DESTROY
 
-        self.access_log_bucket = private_bucket(
+        self.access_log_bucket = self._access_log_bucket(removal)
+        self.control_plane_logs = encrypted_log_group(
+            self,
+            "ControlPlaneLogs",
+            name=config.control_plane_log_group,
+            retention=CONTROL_PLANE_LOG_RETENTION,
+            description=f"{config.name}: EKS control-plane log encryption",
+        )
+        self.data_bucket = self._data_bucket(fsx_cfg, data_prefix, removal)
+        self.file_system = self._file_system(fsx_cfg, subnet, security_group, keep_data)
+        self.data_repository_association = self._data_association(fsx_cfg, data_prefix)
+        self.runs_export = self._runs_export()
+
+    def _access_log_bucket(self, removal: RemovalPolicy) -> s3.Bucket:
+        return private_bucket(
             self,
             "AccessLogBucket",
             removal_policy=removal,
@@ -70,15 +85,10 @@ class StorageStack(Stack):
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(90))],
         )
-        self.control_plane_logs = encrypted_log_group(
-            self,
-            "ControlPlaneLogs",
-            name=config.control_plane_log_group,
-            retention=CONTROL_PLANE_LOG_RETENTION,
-            description=f"{config.name}: EKS control-plane log encryption",
-        )
 
-        self.data_bucket = private_bucket(
+    def _data_bucket(self, fsx_cfg: FsxConfig, data_prefix: str, removal: RemovalPolicy) -> s3.Bucket:
+        """The versioned bucket behind both data repository associations."""
+        return private_bucket(
             self,
             "DataBucket",
             removal_policy=removal,
@@ -97,6 +107,9 @@ class StorageStack(Stack):
             ],
         )
 
+    def _file_system(
+        self, fsx_cfg: FsxConfig, subnet: ec2.ISubnet, security_group: ec2.ISecurityGroup, keep_data: bool
+    ) -> fsx.CfnFileSystem:
         lustre = fsx.CfnFileSystem.LustreConfigurationProperty(
             deployment_type="PERSISTENT_2",
             per_unit_storage_throughput=fsx_cfg.throughput_per_tib,
@@ -111,7 +124,7 @@ class StorageStack(Stack):
             # FSx takes no backups of a file system linked to S3; the runs export is the copy.
             automatic_backup_retention_days=0,
         )
-        self.file_system = fsx.CfnFileSystem(
+        file_system = fsx.CfnFileSystem(
             self,
             "Lustre",
             file_system_type="LUSTRE",
@@ -124,12 +137,15 @@ class StorageStack(Stack):
         )
         # A log group of that name left by something else fails this stack: let it fail in
         # seconds, before the file system's twenty-minute create starts.
-        self.file_system.node.add_dependency(self.control_plane_logs)
+        file_system.node.add_dependency(self.control_plane_logs)
         policy = CfnDeletionPolicy.RETAIN if keep_data else CfnDeletionPolicy.DELETE
-        self.file_system.cfn_options.deletion_policy = policy
-        self.file_system.cfn_options.update_replace_policy = policy
+        file_system.cfn_options.deletion_policy = policy
+        file_system.cfn_options.update_replace_policy = policy
+        return file_system
 
-        self.data_repository_association = fsx.CfnDataRepositoryAssociation(
+    def _data_association(self, fsx_cfg: FsxConfig, data_prefix: str) -> fsx.CfnDataRepositoryAssociation:
+        """fsx.data_repository_path <-> the bucket's data prefix, both ways."""
+        association = fsx.CfnDataRepositoryAssociation(
             self,
             "DataRepositoryAssociation",
             file_system_id=self.file_system.ref,
@@ -145,9 +161,12 @@ class StorageStack(Stack):
                 auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=["NEW", "CHANGED"]),
             ),
         )
-        self.data_repository_association.cfn_options.deletion_policy = CfnDeletionPolicy.DELETE
+        association.cfn_options.deletion_policy = CfnDeletionPolicy.DELETE
+        return association
 
-        self.runs_export = fsx.CfnDataRepositoryAssociation(
+    def _runs_export(self) -> fsx.CfnDataRepositoryAssociation:
+        """The run directories -> the bucket's runs/ prefix, export only (the module docstring says why)."""
+        export = fsx.CfnDataRepositoryAssociation(
             self,
             "RunsExport",
             file_system_id=self.file_system.ref,
@@ -160,9 +179,10 @@ class StorageStack(Stack):
                 ),
             ),
         )
-        self.runs_export.cfn_options.deletion_policy = CfnDeletionPolicy.DELETE
+        export.cfn_options.deletion_policy = CfnDeletionPolicy.DELETE
         # FSx works on one association request at a time per file system.
-        self.runs_export.add_dependency(self.data_repository_association)
+        export.add_dependency(self.data_repository_association)
+        return export
 
     @property
     def mount_name(self) -> str:

@@ -21,9 +21,9 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from nvrx_eks.facts.checkout import checkout_root
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
-from nvrx_eks.resources import checkout_root
 
 #: The oldest Node.js major that jsii supports without the end-of-life banner.
 OLDEST_SUPPORTED_NODE = 22

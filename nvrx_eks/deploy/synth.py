@@ -16,7 +16,7 @@ from rich.table import Table
 
 from infra.config import DeploymentConfig, documentation_placeholders, resolve_config
 from nvrx_eks.deploy.cdk_cli import quiet_end_of_life_banner
-from nvrx_eks.resources import checkout_root
+from nvrx_eks.facts.checkout import checkout_root
 
 #: Resource types worth naming in the summary, with a readable label.
 _NOTABLE = {

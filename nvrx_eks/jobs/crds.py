@@ -19,8 +19,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.addon_catalog import JOBSET as JOBSET_ADDON
-from infra.addon_catalog import TRAINING_OPERATOR
+from infra.addons.catalog import JOBSET as JOBSET_ADDON
+from infra.addons.catalog import TRAINING_OPERATOR
 from nvrx_eks.facts.job_kinds import JOBSET, PYTORCHJOB, JobKind
 
 CRD_DIR_ENV = "NVRX_EKS_CRD_DIR"

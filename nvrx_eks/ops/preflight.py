@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infra.addon_catalog import managed_addons
+from infra.addons.install import managed_addons
 from infra.config import DeploymentConfig, documentation_placeholders
 from nvrx_eks.deploy import reservations
 from nvrx_eks.deploy.deployment import Deployment

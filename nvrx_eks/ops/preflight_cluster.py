@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from infra.addon_catalog import JOBSET as JOBSET_CHART
+from infra.addons.catalog import JOBSET as JOBSET_CHART
 from infra.config import DeploymentConfig
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS

@@ -50,6 +50,7 @@ from infra.config import STACK_ROLES, DeploymentConfig
 from nvrx_eks.deploy.cdk_cli import cdk_argv, run_command
 from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_error, describe_stack, read_stack_outputs
+from nvrx_eks.facts.checkout import checkout_root
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.names import FSX_PV_NAME
 from nvrx_eks.ops.still_billed import BilledLine, print_still_billed, still_billed
@@ -61,7 +62,6 @@ from nvrx_eks.ops.teardown_data import (
     find_retained_data,
 )
 from nvrx_eks.ops.teardown_sweep import Orphan, find_orphans, sweep, vpc_contents
-from nvrx_eks.resources import checkout_root
 
 #: Runs a command (argv) from the project root and returns its exit status.
 CommandRunner = Callable[[list[str]], int]

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from infra.addon_catalog import helm_addons
+from infra.addons.install import helm_addons
 from infra.config import DeploymentConfig, resolve_config
 from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS, pins_for
 from nvrx_eks.facts.names import INSTANCE_TYPE_LABEL_KEY

@@ -48,13 +48,13 @@ def test_every_supported_minor_has_a_complete_record():
 
 
 def test_every_add_on_record_names_the_profile_field_that_overrides_it():
-    from infra import addon_catalog
+    from infra.addons import catalog
     from infra.config.sections import AddonVersions
 
-    record_types = (addon_catalog.ManagedAddon, addon_catalog.HelmAddon, addon_catalog.KustomizeAddon)
-    records = [r for r in vars(addon_catalog).values() if isinstance(r, record_types)]
+    record_types = (catalog.ManagedAddon, catalog.HelmAddon, catalog.KustomizeAddon)
+    records = [r for r in vars(catalog).values() if isinstance(r, record_types)]
     assert len(records) == 12
-    assert {r.name for r in addon_catalog.PER_MINOR_MANAGED_ADDONS} == set(PER_MINOR_ADDONS)
+    assert {r.name for r in catalog.PER_MINOR_MANAGED_ADDONS} == set(PER_MINOR_ADDONS)
     defaults = AddonVersions()
     for record in records:
         # A pinned record's version is the field's default; a per-minor one defers to the table.

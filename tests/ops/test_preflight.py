@@ -12,7 +12,7 @@ import boto3
 import pytest
 from rich.console import Console
 
-from infra.addon_catalog import managed_addons
+from infra.addons.install import managed_addons
 from infra.config import DeploymentConfig, resolve_config
 from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS
 from nvrx_eks.ops import preflight

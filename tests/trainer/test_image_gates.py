@@ -1,5 +1,6 @@
-"""Gates for the trainer image that need no Docker: the build context the CDK asset stages holds
-every COPY source, the image's Python requirements resolve for its platform against the package
+"""Gates for the trainer image that need no Docker: the Dockerfile's COPY lines and .dockerignore
+state the one list of what the image holds, the build context the CDK asset stages holds every
+COPY source, the image's Python requirements resolve for its platform against the package
 index, the Dockerfile passes hadolint and its ENV agrees with the pod env, and every shell
 script the project ships or renders passes shellcheck."""
 
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from infra.config import resolve_config
-from infra.constructs.image import DOCKERFILE
+from nvrx_eks.facts.image_contents import BUILD_INPUTS, CODE, DOCKERFILE, LEFT_OUT, context_patterns
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import build_jobspec
 from scripts.trainer_requirements import trainer_requirements
@@ -126,6 +127,30 @@ def test_dockerignore_matching_follows_dockers_rules():
     assert dockerignore_excludes(patterns, "nvrx_eks/cli.py")
 
 
+# --- what the image holds: one list, restated where Docker reads it --------------------------
+
+
+def test_the_dockerfile_copies_the_paths_the_image_contents_list():
+    """A COPY line added or dropped without the list fails here, not in the image build or on a node."""
+    sources = [source.rstrip("/") for source in copy_sources((ROOT / DOCKERFILE).read_text())]
+    assert sorted(sources) == sorted(BUILD_INPUTS + CODE)
+
+
+def test_dockerignore_states_the_image_contents_patterns():
+    """Docker and podman (the CPU twin) read .dockerignore; the CDK asset stages from the list."""
+    assert read_dockerignore(ROOT) == list(context_patterns())
+
+
+def test_the_image_contents_patterns_admit_the_list_and_nothing_else():
+    patterns = list(context_patterns())
+    for path in BUILD_INPUTS + CODE:
+        assert not dockerignore_excludes(patterns, path), path
+    assert not dockerignore_excludes(patterns, "nvrx_eks/local/runner.py")
+    for path in (*LEFT_OUT, "nvrx_eks/cli.py", "nvrx_eks/ops/preflight.py", "app.py", "infra/stacks/cluster.py",
+                 "workloads/__pycache__/train.cpython-312.pyc"):  # fmt: skip
+        assert dockerignore_excludes(patterns, path), path
+
+
 # --- the staged build context ---------------------------------------------------------------
 
 
@@ -151,15 +176,15 @@ def test_every_copy_source_is_in_the_staged_build_context(synth):
 
 @pytest.mark.synth
 @pytest.mark.xdist_group("synth")
-def test_staged_context_is_what_dockerignore_admits_from_the_checkout(synth):
-    """CDK stages the files Docker would send from the checkout: nothing more (no node_modules,
-    .venv or caches), nothing less."""
+def test_staged_context_is_what_the_image_contents_admit_from_the_checkout(synth):
+    """CDK stages the files of the list of what the image holds, which Docker would send from the
+    checkout: nothing more (no node_modules, .venv or caches), nothing less."""
     synthesized = synth("p5")
     assets = json.loads((synthesized.outdir / f"{synthesized.stack_names['cluster']}.assets.json").read_text())
     (image,) = assets["dockerImages"].values()
     context = synthesized.outdir / image["source"]["directory"]
     staged = {str(p.relative_to(context)) for p in context.rglob("*") if p.is_file()}
-    patterns = read_dockerignore(ROOT)
+    patterns = list(context_patterns())
     admitted = {p for p in checkout_files() if not dockerignore_excludes(patterns, p)}
     assert staged == admitted | {".dockerignore"}
 
@@ -171,7 +196,7 @@ def test_the_gpu_smoke_runs_from_what_the_image_holds(tmp_path):
     trainer extra's (test_image_requirements_resolve_for_python_312_manylinux_x86_64)."""
     import shutil
 
-    patterns = read_dockerignore(ROOT)
+    patterns = list(context_patterns())
     for relative in checkout_files():
         if not dockerignore_excludes(patterns, relative) and relative != ".dockerignore":
             (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 """The cluster's add-ons as data: one record per add-on with everything about it (name, chart and
 repository, pinned version, namespace, image, configuration, the profile field that overrides the
-version). infra/constructs/addons.py creates them on the cluster; the config model takes its
-default versions from here; the preflight check and the tests read the same records. No CDK
-import here, so the CLI can read the catalog without starting the CDK's runtime.
+version). The config model takes its default versions from here; infra/addons/install.py picks
+and pins the ones a config installs, which infra/constructs/addons.py creates on the cluster; the
+job commands, the preflight check and the tests read the same records. Records only: no CDK, no
+config, so everything above can read it without a circle or the CDK's runtime.
 
 EKS managed add-ons (with EKS Pod Identity where they call AWS APIs) cover networking, DNS, the
 FSx CSI driver, CloudWatch observability and node health monitoring; Helm charts cover the EFA
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from nvrx_eks.facts.kubernetes_versions import (
     COREDNS,
@@ -23,12 +23,8 @@ from nvrx_eks.facts.kubernetes_versions import (
     NODE_MONITORING_AGENT,
     POD_IDENTITY_AGENT,
     VPC_CNI,
-    pins_for,
 )
 from nvrx_eks.facts.names import GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE, GPU_TAINT_KEY
-
-if TYPE_CHECKING:  # the config model reads the records' versions; only the type goes this way
-    from infra.config import DeploymentConfig
 
 #: Schedules a DaemonSet onto GPU nodes only, through their taint.
 _ON_GPU_NODES = {
@@ -254,79 +250,3 @@ TRAINING_OPERATOR = KustomizeAddon(
     version="v1.9.4",
     config_field="training_operator",
 )
-
-
-# ----- what a config installs -----------------------------------------------------------------
-
-
-def _pinned(record, config: DeploymentConfig):
-    """The record at the version the config asks for: the profile's `addons.versions` field (whose
-    default is the record's pin), else, for a build that follows the minor, the minor's pin."""
-    version = getattr(config.addons.versions, record.config_field)
-    if version is None and record in PER_MINOR_MANAGED_ADDONS:
-        version = pins_for(config.kubernetes_version).addons[record.name]
-    return replace(record, version=version)
-
-
-def managed_addons(config: DeploymentConfig) -> list[ManagedAddon]:
-    chosen = [VPC_CNI_ADDON, COREDNS_ADDON, KUBE_PROXY_ADDON, POD_IDENTITY_AGENT_ADDON, FSX_CSI_DRIVER]
-    if config.gpu_nodes.auto_repair:
-        chosen.append(NODE_MONITORING_AGENT_ADDON)
-    if config.addons.cloudwatch_observability:
-        chosen.append(CLOUDWATCH_OBSERVABILITY)
-    return [_pinned(addon, config).configured_for(config.region) for addon in chosen]
-
-
-def helm_addons(config: DeploymentConfig) -> list[HelmAddon]:
-    addons = [_pinned(chart, config) for chart in (EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN, JOBSET)]
-    if config.addons.dcgm_exporter:
-        addons.append(_pinned(DCGM_EXPORTER, config))
-    return addons
-
-
-def training_operator_installer(config: DeploymentConfig) -> list[dict]:
-    """A one-shot Job that installs the Kubeflow training operator v1 (PyTorchJob) from its
-    upstream kustomize overlay. The operator ships no Helm chart and its CRDs are far larger than
-    a CloudFormation custom resource can carry, so it is applied from inside the cluster."""
-    operator = _pinned(TRAINING_OPERATOR, config)
-    name = f"{operator.name}-installer"
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": "kube-system"}},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": name},
-            # Installing CRDs, a namespace and cluster roles needs cluster-admin; the Job deletes
-            # this binding as its last step, so the grant does not outlive the install.
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "kube-system"}],
-        },
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": f"{name}-{operator.version.replace('.', '-')}", "namespace": "kube-system"},
-            "spec": {
-                "backoffLimit": 4,
-                "ttlSecondsAfterFinished": 3600,
-                "template": {
-                    "spec": {
-                        "serviceAccountName": name,
-                        "restartPolicy": "OnFailure",
-                        "containers": [
-                            {
-                                "name": "install",
-                                "image": config.training_operator_installer_image,
-                                # Server-side apply: the CRDs exceed the client-side annotation limit.
-                                "command": [
-                                    "sh",
-                                    "-c",
-                                    f"kubectl apply --server-side -k '{operator.overlay_url}' && "
-                                    f"kubectl delete clusterrolebinding {name} --ignore-not-found",
-                                ],
-                            }
-                        ],
-                    }
-                },
-            },
-        },
-    ]
