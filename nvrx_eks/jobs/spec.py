@@ -28,6 +28,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra.config import DeploymentConfig
+from nvrx_eks.deploy.node_count import default_nodes
 from nvrx_eks.deploy.stack_outputs import StackOutputs
 from nvrx_eks.facts import job_names, training_metrics
 from nvrx_eks.facts.errors import ConfigError, describe_validation_error
@@ -36,7 +37,6 @@ from nvrx_eks.facts.job_kinds import Api
 from nvrx_eks.facts.job_presets import FALLBACK_JOB, JOB_PRESETS
 from nvrx_eks.facts.names import FSX_PVC_NAME, GPU_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, TRAINING_NAMESPACE
 from nvrx_eks.jobs.backstop import active_deadline_s
-from nvrx_eks.jobs.capacity import default_nodes
 from nvrx_eks.jobs.options import Workload
 from workloads.config import TrainConfig
 from workloads.launch import inprocess_store_port

@@ -30,9 +30,9 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from infra.config import DeploymentConfig
+from nvrx_eks.deploy.node_count import default_nodes, require_nodes
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import NodePrice, node_price
-from nvrx_eks.jobs.capacity import default_nodes, require_nodes
 from nvrx_eks.jobs.options import check_step_time
 from nvrx_eks.ops.plan_cost import cost_line, lost_column_title, lost_value_line
 from nvrx_eks.ops.still_billed import kept_after_run_line
