@@ -38,6 +38,7 @@ from nvrx_eks.facts.job_presets import FALLBACK_JOB, JOB_PRESETS
 from nvrx_eks.facts.names import FSX_PVC_NAME, GPU_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, TRAINING_NAMESPACE
 from nvrx_eks.jobs.backstop import active_deadline_s
 from nvrx_eks.jobs.options import Workload
+from nvrx_eks.planning.model import optimal_interval_steps
 from workloads.config import TrainConfig
 from workloads.launch import inprocess_store_port
 from workloads.memory import GIB, check_fits
@@ -393,9 +394,7 @@ def default_job(config: DeploymentConfig, nodes: int, overrides: list[str]) -> T
     """The profile's default job (nvrx_eks.facts.job_presets.JOB_PRESETS[default_job_name(config)]) on
     `nodes`, with `--set` overrides on top. Unless an override sets it, checkpoint.interval_steps of a
     preset sized for the cluster is the checkpoint-interval plan's optimum for this job
-    (nvrx_eks.ops.plan.optimal_interval_steps, the figure `nvrx-eks plan` prints)."""
-    from nvrx_eks.ops.plan import optimal_interval_steps
-
+    (nvrx_eks.planning.model.optimal_interval_steps, the figure `nvrx-eks plan` prints)."""
     name = default_job_name(config)
     preset = JOB_PRESETS[name]
     source = f"the {name} default job with --set/--faults"
