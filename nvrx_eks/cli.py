@@ -640,7 +640,8 @@ def data_prepare(
 ) -> None:
     """Tokenize text into token shards + manifest, streaming and resumable."""
     from nvrx_eks.data.commands import prepare
-    from nvrx_eks.data.upload import parse_s3_url, pod_path, upload
+    from nvrx_eks.data.upload import upload
+    from nvrx_eks.jobs.data_path import parse_s3_url, pod_path
 
     deployment = None
     if upload_to is not None:  # a wrong URL is refused before the work, not after

@@ -35,7 +35,13 @@ from nvrx_eks.facts.errors import ConfigError, describe_validation_error
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, facts_for
 from nvrx_eks.facts.job_kinds import Api
 from nvrx_eks.facts.job_presets import FALLBACK_JOB, JOB_PRESETS
-from nvrx_eks.facts.names import FSX_PVC_NAME, GPU_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, TRAINING_NAMESPACE
+from nvrx_eks.facts.names import (
+    FSX_MOUNT_PATH,
+    FSX_PVC_NAME,
+    GPU_NODE_LABEL_KEY,
+    SYSTEM_NODE_LABEL_VALUE,
+    TRAINING_NAMESPACE,
+)
 from nvrx_eks.jobs.backstop import active_deadline_s
 from nvrx_eks.jobs.options import Workload
 from nvrx_eks.planning.model import optimal_interval_steps
@@ -43,8 +49,6 @@ from workloads.config import TrainConfig
 from workloads.launch import inprocess_store_port
 from workloads.memory import GIB, check_fits
 
-#: Where the FSx claim is mounted in every pod: data, checkpoints and run directories live there.
-FSX_MOUNT_PATH = "/fsx"
 #: Where the node-local checkpoint tier's directory (infra.pod_security.LOCAL_CHECKPOINT_HOST_PATH,
 #: the job's subdirectory) is mounted in trainer pods: checkpoint.local.dir on EKS.
 LOCAL_CHECKPOINT_MOUNT_PATH = "/local-checkpoints"
