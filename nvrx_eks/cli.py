@@ -18,7 +18,7 @@ from rich.markup import escape
 from nvrx_eks.facts.errors import ConfigError, terminal_safe
 from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
 from nvrx_eks.jobs.options import FROM_JOB_FLAGS, JOB_FLAGS, JobOptions, data_overrides, job_flags
-from nvrx_eks.output_format import (
+from nvrx_eks.jobs.output_format import (
     ManifestFormatOption,
     OutputFormatOption,
     check_format,
