@@ -18,7 +18,7 @@ from rich.markup import escape
 from nvrx_eks.facts.errors import ConfigError, terminal_safe
 from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
 from nvrx_eks.jobs.options import FROM_JOB_FLAGS, JOB_FLAGS, JobOptions, data_overrides, job_flags
-from nvrx_eks.output_format import (
+from nvrx_eks.jobs.output_format import (
     ManifestFormatOption,
     OutputFormatOption,
     check_format,
@@ -640,7 +640,8 @@ def data_prepare(
 ) -> None:
     """Tokenize text into token shards + manifest, streaming and resumable."""
     from nvrx_eks.data.commands import prepare
-    from nvrx_eks.data.upload import parse_s3_url, pod_path, upload
+    from nvrx_eks.data.upload import upload
+    from nvrx_eks.jobs.data_path import parse_s3_url, pod_path
 
     deployment = None
     if upload_to is not None:  # a wrong URL is refused before the work, not after

@@ -17,7 +17,7 @@ class JobPreset:
     names it (DeploymentConfig.default_job). `train` is TrainConfig data; --set overrides apply on
     top. A preset sized for the cluster fixes data.global_batch_tokens (the trainer derives its
     accumulation for the world size) and, with `plan_interval`, takes checkpoint.interval_steps
-    from the checkpoint-interval plan (nvrx_eks/ops/plan.py), never typed here."""
+    from the checkpoint-interval plan (nvrx_eks/planning/model.py), never typed here."""
 
     description: str
     train: dict[str, Any]

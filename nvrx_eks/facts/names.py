@@ -11,6 +11,8 @@ TRAINING_NAMESPACE = "training"
 FSX_PV_NAME = "fsx-lustre-pv"
 FSX_PVC_NAME = "fsx-lustre"
 FSX_STORAGE_CLASS = ""  # static provisioning: empty class so no dynamic provisioner claims it
+#: Where the FSx claim is mounted in every pod: data, checkpoints and run directories live there.
+FSX_MOUNT_PATH = "/fsx"
 #: Directory of the file system that holds the jobs' run directories (checkpoints, events);
 #: pods see it as <mount path>/runs. Exported to S3 as the second copy of checkpoints.
 FSX_RUNS_PATH = "/runs"

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from nvrx_eks.jobs.spec import FSX_MOUNT_PATH, JobSpec
+from nvrx_eks.facts.names import FSX_MOUNT_PATH
+from nvrx_eks.jobs.spec import JobSpec
 
 
 @dataclass(frozen=True)

@@ -27,25 +27,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nvrx_eks.data.upload import data_in_pods
 from nvrx_eks.deploy.deployment import Deployment
+from nvrx_eks.deploy.node_count import default_nodes
 from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_session, read_stack_outputs
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.job_kinds import JOB_KINDS, Api
-from nvrx_eks.jobs.capacity import (
-    NodeLimit,
-    default_nodes,
-    deployed_nodes,
-    live_limits,
-    profile_limit,
-    refuse_beyond,
-)
+from nvrx_eks.jobs.capacity import NodeLimit, deployed_nodes, live_limits, profile_limit, refuse_beyond
+from nvrx_eks.jobs.data_path import data_in_pods
 from nvrx_eks.jobs.options import JobOptions, data_overrides
+from nvrx_eks.jobs.output_format import write_data
 from nvrx_eks.jobs.render import RenderedJob, list_items, render_job, write_documents
 from nvrx_eks.jobs.spec import JobSpec, build_jobspec, check_faults, check_global_batch, load_train_config
 from nvrx_eks.jobs.summary import job_summary
 from nvrx_eks.jobs.validate import Expectations, ValidationReport, load_documents, validate_documents
-from nvrx_eks.output_format import write_data
 
 if TYPE_CHECKING:
     from nvrx_eks.jobs.client import JobClient

@@ -123,7 +123,7 @@ class JobOptions:
     max_step_time_s: float | None = _default("max_step_time_s")
     spare_nodes: int = _default("spare_nodes")
     trainer: str | None = _default("trainer")
-    #: --data as typed; where the pods read it needs the deployment (nvrx_eks.data.upload.data_in_pods,
+    #: --data as typed; where the pods read it needs the deployment (nvrx_eks.jobs.data_path.data_in_pods,
     #: called by nvrx_eks.jobs.commands.build_spec).
     data: str | None = None
     #: Not a flag: ranks per pod where they are not one per GPU (`nvrx-eks rehearse` on CPUs).

@@ -28,22 +28,27 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra.config import DeploymentConfig
+from nvrx_eks.deploy.node_count import default_nodes
 from nvrx_eks.deploy.stack_outputs import StackOutputs
 from nvrx_eks.facts import job_names, training_metrics
 from nvrx_eks.facts.errors import ConfigError, describe_validation_error
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts, facts_for
 from nvrx_eks.facts.job_kinds import Api
 from nvrx_eks.facts.job_presets import FALLBACK_JOB, JOB_PRESETS
-from nvrx_eks.facts.names import FSX_PVC_NAME, GPU_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, TRAINING_NAMESPACE
+from nvrx_eks.facts.names import (
+    FSX_MOUNT_PATH,
+    FSX_PVC_NAME,
+    GPU_NODE_LABEL_KEY,
+    SYSTEM_NODE_LABEL_VALUE,
+    TRAINING_NAMESPACE,
+)
 from nvrx_eks.jobs.backstop import active_deadline_s
-from nvrx_eks.jobs.capacity import default_nodes
 from nvrx_eks.jobs.options import Workload
+from nvrx_eks.planning.model import optimal_interval_steps
 from workloads.config import TrainConfig
 from workloads.launch import inprocess_store_port
 from workloads.memory import GIB, check_fits
 
-#: Where the FSx claim is mounted in every pod: data, checkpoints and run directories live there.
-FSX_MOUNT_PATH = "/fsx"
 #: Where the node-local checkpoint tier's directory (infra.pod_security.LOCAL_CHECKPOINT_HOST_PATH,
 #: the job's subdirectory) is mounted in trainer pods: checkpoint.local.dir on EKS.
 LOCAL_CHECKPOINT_MOUNT_PATH = "/local-checkpoints"
@@ -393,9 +398,7 @@ def default_job(config: DeploymentConfig, nodes: int, overrides: list[str]) -> T
     """The profile's default job (nvrx_eks.facts.job_presets.JOB_PRESETS[default_job_name(config)]) on
     `nodes`, with `--set` overrides on top. Unless an override sets it, checkpoint.interval_steps of a
     preset sized for the cluster is the checkpoint-interval plan's optimum for this job
-    (nvrx_eks.ops.plan.optimal_interval_steps, the figure `nvrx-eks plan` prints)."""
-    from nvrx_eks.ops.plan import optimal_interval_steps
-
+    (nvrx_eks.planning.model.optimal_interval_steps, the figure `nvrx-eks plan` prints)."""
     name = default_job_name(config)
     preset = JOB_PRESETS[name]
     source = f"the {name} default job with --set/--faults"

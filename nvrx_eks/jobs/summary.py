@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from infra.config import DeploymentConfig
 from nvrx_eks.facts.errors import ConfigError
+from nvrx_eks.facts.instances import NodePrice
 from nvrx_eks.jobs.spec import JobSpec
+from nvrx_eks.planning.model import MODELLED_STEP_S, duration_text, plan_for_job
+from workloads.memory import GIB, describe_checkpointing, estimate_for
 
 
 def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
     """Rich-markup lines; none for the fabric test."""
     if spec.workload != "train":
         return []
-    from nvrx_eks.ops.plan import MODELLED_STEP_S, duration_text, plan_for_job
-    from nvrx_eks.ops.plan_cost import run_cost_text
-    from workloads.memory import GIB, describe_checkpointing, estimate_for
-
     train, world = spec.train, spec.world_size
     data = train.data
     accumulation = data.accumulation(world)
@@ -74,3 +73,12 @@ def job_summary(spec: JobSpec, config: DeploymentConfig) -> list[str]:
             "(assumed MFU; `nvrx-eks plan` says which)"
         )
     return lines
+
+
+def run_cost_text(price: NodePrice | None, usd_per_hour: float | None, run_s: float) -> str:
+    """A run's cost (`usd_per_hour`: all its nodes'): ', ~$N on demand' or ', ~$N of the block's
+    paid hours' (a Capacity Block is paid up front: nvrx_eks/ops/plan_cost.py says why the words differ)."""
+    if price is None or usd_per_hour is None:
+        return ""
+    usd = usd_per_hour * run_s / 3600
+    return f", ~${usd:,.0f} of the block's paid hours" if price.paid_up_front else f", ~${usd:,.0f} on demand"

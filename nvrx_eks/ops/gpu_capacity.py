@@ -41,12 +41,12 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from infra.config import DeploymentConfig
 from nvrx_eks.deploy import reservations
 from nvrx_eks.deploy.deployment import Deployment
+from nvrx_eks.deploy.node_count import default_nodes, require_nodes
 from nvrx_eks.deploy.stack_outputs import StackOutputs, aws_error, aws_session, read_stack_outputs
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import node_price
 from nvrx_eks.facts.names import NODEGROUP_LABEL_KEY
 from nvrx_eks.facts.stack_outputs import OutputKey
-from nvrx_eks.jobs.capacity import default_nodes, require_nodes
 
 #: How long `up` waits for the nodes: a p5 boots, installs the Lustre client and registers in
 #: 10-15 minutes; a launch AWS keeps retrying gets the rest.

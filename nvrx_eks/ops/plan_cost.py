@@ -48,12 +48,3 @@ def cost_line(price: NodePrice | None, nodes: int, config: DeploymentConfig) -> 
         f"Cost: ${hourly:,.2f}/h, ${hourly * 24:,.0f}/day at {price.source} (nvrx_eks/facts/instances.py); "
         "billed while the nodes run: `nvrx-eks capacity down` stops it"
     )
-
-
-def run_cost_text(price: NodePrice | None, usd_per_hour: float | None, run_s: float) -> str:
-    """A run's cost for the job summary (`usd_per_hour`: all its nodes'): ', ~$N on demand' or
-    ', ~$N of the block's paid hours'."""
-    if price is None or usd_per_hour is None:
-        return ""
-    usd = usd_per_hour * run_s / 3600
-    return f", ~${usd:,.0f} of the block's paid hours" if price.paid_up_front else f", ~${usd:,.0f} on demand"

@@ -38,6 +38,7 @@ from nvrx_eks.deploy import reservations
 from nvrx_eks.deploy.deployment import Deployment
 from nvrx_eks.facts.errors import ConfigError, terminal_safe
 from nvrx_eks.facts.instances import INSTANCE_FACTS, VcpuQuota
+from nvrx_eks.jobs.output_format import write_data
 from nvrx_eks.ops.preflight_cluster import cluster_checks
 from nvrx_eks.ops.preflight_context import (
     FAIL,
@@ -50,7 +51,6 @@ from nvrx_eks.ops.preflight_context import (
     error_result,
 )
 from nvrx_eks.ops.preflight_identity import check_admin_principal
-from nvrx_eks.output_format import write_data
 
 __all__ = ["FAIL", "PASS", "SKIP", "WARN", "CheckResult", "PreflightContext", "run", "run_checks"]
 

@@ -36,10 +36,10 @@ from nvrx_eks.deploy.deployment import load_deployment
 from nvrx_eks.facts import job_names
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from nvrx_eks.facts.names import FSX_MOUNT_PATH
 from nvrx_eks.jobs.commands import build_spec, expectations
 from nvrx_eks.jobs.options import JobOptions
 from nvrx_eks.jobs.render import render_job
-from nvrx_eks.jobs.spec import FSX_MOUNT_PATH
 from nvrx_eks.jobs.validate import validate_documents
 from nvrx_eks.local.live import LiveView
 from nvrx_eks.local.outcome import print_report

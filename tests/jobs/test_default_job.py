@@ -10,7 +10,7 @@ import yaml
 from infra.config import resolve_config
 from nvrx_eks.facts.instances import INSTANCE_FACTS
 from nvrx_eks.jobs.spec import default_job
-from nvrx_eks.ops.plan import optimal_interval_steps
+from nvrx_eks.planning.model import optimal_interval_steps
 from tests.support.cli_harness import run_cli
 from tests.support.profiles import profile_file
 from workloads.config import TrainConfig

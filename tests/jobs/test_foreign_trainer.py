@@ -26,10 +26,10 @@ from rich.console import Console
 
 from nvrx_eks.deploy.deployment import load_deployment
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from nvrx_eks.facts.names import FSX_MOUNT_PATH
 from nvrx_eks.jobs.commands import build_spec
 from nvrx_eks.jobs.options import JobOptions
 from nvrx_eks.jobs.render import render_job
-from nvrx_eks.jobs.spec import FSX_MOUNT_PATH
 from nvrx_eks.rehearse.image import build_twin
 from nvrx_eks.rehearse.runner import Rehearsal
 from nvrx_eks.rehearse.runtime import Podman

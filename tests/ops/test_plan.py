@@ -9,7 +9,7 @@ import re
 import pytest
 
 from infra.config import resolve_config
-from nvrx_eks.ops.plan import (
+from nvrx_eks.planning.model import (
     INPROCESS_FIXED_S,
     daly_interval,
     expected_goodput,

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from infra.config import resolve_config
+from nvrx_eks.deploy.node_count import default_nodes
 from nvrx_eks.deploy.stack_outputs import StackOutputs
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import INSTANCE_FACTS, node_price
 from nvrx_eks.facts.stack_outputs import OutputKey
-from nvrx_eks.jobs.capacity import default_nodes
 from nvrx_eks.jobs.spec import default_job
-from nvrx_eks.ops.plan import make_plan, plan_for_job
+from nvrx_eks.planning.model import make_plan, plan_for_job
 from tests.support.cli_harness import run_cli
 from tests.support.profiles import profile_file
 

@@ -10,7 +10,8 @@ from rich.console import Console
 
 from infra.config import resolve_config
 from nvrx_eks.jobs.spec import default_job
-from nvrx_eks.ops.plan import (
+from nvrx_eks.ops.plan import print_fault_classes, print_scaling
+from nvrx_eks.planning.model import (
     COORDINATOR_FAULT_SHARE,
     DEFAULT_FAULT_MIX,
     DEFAULT_NODE_MTBF_HOURS,
@@ -22,9 +23,8 @@ from nvrx_eks.ops.plan import (
     daly_interval,
     local_recovery_s,
     plan_for_job,
-    print_scaling,
 )
-from nvrx_eks.ops.plan_spares import print_fault_classes, spares_row
+from nvrx_eks.planning.spares import spares_row
 
 CONFIG = resolve_config("p5")
 

@@ -9,7 +9,7 @@ import pytest
 
 from infra.config import resolve_config
 from nvrx_eks.facts.instances import PEAK_BF16_DENSE_TFLOPS
-from nvrx_eks.ops.plan import ASSUMED_MFU, MFU_SOURCE, make_plan
+from nvrx_eks.planning.model import ASSUMED_MFU, MFU_SOURCE, make_plan
 from tests.support.cli_process import WIDE_TERMINAL, cli_process
 from workloads.memory import parameter_count
 from workloads.presets import MODEL_PRESETS

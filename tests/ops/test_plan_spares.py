@@ -1,4 +1,4 @@
-"""`nvrx-eks plan`: faults split by kind and hot spares at scale (nvrx_eks/ops/plan_spares.py)."""
+"""`nvrx-eks plan`: faults split by kind and hot spares at scale (nvrx_eks/planning/spares.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 
 from infra.config import resolve_config
 from nvrx_eks.jobs.spec import default_job
-from nvrx_eks.ops.plan import plan_for_job
-from nvrx_eks.ops.plan_spares import spares_table
+from nvrx_eks.planning.model import plan_for_job
+from nvrx_eks.planning.spares import spares_table
 
 
 def _plan_for(n: int):

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from infra.config import resolve_config
-from nvrx_eks.ops.plan import make_plan, two_tier_goodput, two_tier_plan
+from nvrx_eks.planning.model import make_plan
+from nvrx_eks.planning.two_tier import two_tier_goodput, two_tier_plan
 from tests.support.cli_process import cli_process
 
 

@@ -7,7 +7,8 @@ import re
 
 from nvrx_eks.facts import names as conventions
 from nvrx_eks.facts.instances import INSTANCE_FACTS, InstanceFacts
-from nvrx_eks.jobs.spec import FSX_MOUNT_PATH, OFFLINE_PLACEHOLDER_IMAGE, TRAIN_CONFIG_DIR
+from nvrx_eks.facts.names import FSX_MOUNT_PATH
+from nvrx_eks.jobs.spec import OFFLINE_PLACEHOLDER_IMAGE, TRAIN_CONFIG_DIR
 from nvrx_eks.jobs.validate.rules.base import MISSING, PodSite, RuleBase, get, node_replicated_jobs
 
 

@@ -9,9 +9,9 @@ from infra import pod_security
 from nvrx_eks.facts import job_names
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.instances import InstanceFacts
+from nvrx_eks.facts.names import FSX_MOUNT_PATH
 from nvrx_eks.facts.user_yaml import load_user_yaml
 from nvrx_eks.jobs.spec import (
-    FSX_MOUNT_PATH,
     TRAIN_CONFIG_KEY,
     fsx_path_problem,
     own_run_dir_problem,

@@ -1,7 +1,7 @@
 """Goodput at scale with faults split by kind and node class, each recovered by the layer that
-really handles it, and the number of hot spare nodes that maximizes goodput per dollar. No torch.
+really handles it, and the number of hot spare nodes that maximizes goodput per dollar.
 
-Fault kinds, node classes and their rates: nvrx_eks.ops.plan.fault_classes (Llama 3's Table 5,
+Fault kinds, node classes and their rates: model.fault_classes (Llama 3's Table 5,
 grouped by the layer that recovers them: soft, network, hardware on node 0 and the other nodes,
 and the coordinator's host faults); pass other shares to `spares_table`.
 
@@ -26,25 +26,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rich.table import Table
-
-from nvrx_eks.ops.plan import (
-    COORDINATOR_FAULT_SHARE,
+from nvrx_eks.planning.model import (
     DEFAULT_FAULT_MIX,
     POD_RESTART_RECOVERY_S,
     FaultClass,
     Plan,
-    duration_text,
     fault_classes,
     goodput_by_layer,
     local_recovery_s,
-    print_table,
 )
 
 SPARE_CHOICES = range(0, 9)
-#: Where the layer each fault on each node class reaches is measured end to end (on CPU, in
-#: simulated nodes): `python -m nvrx_eks.bench.fault_matrix`.
-FAULT_MATRIX_SOURCE = 'BENCHMARKS.md, "Fault x node: every fault recovered"'
 
 
 @dataclass(frozen=True)
@@ -95,73 +87,3 @@ def spares_table(
     if abs(sum(mix.values()) - 1) > 1e-9:
         raise ValueError("fault mix shares must add up to 1")
     return [spares_row(plan_for_nodes(n), mix) for n in node_counts]
-
-
-def print_fault_classes(plan: Plan, console) -> None:
-    """The plan's fault model: each fault kind on each node class, its rate and the layer that
-    recovers it, with its cost, without spares and with them."""
-    table = Table(title=f"Each fault kind on each node class ({plan.nodes} GPU nodes and the coordinator)")
-    for column in (
-        "fault",
-        "node class",
-        "nodes",
-        "MTBF per node",
-        "no spares",
-        "cost",
-        "with spares + tiers",
-        "cost with spares",
-    ):
-        table.add_column(column, justify="left" if column in ("fault", "node class") else "right")
-    for c in plan.fault_classes:
-        table.add_row(
-            c.kind,
-            c.node_class,
-            str(c.nodes),
-            f"{c.node_mtbf_h:,.0f} h",
-            c.layer,
-            duration_text(c.recovery_s),
-            c.spare_layer,
-            duration_text(c.spare_recovery_s),
-        )
-    print_table(console, table)
-    console.print(
-        "[dim]  Node 0 hosts nothing since the coordinator (the rendezvous and in-process restart stores), so "
-        "its faults are the other nodes' (the default JobSet; with --api pytorchjob the stores ride the master "
-        "pod and node 0's hardware faults also take the coordinator). A hardware fault on a GPU node uses up a "
-        "spare; once none is left, a pod relaunch (which restores them). The coordinator is one CPU host: its "
-        "MTBF assumes it fails as often as a GPU node's host parts "
-        f"({COORDINATOR_FAULT_SHARE:.1%} of a node's faults: Llama 3 Table 5, unplanned maintenance 32 + other "
-        "host parts 14 of 419); its loss ends every rank's store and JobSet recreates every pod. Costs are "
-        "EKS-scale: the published pod restart and in-process restart plus the checkpoint read; which layer "
-        f"recovers each fault on each node class is measured end to end on CPU: {FAULT_MATRIX_SOURCE}, which "
-        "also times ft_launcher restarting a killed rank on its node (no EKS-scale figure is published for it, "
-        "so no kind here is charged it).[/]"
-    )
-
-
-def print_spares(rows: list[SparesRow], console) -> None:
-    table = Table(
-        title="Faults by kind, each recovered by its layer (Llama 3 mix: "
-        + ", ".join(f"{k} {v:.0%}" for k, v in DEFAULT_FAULT_MIX.items())
-        + ", and the coordinator's host faults); goodput at each one's optimal interval",
-        title_justify="left",
-    )
-    for column in (
-        "nodes",
-        "k8s restart only",
-        "layered, no spares",
-        "spares for best goodput/$",
-        "layered + spares + tiers",
-        "goodput/$ vs no spares",
-    ):
-        table.add_column(column, justify="right")
-    for r in rows:
-        table.add_row(
-            str(r.nodes),
-            f"{r.k8s_only:.2%}",
-            f"{r.layered:.2%}",
-            str(r.best_spares),
-            f"{r.with_spares:.2%}",
-            f"{r.per_dollar_gain:+.2%}",
-        )
-    print_table(console, table)

@@ -1,7 +1,8 @@
 """`-o table|json|yaml` of the read commands (plan, status, validate, preflight), as kubectl's
 `-o`: a table for people, or the same facts as data on stdout for scripts; and `render -o
 yaml|json`, the manifests' format (they are data already: no table). Cheap to import: the CLI
-declares its options from here."""
+declares its options from here. It sits in jobs, the lowest floor whose commands write data
+(validate, status), so ops (plan, preflight) and the CLI read it from below."""
 
 from __future__ import annotations
 
