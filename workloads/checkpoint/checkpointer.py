@@ -155,6 +155,7 @@ class Checkpointer:
             unguarded=unguarded,
             group_timeout_s=cfg.checkpoint.finalize_timeout_s,
             write_threads=cfg.checkpoint.write_threads,
+            attempt=self.attempt,
         )
         if self.writer is not None and self.writer.worker_start is not None:
             events.emit("checkpoint_worker", start=self.writer.worker_start)

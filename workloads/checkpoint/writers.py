@@ -163,7 +163,15 @@ class DcpAsyncWriter(Writer):
 class NvrxWriter(Writer):
     """checkpoint.backend=nvrx: NVRx's persistent checkpoint worker, shared-memory staging."""
 
-    def __init__(self, *, unguarded: Callable[[], AbstractContextManager[Any]], write_threads: int, **kwargs: Any):
+    def __init__(
+        self,
+        *,
+        unguarded: Callable[[], AbstractContextManager[Any]],
+        write_threads: int,
+        ready_key: str,
+        ready_bound_s: float,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         self.unguarded = unguarded
         self.write_threads = write_threads
@@ -187,10 +195,10 @@ class NvrxWriter(Writer):
         # in-process restarts (workloads.checkpoint.nvrx_worker).
         self._worker = checkpoint_worker
         # Unguarded: a worker the failed iteration left busy is waited for, or killed and
-        # replaced, which the in-process watchdog would take for a hang; the ft `setup` section
-        # still bounds it.
+        # replaced, and a peer's worker may be spawning, all of which the in-process watchdog
+        # would take for a hang; the ft `setup` section still bounds it.
         with unguarded():
-            self._queue: Any = checkpoint_worker.queue_for(self.rank)
+            self._queue: Any = checkpoint_worker.queue_for(self.rank, ready_key, ready_bound_s)
         _drop_results_of_abandoned_saves()  # after queue_for let a busy worker finish, or stopped it
         self.worker_start = checkpoint_worker.last_start
         self._metadata_cache = CheckpointMetadataCache()
@@ -264,13 +272,21 @@ def build_writer(
     unguarded: Callable[[], AbstractContextManager[Any]],
     group_timeout_s: float,
     write_threads: int,
+    attempt: str,
 ) -> Writer | None:
     """The writer of checkpoint.backend; None for `none`. `group_timeout_s` bounds the
-    collectives of a writer's own gloo group (workloads.checkpoint.groups); `write_threads` is
-    checkpoint.write_threads. Collective."""
+    collectives of a writer's own gloo group (workloads.checkpoint.groups), and the wait for every
+    rank's NVRx worker; `write_threads` is checkpoint.write_threads; `attempt` is the same on
+    every rank and new for every writer (the Checkpointer's token). Collective."""
     common: dict[str, Any] = {"rank": rank, "device": device, "with_sha": with_sha, "commit": commit}
     if backend == "nvrx":
-        return NvrxWriter(unguarded=unguarded, write_threads=write_threads, **common)
+        return NvrxWriter(
+            unguarded=unguarded,
+            write_threads=write_threads,
+            ready_key=f"nvrx-eks/checkpoint-workers-ready/{attempt}",
+            ready_bound_s=group_timeout_s,
+            **common,
+        )
     if backend == "dcp-async":
         return DcpAsyncWriter(group_timeout_s=group_timeout_s, **common)
     if backend == "sync":
