@@ -22,7 +22,10 @@ Events and their own fields:
     run_start             world_size, preset, backend, checkpoint_backend, steps
     setup_end             resumed_from_step (0 = fresh start), setup_s, checkpointed_blocks (blocks
                           recomputed in backward: model.activation_checkpointing, "auto" resolved
-                          by workloads.memory for this GPU and world size)[, on CUDA: sdpa_kernel (the
+                          by workloads.memory for this GPU and world size), gpu_reserved_bytes and
+                          gpu_alloc_retries (the caching allocator's bytes held and its retries
+                          after a failed allocation so far, as the iteration starts; null off
+                          CUDA)[, on CUDA: sdpa_kernel (the
                           attention kernel torch picks for the model's shapes: "flash_attention",
                           "cudnn_attention", "efficient_attention", "math"), sdpa_flash_enabled,
                           sdpa_cudnn_enabled, sdpa_mem_efficient_enabled, sdpa_math_enabled
@@ -68,6 +71,13 @@ Events and their own fields:
     fault_injected        kind, step, target_rank[, damaged][, node (node-loss: the simulated node)]
     fault_not_applicable  kind, step, reason (a fault this rank cannot carry out where it runs:
                           coordinator-loss in a pod, which cannot see the coordinator's process)
+    iteration_failed      step (the step in progress, 0 while setting up), signature (the error's
+                          type, normalized message and raising line: workloads.repeated_failure),
+                          reason (an exception ended the iteration; the same signature at the same
+                          step twice before any checkpoint ends the job)
+    nonfinite_rank        step, node, nonfinite_ranks, world_size (this rank's loss was not finite
+                          while other ranks' was: a hardware fault, the node leaves the job for
+                          replacement; workloads.nonfinite)
     restart_begin         layer="inprocess", reason (emitted when NVRx finalizes the failed
                           iteration; the fault itself is usually a fault_injected line earlier)
     restart_end           layer="inprocess"|"launcher"|"kubernetes" (the JobSet recreated the
@@ -80,7 +90,7 @@ Events and their own fields:
     run_end               status ("completed"|"terminated"), final_step, final_loss; when completed
                           also state_sha256, rank_state_sha256, gpu_peak_reserved_bytes
                           (torch.cuda.max_memory_reserved since the setup of the iteration the
-                          common `iteration` field names; null off CUDA)
+                          common `iteration` field names; null off CUDA), gpu_alloc_retries
 
 Watched lines: faults, restarts, checkpoints and the run's end, one line each (`watch_line`), are
 also logged as they are emitted, `[rankR] event: <line>` (nvrx_eks.facts.training_metrics.EVENT_LINE),
@@ -276,6 +286,8 @@ _EVENT_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "local_copy_skipped": {"step": int, "origin_rank": int, "reason": str},
     "local_restore": {"step": int, "source": str},
     "unrecoverable": {"reason": str},
+    "iteration_failed": {"step": int, "signature": str},
+    "nonfinite_rank": {"step": int, "node": int},
 }
 #: Fields some events carry only sometimes: typed where present (a throughput field may be null).
 _SOMETIMES_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -395,15 +407,20 @@ def _short(reason: str) -> str:
 
 
 def watch_line(event: dict[str, Any], took_s: float | None = None) -> str | None:
-    """The line a person watching the run reads for an event: faults and errors no restart fixes
-    from any rank, restarts, checkpoints and the run's end from rank 0 (every rank records those);
-    None for the rest. `took_s`: a restart_end's length where the caller knows it better than the
-    event (a launcher restart has no begin in its process)."""
+    """The line a person watching the run reads for an event: faults, errors no restart fixes and
+    nodes leaving for replacement from any rank, restarts, checkpoints and the run's end from rank
+    0 (every rank records those); None for the rest. `took_s`: a restart_end's length where the
+    caller knows it better than the event (a launcher restart has no begin in its process)."""
     name = event["event"]
     if name == "fault_injected":
         return f"{SHARED_LINE_STARTS[0]}{fault_label(event)} injected"
     if name == "unrecoverable":
         return f"{SHARED_LINE_STARTS[1]}{_short(event['reason'])}"
+    if name == "nonfinite_rank":
+        return (
+            f"rank {event['rank']}: loss not finite at step {event['step']} (not on every rank): "
+            f"node {event['node']} leaves for replacement"
+        )
     if event["rank"] != 0:
         return None
     if name == "restart_begin":
