@@ -161,7 +161,7 @@ class CheckpointWorker:
         # rank's own first (no_dist: no collective), then every rank's.
         self.schedule(AsyncRequest(probe, (), []))
         self.queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
-        _every_rank_arrived(ready_key, ready_bound_s)
+        every_rank_arrived(ready_key, ready_bound_s)
         return self.queue
 
     def _take_previous_worker(self) -> Any:
@@ -223,10 +223,11 @@ class CheckpointWorker:
 
 
 class WorkersNotReady(RuntimeError):
-    """Some rank's checkpoint worker did not answer within the bound: a fault (restart)."""
+    """Some rank did not get as far within the bound (its worker, its first hand-off): a fault
+    (restart)."""
 
 
-def _every_rank_arrived(key: str, bound_s: float) -> None:
+def every_rank_arrived(key: str, bound_s: float) -> None:
     """A barrier on the default process group's store: every rank adds itself, the last one
     marks the key complete, each waits for the mark in slices until `bound_s`."""
     import torch.distributed as dist
@@ -244,9 +245,7 @@ def _every_rank_arrived(key: str, bound_s: float) -> None:
         except dist.DistStoreError:
             if time.monotonic() > deadline:
                 arrived = store.add(key, 0)
-                raise WorkersNotReady(
-                    f"{arrived} of {world} ranks had their checkpoint worker ready after {bound_s:g}s"
-                ) from None
+                raise WorkersNotReady(f"{arrived} of {world} ranks reached {key} within {bound_s:g}s") from None
 
 
 def _drained(previous: AsyncCallsQueue, caller: Any) -> bool:

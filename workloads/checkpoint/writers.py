@@ -175,6 +175,7 @@ class NvrxWriter(Writer):
         super().__init__(**kwargs)
         self.unguarded = unguarded
         self.write_threads = write_threads
+        self.ready_key, self.ready_bound_s = ready_key, ready_bound_s
         from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import CheckpointMetadataCache
 
         from workloads.checkpoint.nvrx_worker import checkpoint_worker
@@ -208,9 +209,17 @@ class NvrxWriter(Writer):
             # The first NVRx save of an iteration plans, allocates the shared-memory staging
             # buffers and ships them to the worker: seconds on a busy host, which the in-process
             # watchdog would take for a hang. It runs without hang protection; the ft
-            # `checkpointing` section still bounds it. Later saves reuse plan and buffers.
+            # `checkpointing` section still bounds it. Later saves reuse plan and buffers. A rank
+            # whose buffers the reused worker still holds is done in milliseconds, a rank that
+            # allocates them (a fresh worker, a spare that took a lost rank's place) seconds
+            # later: the ranks wait for each other here, within the workers' bound, not in the
+            # next step's collective under the process group's timeout (seen: 4.9 s against
+            # gloo's 5 s, a restart).
+            from workloads.checkpoint.nvrx_worker import every_rank_arrived
+
             with self.unguarded():
                 self._hand_off(pending, state)
+                every_rank_arrived(f"{self.ready_key}/first-save", self.ready_bound_s)
         else:
             self._hand_off(pending, state)
 
