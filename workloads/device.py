@@ -112,16 +112,3 @@ def release_cached_memory(runtime: Runtime) -> None:
     gc.collect()
     if runtime.is_cuda:
         torch.cuda.empty_cache()
-
-
-def memory_facts(runtime: Runtime) -> dict[str, int | None]:
-    """The allocator's state as an iteration starts, for setup_end (None off CUDA): what it holds
-    from the device, and how often it had to free its cache and retry a failed allocation (each
-    retry a device-wide synchronization; a count that grows means memory runs short)."""
-    if not runtime.is_cuda:
-        return {"gpu_reserved_bytes": None, "gpu_alloc_retries": None}
-    stats = torch.cuda.memory_stats(runtime.device)
-    return {
-        "gpu_reserved_bytes": int(stats.get("reserved_bytes.all.current", 0)),
-        "gpu_alloc_retries": int(stats.get("num_alloc_retries", 0)),
-    }

@@ -22,10 +22,7 @@ Events and their own fields:
     run_start             world_size, preset, backend, checkpoint_backend, steps
     setup_end             resumed_from_step (0 = fresh start), setup_s, checkpointed_blocks (blocks
                           recomputed in backward: model.activation_checkpointing, "auto" resolved
-                          by workloads.memory for this GPU and world size), gpu_reserved_bytes and
-                          gpu_alloc_retries (the caching allocator's bytes held and its retries
-                          after a failed allocation so far, as the iteration starts; null off
-                          CUDA)[, on CUDA: sdpa_kernel (the
+                          by workloads.memory for this GPU and world size)[, on CUDA: sdpa_kernel (the
                           attention kernel torch picks for the model's shapes: "flash_attention",
                           "cudnn_attention", "efficient_attention", "math"), sdpa_flash_enabled,
                           sdpa_cudnn_enabled, sdpa_mem_efficient_enabled, sdpa_math_enabled
@@ -90,7 +87,7 @@ Events and their own fields:
     run_end               status ("completed"|"terminated"), final_step, final_loss; when completed
                           also state_sha256, rank_state_sha256, gpu_peak_reserved_bytes
                           (torch.cuda.max_memory_reserved since the setup of the iteration the
-                          common `iteration` field names; null off CUDA), gpu_alloc_retries
+                          common `iteration` field names; null off CUDA)
 
 Watched lines: faults, restarts, checkpoints and the run's end, one line each (`watch_line`), are
 also logged as they are emitted, `[rankR] event: <line>` (nvrx_eks.facts.training_metrics.EVENT_LINE),

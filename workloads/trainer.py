@@ -28,7 +28,6 @@ from workloads.config import TrainConfig
 from workloads.data import batch_fingerprint
 from workloads.device import (
     Runtime,
-    memory_facts,
     peak_memory_reserved,
     release_cached_memory,
     reset_peak_memory,
@@ -201,7 +200,6 @@ class Trainer:
             resumed_from_step=start_step,
             setup_s=setup_s,
             checkpointed_blocks=self.training.checkpointed_blocks,
-            **memory_facts(self.runtime),
             **attention,
         )
         if self.iteration > 0:
@@ -370,7 +368,6 @@ class Trainer:
             state_sha256=digest,
             rank_state_sha256=rank_digests[self.rank],
             gpu_peak_reserved_bytes=peak,
-            gpu_alloc_retries=memory_facts(self.runtime)["gpu_alloc_retries"],
         )
         if self.rank == 0:
             # It reads every rank's event log, which grows with the run and reports no progress:
