@@ -11,6 +11,7 @@ never the mere absence of CUDA.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -116,3 +117,13 @@ def peak_memory_reserved(runtime: Runtime) -> int | None:
     """Bytes the caching allocator held at most since reset_peak_memory (None off CUDA): what
     must fit, and what workloads.memory's `allocator_reserved` estimates."""
     return torch.cuda.max_memory_reserved(runtime.device) if runtime.is_cuda else None
+
+
+def release_cached_memory(runtime: Runtime) -> None:
+    """Collect what nothing references any more and give the caching allocator's free blocks back
+    to the device (CUDA only): at an in-process restart, the failed iteration's. Blocks cached on
+    its FSDP streams could not serve the new model's streams, and would start the next
+    iteration's high-water mark from the failed one's footprint."""
+    gc.collect()
+    if runtime.is_cuda:
+        torch.cuda.empty_cache()

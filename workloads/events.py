@@ -76,6 +76,13 @@ Events and their own fields:
                           simulated node)]
     fault_not_applicable  kind, step, reason (a fault this rank cannot carry out where it runs:
                           coordinator-loss in a pod, which cannot see the coordinator's process)
+    iteration_failed      step (the step in progress, 0 while setting up), signature (the error's
+                          type, normalized message and raising line: workloads.repeated_failure),
+                          reason (an exception ended the iteration; the same signature at the same
+                          step twice before any checkpoint ends the job)
+    nonfinite_rank        step, node, nonfinite_ranks, world_size (this rank's loss was not finite
+                          while other ranks' was: a hardware fault, the node leaves the job for
+                          replacement; workloads.nonfinite)
     restart_begin         layer="inprocess", reason (emitted when NVRx finalizes the failed
                           iteration; the fault itself is usually a fault_injected line earlier)
     restart_end           layer="inprocess"|"launcher"|"kubernetes" (the JobSet recreated the
@@ -121,13 +128,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nvrx_eks.facts.job_kinds import JOBSET_RESTART_ATTEMPT_ENV
 from nvrx_eks.facts.training_metrics import EVENT_MARK
 from workloads.faults import KINDS_INTERRUPTING_NOTHING
 from workloads.goodput import WallTimeSplit, split_wall_time
 
 SCHEMA_VERSION = 1
-#: The pod's JobSet restart attempt (rendered from the pod's restart-attempt label).
-JOBSET_ATTEMPT_ENV = "JOBSET_RESTART_ATTEMPT"
 
 
 log = logging.getLogger("workloads.train")
@@ -147,7 +153,7 @@ class EventLog:
         self.rank = rank
         self.iteration = 0
         self.cycle = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        self.attempt = int(os.environ.get(JOBSET_ATTEMPT_ENV, "0") or 0)
+        self.attempt = int(os.environ.get(JOBSET_RESTART_ATTEMPT_ENV, "0") or 0)
         self._host = socket.gethostname()
         path = events_dir(run_dir) / f"rank{rank}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -289,6 +295,8 @@ _EVENT_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "local_copy_skipped": {"step": int, "origin_rank": int, "reason": str},
     "local_restore": {"step": int, "source": str},
     "unrecoverable": {"reason": str},
+    "iteration_failed": {"step": int, "signature": str},
+    "nonfinite_rank": {"step": int, "node": int},
 }
 #: Fields some events carry only sometimes: typed where present (a throughput field may be null).
 _SOMETIMES_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -409,8 +417,9 @@ def _short(reason: str) -> str:
 
 def watch_line(event: dict[str, Any], took_s: float | None = None) -> str | None:
     """The line a person watching the run reads for an event: faults, errors no restart fixes and
-    failing node-local saves from any rank, restarts, checkpoints and the run's end from rank 0
-    (every rank records those); None for the rest. `took_s`: a restart_end's length where the
+    failing node-local saves and nodes leaving for replacement from any rank, restarts, checkpoints
+    and the run's end from rank 0 (every rank records those); None for the rest. `took_s`: a
+    restart_end's length where the
     caller knows it better than the event (a launcher restart has no begin in its process)."""
     name = event["event"]
     if name == "fault_injected":
@@ -423,6 +432,11 @@ def watch_line(event: dict[str, Any], took_s: float | None = None) -> str | None
         return f"local checkpoints failing on rank {rank} from step {event.get('step')}: {_short(event['reason'])}"
     if name == "local_save_recovered":
         return f"local checkpoints on rank {rank} saved again at step {event['step']} ({event['failed_saves']} failed)"
+    if name == "nonfinite_rank":
+        return (
+            f"rank {rank}: loss not finite at step {event['step']} (not on every rank): "
+            f"node {event['node']} leaves for replacement"
+        )
     if rank != 0:
         return None
     if name == "restart_begin":

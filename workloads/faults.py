@@ -2,13 +2,15 @@
 
 Spec: comma-separated `KIND@STEP[:RANK]`, e.g. "exception@20:1,hang@35:0,kill-in-save@50". RANK
 defaults to 0; it is the rank active at that moment (with spare nodes a spare that took over a lost
-rank's place answers to that rank). Each fault fires once per run, even across in-process and launcher restarts: before
-acting, the target rank creates a marker file in `<run_dir>/faults/` (O_EXCL, fsync'd), and a fault
-whose marker exists is skipped. Replayed steps after a restart therefore run clean, which is what
-makes a faulted run end bit-identical to a clean one, on CPU: there every kernel is
-deterministic. On GPU, cuDNN/flash-attention backward kernels and atomics are not, so a faulted
-and a clean GPU run agree only to within floating-point noise unless the run enables
-torch.use_deterministic_algorithms (with CUBLAS_WORKSPACE_CONFIG=:4096:8), at a speed cost.
+rank's place answers to that rank). Each fault fires once per run, even across in-process and
+launcher restarts: before acting, the target rank creates a marker file in `<run_dir>/faults/`
+(O_EXCL, fsync'd), and a fault whose marker exists is skipped. Replayed steps after a restart
+therefore run clean, which is what makes a faulted run end bit-identical to a clean one, on CPU:
+there every kernel is deterministic. On GPU, cuDNN/flash-attention backward kernels and atomics
+are not, so a faulted and a clean GPU run agree only to within floating-point noise unless the run
+enables torch.use_deterministic_algorithms (with CUBLAS_WORKSPACE_CONFIG=:4096:8), at a speed
+cost. Two kinds model what a restart does not make go away, and say how long they last instead:
+`oom` (every time) and `nan` (until the node is replaced).
 
 Kinds and which resilience layer should recover them:
   exception      raise at the start of STEP                       -> in-process restart
@@ -48,11 +50,28 @@ Kinds and which resilience layer should recover them:
                  the fault only records that)             -> every store gone: the launch fails and
                                                              is started again (on EKS the JobSet
                                                              recreates every pod)
+  oom            raise a CUDA out-of-memory error at the start of STEP, each time the rank reaches it
+                 (a batch the GPU cannot hold: deterministic, so unlike every other kind it fires
+                 again after each restart)                       -> the second time before any
+                                                                     checkpoint ends the job: exit 93
+                                                                     (workloads.repeated_failure)
+  nan            the rank's loss (and so its gradients) is non-finite at every step from STEP on,
+                 as a faulty GPU computes: on the node it first fired on (its host, JobSet attempt
+                 and launcher), which a relaunch or a spare replaces with a healthy one
+                                                                  -> that node leaves the job for
+                                                                     replacement (workloads.nonfinite):
+                                                                     a spare in process, else a
+                                                                     relaunch; on every rank at once
+                                                                     the run diverged: exit 93
   slow           the rank sleeps SLOW_SECONDS_PER_STEP in each of SLOW_STEPS steps from STEP
                  (a straggler, not a failure: nothing should restart)
   slow-digest    the end-of-run state digest of a run that reached STEP takes SLOW_DIGEST_SECONDS
                  longer on the rank, in slices between its progress pings (a large state: the
                  in-process watchdog must not take it for a hang; nothing should restart)
+  slow-close     the checkpoint writer's close at the end of a run that saved STEP takes
+                 SLOW_CLOSE_SECONDS longer on the rank (the NVRx worker's exit, which drops every
+                 shared-memory staging buffer of a large state): nothing should restart after the
+                 final commit
 """
 
 from __future__ import annotations
@@ -63,12 +82,14 @@ import errno
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nvrx_eks.facts.job_kinds import JOBSET_RESTART_ATTEMPT_ENV
 from nvrx_eks.facts.run_layout import coordinator_pidfile
 
 FAULT_KINDS = (
@@ -84,21 +105,33 @@ FAULT_KINDS = (
     "coordinator-loss",
     "slow",
     "slow-digest",
+    "oom",
+    "nan",
+    "slow-close",
 )
-KINDS_NEEDING_CHECKPOINTS = ("kill-in-save", "corrupt-latest")
+KINDS_NEEDING_CHECKPOINTS = ("kill-in-save", "corrupt-latest", "slow-close")
 KINDS_NEEDING_LOCAL_TIER = ("corrupt-local", "local-disk-full")
 #: Kinds whose target is a node (its first rank carries them out), not a rank.
 NODE_KINDS = ("node-loss", "local-disk-full")
 #: Kinds that interrupt nothing by themselves: no restart is theirs to recover from.
-KINDS_INTERRUPTING_NOTHING = ("corrupt-latest", "slow", "local-disk-full")
+KINDS_INTERRUPTING_NOTHING = ("corrupt-latest", "slow", "local-disk-full", "slow-close")
 SLOW_SECONDS_PER_STEP = 0.5
 SLOW_STEPS = 5
 SLOW_DIGEST_SECONDS = 12.0
 _SLOW_DIGEST_SLICE_S = 0.25
+SLOW_CLOSE_SECONDS = 12.0
 
 
 class InjectedFault(RuntimeError):
     """The exception raised by an `exception` fault."""
+
+
+def node_incarnation() -> str:
+    """This rank's node as a `nan` fault's faulty GPU belongs to it: its host, its JobSet attempt
+    and its launcher (the rank's parent). A launcher restart keeps all three (the same GPU), a
+    relaunch or a spare taking the rank's place changes one (a healthy node)."""
+    attempt = os.environ.get(JOBSET_RESTART_ATTEMPT_ENV, "0") or "0"
+    return f"{socket.gethostname()}/attempt{attempt}/launcher{os.getppid()}"
 
 
 @dataclass(frozen=True)
@@ -210,21 +243,6 @@ def _block_in_c() -> None:
         libc.sleep(3600)
 
 
-def _kill_own_node() -> None:
-    """SIGKILL this rank's launcher (its parent), everything the launcher started, then itself.
-    The launcher goes first so that it cannot restart the workers it sees dying."""
-    import psutil
-
-    launcher = psutil.Process(os.getppid())
-    others = [p for p in launcher.children(recursive=True) if p.pid != os.getpid()]
-    for proc in (launcher, *others):
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            continue
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _kill_coordinator(run_dir: Path) -> bool:
     """SIGKILL the launch's coordinator; False when this rank cannot see it (no pidfile: a pod)."""
     try:
@@ -256,6 +274,7 @@ class FaultInjector:
         self.emit = emit
         self._slow_until_step = 0
         self._digest_delay_left: float | None = None
+        self._nan_owner: dict[FaultSpec, str] = {}  # a fired `nan` fault -> the node it fired on
 
     def retarget(self, rank: int) -> None:
         """Take the faults of `rank`, the rank this process holds now (in-process restarts with
@@ -266,8 +285,9 @@ class FaultInjector:
         ]
         self.rank = rank
 
-    def _claim(self, fault: FaultSpec) -> bool:
-        """Create the fault's marker; False if it already fired in this run."""
+    def _claim(self, fault: FaultSpec, node: str = "") -> bool:
+        """Create the fault's marker (recording `node`, for a `nan` fault); False if it already
+        fired in this run."""
         self.marker_dir.mkdir(parents=True, exist_ok=True)
         path = self.marker_dir / fault.marker_name
         try:
@@ -275,11 +295,30 @@ class FaultInjector:
         except FileExistsError:
             return False
         try:
-            os.write(fd, f"{time.time()} pid={os.getpid()}\n".encode())
+            os.write(fd, f"{time.time()} pid={os.getpid()} node={node}\n".encode())
             os.fsync(fd)
         finally:
             os.close(fd)
         return True
+
+    def loss_poisoned(self, step: int) -> bool:
+        """Whether a `nan` fault makes this rank's loss non-finite at `step`: from the fault's step
+        on, on the node it first fired on. The first rank to reach the step claims the fault for
+        its node (and records it); a later process learns the owner from the marker."""
+        for fault in self.mine:
+            if fault.kind != "nan" or step < fault.step:
+                continue
+            here = node_incarnation()
+            if fault not in self._nan_owner:
+                if self._claim(fault, here):
+                    self._nan_owner[fault] = here
+                    self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank)
+                else:
+                    marker = (self.marker_dir / fault.marker_name).read_text()
+                    self._nan_owner[fault] = marker.partition(" node=")[2].strip()
+            if self._nan_owner[fault] == here:
+                return True
+        return False
 
     def at_step_start(
         self, step: int, corrupt_latest: Callable[[], str | None], corrupt_local: Callable[[], str | None] | None = None
@@ -287,8 +326,11 @@ class FaultInjector:
         if step < self._slow_until_step:
             time.sleep(SLOW_SECONDS_PER_STEP)
         for fault in self.mine:
-            if fault.step != step or fault.kind in ("kill-in-save", "slow-digest"):
+            if fault.step != step or fault.kind in ("kill-in-save", "slow-digest", "nan", "slow-close"):
                 continue
+            if fault.kind == "oom":  # no marker: a deterministic failure meets every replay
+                self.emit("fault_injected", kind=fault.kind, step=step, target_rank=self.rank)
+                raise _out_of_memory(step, self.rank)
             if not self._claim(fault):
                 continue
             if fault.kind == "corrupt-latest":
@@ -312,7 +354,9 @@ class FaultInjector:
             if fault.kind == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if fault.kind == "node-loss":
-                _kill_own_node()
+                from workloads.node_exit import leave_with_node
+
+                leave_with_node()
             if fault.kind == "coordinator-loss" and not _kill_coordinator(self.marker_dir.parent):
                 self.emit("fault_not_applicable", kind=fault.kind, step=step, reason="no coordinator process visible")
             if fault.kind == "slow":
@@ -338,3 +382,22 @@ class FaultInjector:
             pause = min(_SLOW_DIGEST_SLICE_S, self._digest_delay_left)
             self._digest_delay_left -= pause
             time.sleep(pause)
+
+    def during_close(self, last_saved_step: int) -> None:
+        """Called in the checkpoint writer's close, where the rank waits for its worker to exit."""
+        for fault in self.mine:
+            if fault.kind == "slow-close" and last_saved_step >= fault.step and self._claim(fault):
+                self.emit("fault_injected", kind=fault.kind, step=last_saved_step, target_rank=self.rank)
+                time.sleep(SLOW_CLOSE_SECONDS)
+
+
+def _out_of_memory(step: int, rank: int) -> Exception:
+    """What an `oom` fault raises: torch's CUDA out-of-memory error, with the parts of its message
+    that vary from one try to the next (the sizes), as the caching allocator words it."""
+    import torch
+
+    free = 1.0 + (time.monotonic_ns() % 997) / 1000
+    return torch.OutOfMemoryError(
+        f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU {rank} has a total capacity of 79.19 GiB of "
+        f"which {free:.2f} GiB is free. (injected at step {step} on rank {rank})"
+    )

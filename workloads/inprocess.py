@@ -23,8 +23,9 @@ Composition:
                worker outlives the restart, and the next iteration reuses it once it finished
                what the failed one handed it, or replaces it (workloads.checkpoint.nvrx_worker).
   finalize     RestartFinalize: records restart_begin, closes ft sections, drops the failed
-               iteration's objects and the finalize functions of its saves still in flight (they
-               would keep its model and optimizer allocated into the next iteration), and on CUDA
+               iteration's objects, the finalize functions of its saves still in flight and the
+               frames its exception holds (each would keep its model and optimizer allocated into
+               the next iteration), and on CUDA
                drains the rank's own GPU in a thread with a timeout (NVRx's ThreadedFinalize
                refuses to run without CUDA).
   health_check CudaHealthCheck with the nccl backend only; the GPU/NVLink/NIC checks NVRx adds when
@@ -50,6 +51,7 @@ import datetime
 import gc
 import os
 import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,6 +116,7 @@ class RestartFinalize(inprocess.finalize.Finalize):
         self.ft.end_all_sections()
         self.drop_iteration_state()
         abandon_in_flight_saves()  # an NVRx save in flight would hold the model and optimizer
+        release_exception_frames(state.fn_exception)
         gc.collect()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             # The current device is per thread and a new thread starts on GPU 0: without this,
@@ -132,6 +135,24 @@ class RestartFinalize(inprocess.finalize.Finalize):
             if not done.wait(self.cuda_timeout_s):
                 raise inprocess.exception.TimeoutError("CUDA did not drain during finalize")
         return state
+
+
+def release_exception_frames(err: BaseException | None) -> None:
+    """Clear the local variables of the finished frames that `err` and the exceptions chained to
+    it hold. NVRx keeps the failed iteration's exception through finalize (state.fn_exception,
+    and the __cause__ of its restart exception); its traceback reaches the Trainer's frames, and
+    through `self` the model, optimizer and Checkpointer, which the finalize's collection and
+    CUDA drain could then not free: on a GPU their blocks stayed cached until the Wrapper's own
+    collection, after the drain. Frames still running (NVRx's own) are skipped by
+    traceback.clear_frames."""
+    pending, seen = [err], set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        pending += [current.__cause__, current.__context__]
 
 
 def abort_chain(cfg: InProcessConfig, backend: str, store_port: int | None) -> list[inprocess.abort.Abort]:

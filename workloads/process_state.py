@@ -38,8 +38,8 @@ class ProcessState:
         self.restart_begin_t: float | None = None
         self.iteration_objects: dict[str, Any] = {}
         self.wrapper_store: Any = None  # a CoordinatorStore client once the first iteration made it
-        # The step whose all-reduced loss was not finite, in an earlier iteration: the same step
-        # again after the restart is the run diverging, not a fault (Trainer._check_step_result).
+        # The step whose loss was not finite on every rank, in an earlier iteration: the same step
+        # again after the restart is the run diverging, not a fault (workloads.nonfinite).
         self.non_finite_loss_step: int | None = None
 
     def monitor_lost(self, err: BaseException) -> None:

@@ -53,18 +53,49 @@ class Unrecoverable(BaseException):
 def train_attempt(process: ProcessState, call_wrapper: CallWrapper | None = None) -> dict:
     """One in-process iteration (workloads.trainer): build, load, train, finish. Returns
     {"status": ...}. The function NVRx's Wrapper calls: `call_wrapper` is found by its annotation."""
+    from workloads.repeated_failure import record_failure
     from workloads.trainer import Trainer  # torch and the model: not for the checkpoint worker's import
 
+    trainer = Trainer(process, call_wrapper)
     try:
         _follow_rank_0(process, call_wrapper)
-        return Trainer(process, call_wrapper).run()
+        return trainer.run()
     except ConfigError as err:
-        # From here the rank is leaving: the watchdog bounds everything the Wrapper and run()
-        # still do on the way out (barriers with peers, stopping the checkpoint worker).
-        arm_exit_watchdog(EXIT_DO_NOT_REQUEUE)
-        process.events.emit("unrecoverable", reason=str(err)[:2000])
-        _stop_the_job(process.cfg, process.rank, process.ft, str(err))
-        raise Unrecoverable(str(err)) from None
+        _leave_unrecoverable(process, str(err))
+    except Exception as err:
+        # Every layer's restart passes here (the Wrapper's, and a process that ends on this error);
+        # a failure that repeats before the first checkpoint is deterministic.
+        cfg = process.cfg
+        repeated = record_failure(process.events, cfg.run_dir, cfg.checkpoint_dir, process.rank, err, trainer.step)
+        if repeated is not None:
+            # A peer's deterministic failure repeats on this rank too, as the error its abort
+            # caused here ("connection closed by peer"): once the peer has stopped the job, this
+            # rank follows with the peer's reason, not a line of its own naming the consequence.
+            decided = _decided_by_another_rank(cfg)
+            if decided is not None:
+                _leave_unrecoverable(process, decided["reason"], announce=False)
+            _leave_unrecoverable(process, repeated)
+        raise
+
+
+def _decided_by_another_rank(cfg: TrainConfig) -> dict | None:
+    """The do-not-requeue record of this job attempt, if a rank has written it already."""
+    from workloads import do_not_requeue
+
+    attempt = do_not_requeue.attempt_id()
+    return do_not_requeue.read_record(cfg.run_dir, attempt) if attempt is not None else None
+
+
+def _leave_unrecoverable(process: ProcessState, reason: str, *, announce: bool = True) -> NoReturn:
+    """Leave the Wrapper and the job with exit 93 (workloads.train.run prints the reason);
+    `announce`: record the reason as this rank's `unrecoverable` event."""
+    # From here the rank is leaving: the watchdog bounds everything the Wrapper and run() still
+    # do on the way out (barriers with peers, stopping the checkpoint worker).
+    arm_exit_watchdog(EXIT_DO_NOT_REQUEUE)
+    if announce:
+        process.events.emit("unrecoverable", reason=reason[:2000])
+    _stop_the_job(process.cfg, process.rank, process.ft, reason)
+    raise Unrecoverable(reason) from None
 
 
 def _stop_the_job(cfg: TrainConfig, rank: int, ft: FaultToleranceReporter, reason: str) -> None:

@@ -8,7 +8,6 @@ import contextlib
 import datetime
 import json
 import logging
-import math
 import os
 import signal
 import time
@@ -22,7 +21,6 @@ import torch
 import torch.distributed as dist
 
 from nvrx_eks.facts.checkpoint_layout import run_identity
-from nvrx_eks.facts.errors import ConfigError
 from workloads.checkpoint.checkpointer import Checkpointer
 from workloads.checkpoint.digest import state_digests
 from workloads.checkpoint.local_tier import LocalTier
@@ -32,6 +30,7 @@ from workloads.device import (
     Runtime,
     allocator_counters,
     peak_memory_reserved,
+    release_cached_memory,
     reset_peak_memory,
     resolve_runtime,
     to_device,
@@ -41,8 +40,9 @@ from workloads.events import load_run, summarize
 from workloads.live_metrics import for_rank as live_metrics_for_rank
 from workloads.metrics import flops_per_token, format_mfu, step_throughput, summarize_throughput
 from workloads.model import attention_kernel
+from workloads.nonfinite import check_loss, check_votes
 from workloads.process_state import ProcessState
-from workloads.training import Training, build_training
+from workloads.training import Training, build_training, load_initial_weights
 from workloads.transport import require_efa
 
 log = logging.getLogger("workloads.train")
@@ -89,11 +89,6 @@ def forget_previous_meshes() -> None:
     clear_redistribute_planner_cache()
 
 
-class InvalidStepResult(RuntimeError):
-    """The step's all-reduce returned what no rank sent: a fault, which the in-process layer
-    restarts from the last checkpoint like any other."""
-
-
 @dataclass
 class StepOutcome:
     """What one optimizer step reports, after the single host sync of the step."""
@@ -122,6 +117,9 @@ class Trainer:
         )
         self.events.iteration = self.iteration
         self.ft.atomic = self.atomic  # messages to ft_launcher's monitor must not be torn by a restart
+        #: The step being trained, 0 while setting up: where a failure happened
+        #: (workloads.repeated_failure).
+        self.step = 0
 
     def run(self) -> dict[str, str]:
         """Set up, train, finish. Returns {"status": "completed" | "terminated"}."""
@@ -134,6 +132,11 @@ class Trainer:
         cfg = self.cfg
         with self.ft.section("setup"):
             self.runtime = resolve_runtime(cfg)
+            if self.iteration > 0:
+                # What the failed iteration cached goes back to the device before this one's
+                # high-water mark starts (RestartFinalize freed its objects; their blocks stay
+                # cached on streams the new model never uses).
+                release_cached_memory(self.runtime)
             reset_peak_memory(self.runtime)
             with require_efa(cfg.distributed.require_efa, self.runtime.backend, cfg.run_dir, self.process.rank):
                 init_process_group(self.process, self.runtime, self.iteration)
@@ -180,6 +183,11 @@ class Trainer:
                 local_tier=local_tier,
             )
             restored = self.checkpointer.restore()
+            if restored is None:
+                # model.init_from is the initial state of a run that restores nothing; a restored
+                # checkpoint replaces every weight, so the weights are not read then (each rank
+                # ~1 GB from FSx at 8b/16, on the restart's critical path).
+                load_initial_weights(cfg, self.training.model)
         self._report_start(restored, time.monotonic() - setup_started)
 
     def _report_start(self, restored: int | None, setup_s: float) -> None:
@@ -244,6 +252,7 @@ class Trainer:
         """The loop, from the step after the restored one to the last; True if a stop request ended it."""
         self.training.model.train()
         for step in range(self.training.progress.step + 1, self.cfg.steps + 1):
+            self.step = step
             self.ping()
             self.checkpointer.poll_in_flight()
             self.faults.at_step_start(step, self.checkpointer.corrupt_latest, self.checkpointer.corrupt_local)
@@ -262,6 +271,7 @@ class Trainer:
         training = self.training
         accum = self.accumulation
         started = time.monotonic()
+        poisoned = self.faults.loss_poisoned(step)  # the `nan` fault: a GPU computing NaN
         with self.ft.section("step"):
             # Gradient accumulation: each micro-batch's backward reduce-scatters into the sharded
             # gradients, which sum across micro-batches (FSDP2 keeps no unsharded gradient
@@ -276,6 +286,8 @@ class Trainer:
                 # The model computes the loss itself, chunk by chunk (OutputProjection): no full
                 # [tokens, vocab] logits tensor is ever alive here.
                 micro_loss = training.model(to_device(inputs, self.runtime), to_device(targets, self.runtime)) / accum
+                if poisoned:
+                    micro_loss = micro_loss * float("nan")
                 micro_loss.backward()
                 loss = micro_loss.detach() if loss is None else loss + micro_loss.detach()
             assert loss is not None  # grad_accum_steps >= 1
@@ -286,41 +298,19 @@ class Trainer:
             training.scheduler.step()
             training.optimizer.zero_grad(set_to_none=True)
             # One all-reduce per step carries the loss and the decisions every rank must take at
-            # the same step: stop after a SIGTERM, save because the time interval elapsed. The
-            # loss stays on the device until the single host sync below (.tolist()).
+            # the same step: stop after a SIGTERM, save because the time interval elapsed, and
+            # which ranks computed a non-finite loss (workloads.nonfinite). The loss stays on the
+            # device until the single host sync below (.tolist()).
             flags = torch.tensor([float(self.process.stop_requested), float(self.checkpointer.time_due())])
-            control = torch.cat([loss.detach().float().view(1), to_device(flags, self.runtime)])
+            nonfinite = torch.isfinite(loss).logical_not().float().view(1)
+            control = torch.cat([loss.float().view(1), to_device(flags, self.runtime), nonfinite])
             dist.all_reduce(control)
-            loss_sum, stop_votes, save_votes = control.tolist()
-        self._check_step_result(step, loss_sum, stop_votes, save_votes)
+            loss_sum, stop_votes, save_votes, nonfinite_ranks = control.tolist()
+        check_votes(step, self.world, stop=stop_votes, save=save_votes, nonfinite=nonfinite_ranks)
+        check_loss(self.process, step, loss_sum, int(nonfinite_ranks), self.world, mine=lambda: bool(nonfinite.item()))
         mean_loss = loss_sum / self.world
         training.progress.step, training.progress.last_loss = step, mean_loss
         return StepOutcome(mean_loss, stop_votes > 0, save_votes > 0, fingerprint, time.monotonic() - started)
-
-    def _check_step_result(self, step: int, loss_sum: float, stop_votes: float, save_votes: float) -> None:
-        """Raise InvalidStepResult unless the all-reduce's result can be one: a finite loss and
-        whole vote counts in [0, world]. An NCCL communicator aborted under the collective (by
-        NVRx's abort, or on its own with TORCH_NCCL_ASYNC_ERROR_HANDLING=2) leaves whatever was in
-        the buffer, and the step would finish on it before the abort's exception arrives (NVRx's
-        usage guide: a few more bytecodes may run first): a step_end with a garbage loss, or a
-        stop the ranks never voted. A non-finite loss is no state to continue from either.
-
-        The same step's loss not finite again after the restart (training replays the same data
-        from the same checkpoint) is the run diverging: no restart can fix that, so it ends the
-        job (ConfigError: exit 93, not requeued) instead of replaying until every layer's restart
-        budget is spent. Every rank sees the same all-reduced loss, so all decide alike."""
-        for name, votes in (("stop", stop_votes), ("save", save_votes)):
-            if not (0 <= votes <= self.world and votes == int(votes)):
-                raise InvalidStepResult(f"step {step}: {votes!r} {name} votes from {self.world} ranks")
-        if not math.isfinite(loss_sum):
-            if self.process.non_finite_loss_step == step:
-                raise ConfigError(
-                    f"training diverged: the loss is {loss_sum} at step {step} again after restarting from the "
-                    "last checkpoint; resume from an earlier checkpoint with a lower optimizer.lr "
-                    "(or a longer optimizer.warmup_steps, or optimizer.grad_clip)"
-                )
-            self.process.non_finite_loss_step = step
-            raise InvalidStepResult(f"step {step}: the loss summed over the ranks is {loss_sum}")
 
     def report_step(self, step: int, outcome: StepOutcome) -> None:
         speed = step_throughput(
@@ -385,7 +375,10 @@ class Trainer:
             **allocator_counters(self.runtime),
         )
         if self.rank == 0:
-            write_summary(self.cfg, self.training, self.world, digest, rank_digests, self.tokens_per_step)
+            # It reads every rank's event log, which grows with the run and reports no progress:
+            # not a hang. The ft launcher's out-of-section timeout still bounds it.
+            with self.unguarded():
+                write_summary(self.cfg, self.training, self.world, digest, rank_digests, self.tokens_per_step)
         dist.destroy_process_group()
         return {"status": "completed"}
 

@@ -79,8 +79,9 @@ def resolve_checkpointed_blocks(cfg: TrainConfig, runtime: Runtime, world: int) 
 
 
 def build_training(cfg: TrainConfig, runtime: Runtime, rank: int, world: int) -> Training:
-    """Everything a rank trains with, freshly initialized (a restore then loads into it).
-    Collective: the process group must be up (FSDP2 shards over it)."""
+    """Everything a rank trains with, freshly initialized: a restore then loads into it, or, when
+    there is nothing to restore, load_initial_weights. Collective: the process group must be up
+    (FSDP2 shards over it)."""
     seed_everything(cfg.seed + rank)
     checkpointed_blocks = resolve_checkpointed_blocks(cfg, runtime, world)
     model = build_model(
@@ -92,13 +93,6 @@ def build_training(cfg: TrainConfig, runtime: Runtime, rank: int, world: int) ->
         loss_chunk_tokens=cfg.model.loss_chunk_tokens,
         rope_scaling=cfg.model.rope_scaling_settings,
     )
-    if cfg.model.init_from is not None:
-        # Read on every build, also when a committed checkpoint is about to be restored over it:
-        # each rank reads only its shard's rows, and a run none of whose checkpoints loads starts
-        # again from these weights, never from a random initialization.
-        from workloads.hf_import import load_hf_weights
-
-        load_hf_weights(model, cfg.model.init_from, cfg.model.noun, cfg.model.rope_scaling_settings)
     opt = cfg.optimizer
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay
@@ -115,3 +109,14 @@ def build_training(cfg: TrainConfig, runtime: Runtime, rank: int, world: int) ->
         rng_key(rank): RngState(runtime.is_cuda),
     }
     return Training(model, optimizer, scheduler, batches, progress, states, checkpointed_blocks)
+
+
+def load_initial_weights(cfg: TrainConfig, model: Transformer) -> None:
+    """model.init_from's weights into `model`, each rank reading only its shards' rows: the
+    initial state of a run that restored no checkpoint, never a random initialization. Nothing
+    when model.init_from is unset."""
+    if cfg.model.init_from is None:
+        return
+    from workloads.hf_import import load_hf_weights
+
+    load_hf_weights(model, cfg.model.init_from, cfg.model.noun, cfg.model.rope_scaling_settings)

@@ -51,6 +51,9 @@ CUSTOM_KINDS: frozenset[tuple[str, str]] = frozenset((k.api_version, k.kind) for
 #: pod belongs to (0 for the first run).
 JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 JOBSET_RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+#: The environment variable a JobSet pod reads that attempt from (rendered from the label; the
+#: local launcher and the rehearsal set it for each relaunch).
+JOBSET_RESTART_ATTEMPT_ENV = "JOBSET_RESTART_ATTEMPT"
 #: The Job controller's failure messages for a podFailurePolicy FailJob rule (Kubernetes
 #: pkg/controller/job/pod_failure_policy.go), which a JobSet failure-policy rule can match by
 #: pattern (onJobFailureMessagePatterns, RE2 syntax).

@@ -158,9 +158,9 @@ ATTEMPT_ID_SOURCES: dict[str, tuple[list[tuple[str, str]], str]] = {
     "jobset": (
         [
             ("JOBSET_UID", job_kinds.JOBSET_UID_LABEL),
-            ("JOBSET_RESTART_ATTEMPT", job_kinds.JOBSET_RESTART_ATTEMPT_LABEL),
+            (job_kinds.JOBSET_RESTART_ATTEMPT_ENV, job_kinds.JOBSET_RESTART_ATTEMPT_LABEL),
         ],
-        "$(JOBSET_UID)-$(JOBSET_RESTART_ATTEMPT)",
+        f"$(JOBSET_UID)-$({job_kinds.JOBSET_RESTART_ATTEMPT_ENV})",
     ),
     "pytorchjob": ([("PYTORCHJOB_NAME", job_kinds.PYTORCHJOB.pod_label)], "$(PYTORCHJOB_NAME)"),
 }

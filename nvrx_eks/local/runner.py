@@ -33,13 +33,14 @@ from rich.markup import escape
 
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from nvrx_eks.facts.job_kinds import JOBSET_RESTART_ATTEMPT_ENV
 from nvrx_eks.facts.run_layout import coordinator_pidfile
 from nvrx_eks.local.launcher_command import ft_launcher_command
 from nvrx_eks.local.live import LiveView
 from nvrx_eks.local.outcome import print_report, stop_reason
 from workloads import do_not_requeue
 from workloads.config import TrainConfig
-from workloads.events import JOBSET_ATTEMPT_ENV, load_run
+from workloads.events import load_run
 from workloads.faults import parse_fault_spec, target_limit
 from workloads.launch import (
     MULTI_LAUNCHER_ENV,
@@ -409,7 +410,7 @@ def run_local(
                 if relaunch:
                     # A new launch, as the JobSet recreates every pod: the next attempt's ranks
                     # resume from the newest checkpoint and report a "kubernetes" restart.
-                    env[JOBSET_ATTEMPT_ENV] = str(relaunch)
+                    env[JOBSET_RESTART_ATTEMPT_ENV] = str(relaunch)
                     if fixed_port is None and not _port_pair_free(port):
                         port = free_port_pair()
                 coordinator, launchers = start_launch(

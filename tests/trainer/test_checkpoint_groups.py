@@ -53,6 +53,7 @@ def test_the_local_tier_and_dcp_async_groups_give_up_after_the_saves_bound(singl
         unguarded=contextlib.nullcontext,
         group_timeout_s=cfg.checkpoint.finalize_timeout_s,
         write_threads=cfg.checkpoint.write_threads,
+        attempt="a",
     )
 
     assert _timeout(tier._group) == bound

@@ -188,7 +188,7 @@ def test_a_rank_that_changed_drops_both_staging_caches(single_rank, tmp_path):
     assert int(entries.read_text()) > 0 and FileSystemWriterAsync._shm_tensor_cache
 
     pid = _worker_pid(first)
-    checkpoint_worker.queue_for(rank=1)  # the next iteration, as another rank
+    checkpoint_worker.queue_for(1, "next-iteration", 60.0)  # the next iteration, as another rank
     assert checkpoint_worker.last_start == "reused"
     assert checkpoint_worker.queue.persistent_caller.process.pid == pid
     assert not FileSystemWriterAsync._shm_tensor_cache and not FileSystemWriterAsync._cached_identifiers

@@ -1,6 +1,7 @@
 """An in-process restart frees the failed iteration's model and optimizer before the next
-iteration builds its own, also while an NVRx save of theirs is still in flight (world size 1,
-gloo, in one process).
+iteration builds its own, also while an NVRx save of theirs is still in flight, and inside the
+finalize already, while NVRx still holds the exception raised in a method that held them (world
+size 1, gloo, in one process).
 
 The save's finalize functions (the DCP finalize and the Checkpointer's commit) sit in the NVRx
 queue, which outlives the iteration (workloads.checkpoint.nvrx_worker); through the commit they
@@ -54,14 +55,30 @@ def _iteration(cfg: TrainConfig, events: EventLog, tmp_path: Path) -> dict:
     return {"model": model, "optimizer": optimizer, "checkpointer": checkpointer}
 
 
-def _restart_finalize(cfg: TrainConfig, events: EventLog, iteration_objects: dict) -> None:
-    """The Wrapper's finalize step, then its own collection (`while gc.collect(): pass`)."""
-    finalize = RestartFinalize(
+def _finalize(cfg: TrainConfig, events: EventLog, iteration_objects: dict) -> RestartFinalize:
+    return RestartFinalize(
         events, FaultToleranceReporter(cfg.fault_tolerance), iteration_objects.clear, cfg.inprocess.cuda_timeout_s
     )
-    finalize(types.SimpleNamespace(fn_exception=RuntimeError("injected")))
+
+
+def _restart_finalize(cfg: TrainConfig, events: EventLog, iteration_objects: dict) -> None:
+    """The Wrapper's finalize step, then its own collection (`while gc.collect(): pass`)."""
+    _finalize(cfg, events, iteration_objects)(types.SimpleNamespace(fn_exception=RuntimeError("injected")))
     while gc.collect():
         pass
+
+
+class _Step:
+    """Stands in for the Trainer: a step that fails while its frame holds the model and optimizer
+    (in `self` and in a local), as train_step's frame does when a fault lands in it."""
+
+    def __init__(self, iteration: dict):
+        self.iteration = iteration
+
+    def run(self) -> None:
+        model = self.iteration["model"]
+        model(torch.randn(2, 256)).sum().backward()
+        raise RuntimeError("the step failed")
 
 
 def test_a_restart_with_a_save_in_flight_frees_the_failed_iterations_model_and_optimizer(single_rank, tmp_path):
@@ -93,3 +110,34 @@ def test_a_restart_with_a_save_in_flight_frees_the_failed_iterations_model_and_o
     loaded = following["checkpointer"].load_latest(following["checkpointer"].state_dict)
     assert loaded is not None and loaded.step == 2
     following["checkpointer"].close()
+
+
+def test_the_finalize_frees_the_iteration_that_the_exception_still_holds(single_rank, tmp_path, monkeypatch):
+    """NVRx keeps the failed iteration's exception (state.fn_exception) through finalize, and its
+    traceback holds the frames of the method that raised, with the model in them: the finalize's
+    own collection and CUDA drain must already see them freed, not only the Wrapper's collection
+    after the drain (on a GPU their blocks would stay cached on the old FSDP streams)."""
+    cfg, events = _config(tmp_path), EventLog(tmp_path, 0)
+    failed = _iteration(cfg, events, tmp_path)
+    alive = {name: weakref.ref(obj) for name, obj in failed.items()}
+    try:
+        _Step(failed).run()
+    except RuntimeError as err:
+        state = types.SimpleNamespace(fn_exception=err)  # as NVRx holds it while it finalizes
+    del failed
+
+    drained = []
+    finalize = _finalize(cfg, events, {})
+    real_collect = gc.collect
+
+    def collect_then_look(*args):
+        # What the finalize's drain would meet: the objects still alive after its collection.
+        found = real_collect(*args)
+        drained.append(sorted(name for name, ref in alive.items() if ref() is not None))
+        return found
+
+    monkeypatch.setattr(gc, "collect", collect_then_look)
+    finalize(state)
+    monkeypatch.undo()
+    assert drained and drained[-1] == [], f"alive when the finalize drained the GPU: {drained[-1]}"
+    assert "the step failed" in str(state.fn_exception)  # the exception itself stays, for NVRx's log

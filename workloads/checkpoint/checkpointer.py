@@ -123,7 +123,7 @@ class Checkpointer:
         self.states: Mapping[str, Stateful] = states or {}
         self.local_tier = local_tier
         self.ft = ft if ft is not None else _NoSections()
-        self.atomic, self.ping = atomic, ping
+        self.atomic, self.ping, self.unguarded = atomic, ping, unguarded
         self.pending: PendingSave | None = None
         self.last_saved_step = -1
         self._last_save_t = time.monotonic()
@@ -155,6 +155,7 @@ class Checkpointer:
             unguarded=unguarded,
             group_timeout_s=cfg.checkpoint.finalize_timeout_s,
             write_threads=cfg.checkpoint.write_threads,
+            attempt=self.attempt,
         )
         if self.writer is not None and self.writer.worker_start is not None:
             events.emit("checkpoint_worker", start=self.writer.worker_start)
@@ -311,7 +312,14 @@ class Checkpointer:
     def close(self) -> None:
         """Finish the in-flight save and stop the writer (normal end and SIGTERM)."""
         self.wait()
-        if self.writer is not None:
+        if self.writer is None:
+            return
+        # Stopping NVRx's worker joins it with no bound and no progress to report (its exit
+        # drops every shared-memory staging buffer: seconds for a large state), which the
+        # in-process watchdog took for a hang: a restart after the final commit, a restore and
+        # a second finish. Unguarded; finish's ft `checkpointing` section still bounds it.
+        with self.unguarded():
+            self.faults.during_close(self.last_saved_step)
             self.writer.close()
 
     # -- committing ------------------------------------------------------------------------------

@@ -27,6 +27,13 @@ above it) has both caches dropped before its first save.
 Every rank starts its worker at process start (`warm_up`, NVRx's pre-warm), before the Wrapper: a
 hot spare waits outside the process group, and has its worker ready when a restart activates it.
 
+Getting a worker takes one rank milliseconds (reused) and another seconds (a fresh spawn imports
+torch: 9-17 s on a loaded 2-core host). The ranks agree that every worker is up on the store, with
+a bound of its own, before any collective: the first collective after it (the probe's finalize,
+before) waited for the slowest spawn under the process group's timeout, which on gloo is the soft
+timeout, and timed out; the restart then hit the spawning rank mid-spawn, its next iteration
+spawned again, and in-process restarts looped until ft_launcher took over.
+
 NVRx registers one process-wide "drain" callback per queue (wait for the previous write before
 the staging buffers are overwritten) and unregisters it when a queue closes, so a replaced
 queue's close may unregister the current one's. The Checkpointer never relies on it: a save
@@ -36,6 +43,7 @@ first waits for the previous one to commit.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import queue
 import signal
@@ -62,6 +70,10 @@ WRITER_ABORT_GRACE_S = 2.0
 #: killing it: beyond about what spawning a new worker costs (1.7 s measured on 2 CPU cores),
 #: waiting is the slower way to a usable worker.
 DRAIN_S = 1.0
+
+#: The store wait's slice while the ranks wait for each other's workers: between slices the
+#: in-process restart's exception can reach the waiting thread (it cannot inside the C++ wait).
+_READY_SLICE_S = 0.5
 
 #: How the worker is spawned and stopped: cpu_shm_mode (see NvrxWriter), the abort grace.
 _CALLER_OPTIONS: dict[str, Any] = {"cpu_shm_mode": True, "sigterm_timeout": WRITER_ABORT_GRACE_S}
@@ -122,10 +134,11 @@ class CheckpointWorker:
         """Start a worker now, for the first queue_for to take (NVRx's pre-warm slot)."""
         AsyncCallsQueue.warmup_persistent_caller(rank, **_CALLER_OPTIONS)
 
-    def queue_for(self, rank: int) -> AsyncCallsQueue:
+    def queue_for(self, rank: int, ready_key: str, ready_bound_s: float) -> AsyncCallsQueue:
         """A queue for a new NvrxWriter of `rank`, on the previous iteration's worker when it is
-        usable, else on a pre-warmed or fresh one; returns once the worker answered a probe.
-        Collective (the probe's finalize synchronizes every rank)."""
+        usable, else on a pre-warmed or fresh one; returns once every rank's worker answered a
+        probe, waiting up to `ready_bound_s` for the others on the default group's store, under
+        `ready_key` (the same on every rank, new for every writer). Collective."""
         caller = self._take_previous_worker()
         probe = _worker_ready_probe
         if caller is None:
@@ -144,9 +157,11 @@ class CheckpointWorker:
             self.queue.persistent_caller = caller
         self.rank = rank
         # Wait for the worker here, during setup: otherwise the first save would block for the
-        # worker's start-up (seconds) and look like a hang to the in-process watchdog.
+        # worker's start-up (seconds) and look like a hang to the in-process watchdog. This
+        # rank's own first (no_dist: no collective), then every rank's.
         self.schedule(AsyncRequest(probe, (), []))
-        self.queue.maybe_finalize_async_calls(blocking=True)
+        self.queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
+        every_rank_arrived(ready_key, ready_bound_s)
         return self.queue
 
     def _take_previous_worker(self) -> Any:
@@ -205,6 +220,32 @@ class CheckpointWorker:
             if AsyncCallsQueue._warmup_persistent_caller is not None:
                 AsyncCallsQueue._warmup_persistent_caller.close(abort=True)
                 AsyncCallsQueue._warmup_persistent_caller = None
+
+
+class WorkersNotReady(RuntimeError):
+    """Some rank did not get as far within the bound (its worker, its first hand-off): a fault
+    (restart)."""
+
+
+def every_rank_arrived(key: str, bound_s: float) -> None:
+    """A barrier on the default process group's store: every rank adds itself, the last one
+    marks the key complete, each waits for the mark in slices until `bound_s`."""
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    world = dist.get_world_size()
+    done = f"{key}/all"
+    if store.add(key, 1) >= world:
+        store.set(done, "1")
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            store.wait([done], datetime.timedelta(seconds=_READY_SLICE_S))
+            return
+        except dist.DistStoreError:
+            if time.monotonic() > deadline:
+                arrived = store.add(key, 0)
+                raise WorkersNotReady(f"{arrived} of {world} ranks reached {key} within {bound_s:g}s") from None
 
 
 def _drained(previous: AsyncCallsQueue, caller: Any) -> bool:

@@ -163,10 +163,19 @@ class DcpAsyncWriter(Writer):
 class NvrxWriter(Writer):
     """checkpoint.backend=nvrx: NVRx's persistent checkpoint worker, shared-memory staging."""
 
-    def __init__(self, *, unguarded: Callable[[], AbstractContextManager[Any]], write_threads: int, **kwargs: Any):
+    def __init__(
+        self,
+        *,
+        unguarded: Callable[[], AbstractContextManager[Any]],
+        write_threads: int,
+        ready_key: str,
+        ready_bound_s: float,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         self.unguarded = unguarded
         self.write_threads = write_threads
+        self.ready_key, self.ready_bound_s = ready_key, ready_bound_s
         from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import CheckpointMetadataCache
 
         from workloads.checkpoint.nvrx_worker import checkpoint_worker
@@ -182,15 +191,15 @@ class NvrxWriter(Writer):
         # it copies out with a pinned D2H after the hand-off, so the hand-off would have to wait
         # for that copy before optimizer.step may change them, and each of the 8 workers per
         # node would hold a CUDA context (~0.5 GB of the GPU it reads from). The price of shm
-        # staging is a pageable D2H copy (NVRx syncs every 8 tensors): nvrx_eks/ops/plan.py assumes
+        # staging is a pageable D2H copy (NVRx syncs every 8 tensors): nvrx_eks/planning/model.py assumes
         # 10 GB/s for it, and the GPU smoke script measures the real stall. The worker outlives
         # in-process restarts (workloads.checkpoint.nvrx_worker).
         self._worker = checkpoint_worker
         # Unguarded: a worker the failed iteration left busy is waited for, or killed and
-        # replaced, which the in-process watchdog would take for a hang; the ft `setup` section
-        # still bounds it.
+        # replaced, and a peer's worker may be spawning, all of which the in-process watchdog
+        # would take for a hang; the ft `setup` section still bounds it.
         with unguarded():
-            self._queue: Any = checkpoint_worker.queue_for(self.rank)
+            self._queue: Any = checkpoint_worker.queue_for(self.rank, ready_key, ready_bound_s)
         _drop_results_of_abandoned_saves()  # after queue_for let a busy worker finish, or stopped it
         self.worker_start = checkpoint_worker.last_start
         self._metadata_cache = CheckpointMetadataCache()
@@ -200,9 +209,17 @@ class NvrxWriter(Writer):
             # The first NVRx save of an iteration plans, allocates the shared-memory staging
             # buffers and ships them to the worker: seconds on a busy host, which the in-process
             # watchdog would take for a hang. It runs without hang protection; the ft
-            # `checkpointing` section still bounds it. Later saves reuse plan and buffers.
+            # `checkpointing` section still bounds it. Later saves reuse plan and buffers. A rank
+            # whose buffers the reused worker still holds is done in milliseconds, a rank that
+            # allocates them (a fresh worker, a spare that took a lost rank's place) seconds
+            # later: the ranks wait for each other here, within the workers' bound, not in the
+            # next step's collective under the process group's timeout (seen: 4.9 s against
+            # gloo's 5 s, a restart).
+            from workloads.checkpoint.nvrx_worker import every_rank_arrived
+
             with self.unguarded():
                 self._hand_off(pending, state)
+                every_rank_arrived(f"{self.ready_key}/first-save", self.ready_bound_s)
         else:
             self._hand_off(pending, state)
 
@@ -264,13 +281,21 @@ def build_writer(
     unguarded: Callable[[], AbstractContextManager[Any]],
     group_timeout_s: float,
     write_threads: int,
+    attempt: str,
 ) -> Writer | None:
     """The writer of checkpoint.backend; None for `none`. `group_timeout_s` bounds the
-    collectives of a writer's own gloo group (workloads.checkpoint.groups); `write_threads` is
-    checkpoint.write_threads. Collective."""
+    collectives of a writer's own gloo group (workloads.checkpoint.groups), and the wait for every
+    rank's NVRx worker; `write_threads` is checkpoint.write_threads; `attempt` is the same on
+    every rank and new for every writer (the Checkpointer's token). Collective."""
     common: dict[str, Any] = {"rank": rank, "device": device, "with_sha": with_sha, "commit": commit}
     if backend == "nvrx":
-        return NvrxWriter(unguarded=unguarded, write_threads=write_threads, **common)
+        return NvrxWriter(
+            unguarded=unguarded,
+            write_threads=write_threads,
+            ready_key=f"nvrx-eks/checkpoint-workers-ready/{attempt}",
+            ready_bound_s=group_timeout_s,
+            **common,
+        )
     if backend == "dcp-async":
         return DcpAsyncWriter(group_timeout_s=group_timeout_s, **common)
     if backend == "sync":
