@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -120,18 +121,11 @@ def _stop_the_job(cfg: TrainConfig, rank: int, ft: FaultToleranceReporter, reaso
 
 
 def run(cfg: TrainConfig, store: tuple[str, int] | None) -> int:
-    from nvidia_resiliency_ext.inprocess.exception import RestartAbort
-    from nvidia_resiliency_ext.inprocess.rank_assignment import RankDiscarded
-
+    """The rank's process: refuse what cannot run, take the run lease if rank 0, warm up, then run
+    train_attempt (inside NVRx's in-process Wrapper when that layer is on) to an exit code."""
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    for fault in outside_world(parse_fault_spec(cfg.faults), world):
-        raise ConfigError(outside_world_problem(fault, world))
-    if store is None and cfg.inprocess.enabled:
-        raise ConfigError(
-            "inprocess.enabled: the in-process restart layer needs --store HOST:PORT, the in-process store of "
-            "the job's coordinator (python -m workloads.coordinator); or set inprocess.enabled=false"
-        )
+    _refuse_what_cannot_run(cfg, store, world)
     exit_bound_s(cfg)
     try:
         taken = _take_run_lease(cfg, rank)
@@ -146,6 +140,32 @@ def run(cfg: TrainConfig, store: tuple[str, int] | None) -> int:
         process.events.emit("run_lease", how=taken)
 
     _exit_watchdog.start()  # before the handler that arms it (see _ExitWatchdog)
+    signal.signal(signal.SIGTERM, _sigterm_handler(process))
+    _warm_up(cfg, rank)
+    process.events.emit(
+        "run_start",
+        world_size=world,
+        preset=cfg.model.preset,
+        backend=cfg.distributed.backend,
+        checkpoint_backend=cfg.checkpoint.backend,
+        steps=cfg.steps,
+    )
+    return _run_attempts(process, store)
+
+
+def _refuse_what_cannot_run(cfg: TrainConfig, store: tuple[str, int] | None, world: int) -> None:
+    for fault in outside_world(parse_fault_spec(cfg.faults), world):
+        raise ConfigError(outside_world_problem(fault, world))
+    if store is None and cfg.inprocess.enabled:
+        raise ConfigError(
+            "inprocess.enabled: the in-process restart layer needs --store HOST:PORT, the in-process store of "
+            "the job's coordinator (python -m workloads.coordinator); or set inprocess.enabled=false"
+        )
+
+
+def _sigterm_handler(process: ProcessState):
+    """The first SIGTERM asks the rank to stop after a stop-save, bounded below ft_launcher's
+    SIGKILL; a second one well after the first stops it at once."""
     first_sigterm_at: float | None = None
 
     def on_sigterm(signum, frame):
@@ -156,17 +176,20 @@ def run(cfg: TrainConfig, store: tuple[str, int] | None) -> int:
             process.stop_requested = True
             # The stop-save is bounded from here, below ft_launcher's SIGKILL (--term-timeout), so
             # that a way out that blocks (a peer gone mid-collective) still ends in 143.
-            arm_exit_watchdog(EXIT_TERMINATED, sigterm_exit_bound_s(cfg))
+            arm_exit_watchdog(EXIT_TERMINATED, sigterm_exit_bound_s(process.cfg))
         elif now - first_sigterm_at > SIGTERM_DEBOUNCE_S:
             os._exit(EXIT_TERMINATED)  # asked again, well after the first: stop now
 
-    signal.signal(signal.SIGTERM, on_sigterm)
-    # Before the Wrapper, for a hot spare above all: it waits outside the process group and, once
-    # a restart activates it, trains at once instead of first importing the training modules
-    # (0.56 s on 2 CPU cores), torch._dynamo (which the model's first initialization on the meta
-    # device imports lazily: 0.6 s) and spawning its checkpoint worker
-    # (workloads.checkpoint.nvrx_worker). Measured with the small preset; the cost is paid at
-    # process start instead, where nothing waits for it.
+    return on_sigterm
+
+
+def _warm_up(cfg: TrainConfig, rank: int) -> None:
+    """Before the Wrapper, for a hot spare above all: it waits outside the process group and, once
+    a restart activates it, trains at once instead of first importing the training modules
+    (0.56 s on 2 CPU cores), torch._dynamo (which the model's first initialization on the meta
+    device imports lazily: 0.6 s) and spawning its checkpoint worker
+    (workloads.checkpoint.nvrx_worker). Measured with the small preset; the cost is paid at
+    process start instead, where nothing waits for it."""
     import torch._dynamo  # noqa: F401 - imported for its cost, not its names
 
     import workloads.trainer  # noqa: F401
@@ -175,35 +198,15 @@ def run(cfg: TrainConfig, store: tuple[str, int] | None) -> int:
         from workloads.checkpoint.nvrx_worker import checkpoint_worker
 
         checkpoint_worker.warm_up(rank)
-    process.events.emit(
-        "run_start",
-        world_size=world,
-        preset=cfg.model.preset,
-        backend=cfg.distributed.backend,
-        checkpoint_backend=cfg.checkpoint.backend,
-        steps=cfg.steps,
-    )
-    fn = train_attempt
-    stopped_by_sigterm: tuple[type[BaseException], ...] = ()  # nothing to catch without the Wrapper
-    if cfg.inprocess.enabled:
-        from workloads.device import resolved_backend
-        from workloads.inprocess import TerminationRequested, build_wrapper
 
-        assert store is not None  # required above whenever the in-process layer is on
-        stopped_by_sigterm = (TerminationRequested,)
-        fn = build_wrapper(
-            cfg.inprocess,
-            backend=resolved_backend(cfg),
-            store=store,
-            world_size=world,
-            spare_nodes=cfg.distributed.spare_nodes,
-            nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-            run_dir=Path(cfg.run_dir),
-            events=process.events,
-            ft=process.ft,
-            drop_iteration_state=process.drop_iteration_state,
-            stop_requested=lambda: process.stop_requested,
-        )(train_attempt)
+
+def _run_attempts(process: ProcessState, store: tuple[str, int] | None) -> int:
+    """train_attempt until the run ends (in-process restarts inside the Wrapper), as an exit code;
+    every way out bounded and NVRx's helpers stopped."""
+    from nvidia_resiliency_ext.inprocess.exception import RestartAbort
+    from nvidia_resiliency_ext.inprocess.rank_assignment import RankDiscarded
+
+    fn, stopped_by_sigterm = _attempt_function(process, store)
     code = 1
     try:
         outcome = fn(process)
@@ -235,6 +238,34 @@ def run(cfg: TrainConfig, store: tuple[str, int] | None) -> int:
             except Exception:  # noqa: BLE001 - best effort on the way out; the exit is bounded
                 log.exception("on the way out: %s failed", getattr(step, "__name__", step))
     return code
+
+
+def _attempt_function(
+    process: ProcessState, store: tuple[str, int] | None
+) -> tuple[Callable[[ProcessState], dict], tuple[type[BaseException], ...]]:
+    """(train_attempt, inside NVRx's Wrapper when the in-process layer is on; the exceptions that
+    mean a SIGTERM stopped it)."""
+    cfg = process.cfg
+    if not cfg.inprocess.enabled:
+        return train_attempt, ()  # nothing to catch without the Wrapper
+    from workloads.device import resolved_backend
+    from workloads.inprocess import TerminationRequested, build_wrapper
+
+    assert store is not None  # required by _refuse_what_cannot_run whenever the in-process layer is on
+    fn = build_wrapper(
+        cfg.inprocess,
+        backend=resolved_backend(cfg),
+        store=store,
+        world_size=process.world_size,
+        spare_nodes=cfg.distributed.spare_nodes,
+        nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        run_dir=Path(cfg.run_dir),
+        events=process.events,
+        ft=process.ft,
+        drop_iteration_state=process.drop_iteration_state,
+        stop_requested=lambda: process.stop_requested,
+    )(train_attempt)
+    return fn, (TerminationRequested,)
 
 
 #: A SIGTERM sent to every process of a node (a node shutdown, a process-group kill) reaches a rank
