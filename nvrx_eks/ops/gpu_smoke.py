@@ -38,7 +38,8 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,11 +47,12 @@ from rich.console import Console
 
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_CONFIG_ERROR
-from nvrx_eks.ops.smoke_report import final, result_so_far, write
+from nvrx_eks.ops.smoke_report import SmokeReport
 from nvrx_eks.ops.smoke_verdicts import faults_check, memory_check
 
 if TYPE_CHECKING:
     from workloads.config import TrainConfig
+    from workloads.events import RunEvents
 
 #: Timeouts for the GPU runs: the local CPU profile's are sized for a tiny model on CPU; a GPU
 #: run's setup (CUDA context, NCCL communicator, a 1B model) needs more, and TrainConfig's rules
@@ -161,6 +163,18 @@ class SmokePlan:
         if self.peak_tflops is not None:
             base.append(f"peak_tflops_per_gpu={self.peak_tflops}")
         return base + (list(GPU_OVERRIDES) if self.gpu else [])
+
+    @property
+    def described(self) -> dict[str, Any]:
+        """What the smoke runs, as its report starts."""
+        return {
+            "mode": "gpu" if self.gpu else "dry-run (cpu, gloo)",
+            "nproc": self.nproc,
+            "preset": self.preset,
+            "precision": self.precision,
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+        }
 
     @property
     def faults(self) -> str:
@@ -351,9 +365,29 @@ def smoke(
     """Run the checks within `budget_s` seconds (None: DEFAULT_BUDGET_S); returns the measured
     results and writes them to out_dir/gpu_smoke.json after every phase ("complete": false until
     the last)."""
-    from workloads.memory import estimate_for
+    checks = _prepare(out_dir, dry_run, preset, nproc, console or Console(), budget_s)
+    for phase in (checks.faults, checks.resume, checks.stall):
+        then = phase()
+        if then is not Then.GO_ON:
+            return checks.report.final(stopped=then is Then.STOP)
+        checks.report.write_so_far()
+    checks.memory()
+    return checks.report.final()
 
-    console = console or Console()
+
+class Then(Enum):
+    """What the smoke does after a phase."""
+
+    GO_ON = "the next phase"
+    END = "end the report here: a failure the later phases would repeat"
+    STOP = "end the report as stopped: the launch was told to stop"
+
+
+def _prepare(
+    out_dir: Path, dry_run: bool, preset: str | None, nproc: int | None, console: Console, budget_s: float | None
+) -> _SmokeChecks:
+    """The smoke's plan, refused before any launch when the arguments, the GPU's memory or the
+    disks cannot hold it."""
     out_dir = out_dir.resolve()
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError(f"--out: {out_dir} is not empty; choose a new directory")
@@ -362,8 +396,7 @@ def smoke(
         raise ConfigError(f"--budget-s: {budget_s:g} is not above 0; give the seconds the smoke may take")
     device = None if dry_run else read_device(preset)
     plan = plan_for(dry_run, preset, nproc, device)
-    faulted_dir = out_dir / "faulted"
-    train = plan.train_config(faulted_dir)
+    train = plan.train_config(out_dir / FAULTED_DIR)
     gpu_memory_bytes = None  # the GPU's, for the fit and for model.activation_checkpointing=auto
     if device is not None:
         gpu_memory_bytes = device["gpus"][0]["total_memory_bytes"]
@@ -371,103 +404,129 @@ def smoke(
     check_room(room_needed(plan, train), out_dir)
     budget = Budget(budget_s)
     out_dir.mkdir(parents=True, exist_ok=True)
-    checks: dict[str, Any] = {}
+    report = SmokeReport(out_dir, console, plan.described, budget_s, device)
+    return _SmokeChecks(plan, train, gpu_memory_bytes, budget, report)
 
-    # 1. Faults recovered in process, with async checkpoints.
-    faulted = budget.launch(
-        lambda: _run(
-            plan, faulted_dir, steps=plan.steps, faults=plan.faults, backend="nvrx", resume=False, console=console
+
+#: The faulted run's directory under --out; the resume launch continues it.
+FAULTED_DIR = "faulted"
+
+
+@dataclass
+class _SmokeChecks:
+    """The smoke's four checks, one method each, in the order smoke() runs them; each adds its
+    result to the report."""
+
+    plan: SmokePlan
+    train: TrainConfig
+    gpu_memory_bytes: int | None
+    budget: Budget
+    report: SmokeReport
+    #: The faulted launch (its run's events and summary), which the later checks read.
+    faulted: dict[str, Any] = field(default_factory=dict)
+    #: Every run_end so far: the memory check's peaks.
+    run_ends: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def faulted_run(self) -> RunEvents:
+        return self.faulted["run"]
+
+    def faults(self) -> Then:
+        """1. Faults recovered in process, with async checkpoints."""
+        plan, faulted_dir = self.plan, self.report.out_dir / FAULTED_DIR
+        self.faulted = self.budget.launch(
+            lambda: self._launch(faulted_dir, steps=plan.steps, faults=plan.faults, backend="nvrx", resume=False)
         )
-    )
-    run = faulted["run"]
-    starts = run.of("run_start", rank=0)
-    if not starts:
-        # An import, CUDA or NCCL error before the trainer ran: the later phases would fail the
-        # same way, so the report ends here, with what the launcher saw.
-        checks["faults"] = {
-            "ok": False,
-            "exit_code": faulted["exit_code"],
-            "error": "no rank started training (no run_start event); see launcher_log_tail",
-            "launcher_log_tail": _log_tail(faulted_dir / LAUNCHER_LOG),
+        run, exit_code = self.faulted_run, self.faulted["exit_code"]
+        starts = run.of("run_start", rank=0)
+        if not starts:
+            # An import, CUDA or NCCL error before the trainer ran: the later phases would fail the
+            # same way, so the report ends here, with what the launcher saw.
+            self.report.checks["faults"] = {
+                "ok": False,
+                "exit_code": exit_code,
+                "error": "no rank started training (no run_start event); see launcher_log_tail",
+                "launcher_log_tail": _log_tail(faulted_dir / LAUNCHER_LOG),
+            }
+            return Then.STOP if exit_code in STOPPED_CODES else Then.END
+        self.report.checks["faults"] = {
+            **faults_check(run, plan.faults, exit_code),
+            "backend": starts[0].get("backend"),
+            "commits": len(run.of("checkpoint_commit", rank=0)),
+            "wall_s": self.faulted["wall_s"],
+            **_throughput(run.of("step_end", rank=0)),
         }
-        if faulted["exit_code"] in STOPPED_CODES:
-            return final(plan, checks, out_dir, console, budget_s, device, stopped=True)
-        return final(plan, checks, out_dir, console, budget_s, device)
-    start = starts[0]
-    checks["faults"] = {
-        **faults_check(run, plan.faults, faulted["exit_code"]),
-        "backend": start.get("backend"),
-        "commits": len(run.of("checkpoint_commit", rank=0)),
-        "wall_s": faulted["wall_s"],
-        **_throughput(run.of("step_end", rank=0)),
-    }
-    if faulted["exit_code"] in STOPPED_CODES:
-        return final(plan, checks, out_dir, console, budget_s, device, stopped=True)
-    write(out_dir, result_so_far(plan, checks, budget_s, device, complete=False))
+        self.run_ends = run.of("run_end")
+        return _after(self.faulted)
 
-    # 2. Resume: a new launch continues from the last committed step.
-    run_ends = run.of("run_end")
-    if budget.fits_a_launch():
-        resumed = budget.launch(
-            lambda: _run(
-                plan,
-                faulted_dir,
+    def resume(self) -> Then:
+        """2. Resume: a new launch continues from the last committed step."""
+        if not self.budget.fits_a_launch():
+            self.report.checks["resume"] = self.budget.skipped()
+            return Then.GO_ON
+        plan = self.plan
+        resumed = self.budget.launch(
+            lambda: self._launch(
+                self.report.out_dir / FAULTED_DIR,
                 steps=plan.steps + plan.interval,
                 faults=plan.faults,
                 backend="nvrx",
                 resume=True,
-                console=console,
             )
         )
-        faulted_end_t = run.events[-1]["t"]
-        run_ends += [e for e in resumed["run"].of("run_end") if e["t"] > faulted_end_t]
+        faulted_end_t = self.faulted_run.events[-1]["t"]
+        self.run_ends += [e for e in resumed["run"].of("run_end") if e["t"] > faulted_end_t]
         cycle_starts = [e for e in resumed["run"].of("setup_end", rank=0) if e["t"] > faulted_end_t]
         resumed_from = cycle_starts[0]["resumed_from_step"] if cycle_starts else None
-        checks["resume"] = {
+        self.report.checks["resume"] = {
             "ok": resumed["exit_code"] == 0 and resumed_from == plan.steps,
             "exit_code": resumed["exit_code"],
             "resumed_from_step": resumed_from,
             "wall_s": resumed["wall_s"],
             **_throughput([e for e in resumed["run"].of("step_end", rank=0) if e["t"] > faulted_end_t]),
         }
-        if resumed["exit_code"] in STOPPED_CODES:
-            return final(plan, checks, out_dir, console, budget_s, device, stopped=True)
-    else:
-        checks["resume"] = budget.skipped()
-    write(out_dir, result_so_far(plan, checks, budget_s, device, complete=False))
+        return _after(resumed)
 
-    # 3. Stall: async (from the faulted run) against synchronous saves.
-    if budget.fits_a_launch():
-        sync = budget.launch(
-            lambda: _run(
-                plan,
-                out_dir / "sync",
-                steps=plan.sync_steps,
-                faults="",
-                backend="sync",
-                resume=False,
-                console=console,
+    def stall(self) -> Then:
+        """3. Stall: async (from the faulted run) against synchronous saves."""
+        if not self.budget.fits_a_launch():
+            self.report.checks["stall"] = self.budget.skipped()
+            return Then.GO_ON
+        sync = self.budget.launch(
+            lambda: self._launch(
+                self.report.out_dir / "sync", steps=self.plan.sync_steps, faults="", backend="sync", resume=False
             )
         )
-        async_stall = (faulted["summary"] or {}).get("checkpoints", {}).get("median_stall_s")
+        async_stall = (self.faulted["summary"] or {}).get("checkpoints", {}).get("median_stall_s")
         sync_stall = (sync["summary"] or {}).get("checkpoints", {}).get("median_stall_s")
-        checks["stall"] = {
+        self.report.checks["stall"] = {
             "ok": sync["exit_code"] == 0 and async_stall is not None and sync_stall is not None,
             "async_median_s": None if async_stall is None else round(async_stall, 4),
             "sync_median_s": None if sync_stall is None else round(sync_stall, 4),
             "wall_s": sync["wall_s"],
             **_throughput(sync["run"].of("step_end", rank=0)),
         }
-        if sync["exit_code"] in STOPPED_CODES:
-            return final(plan, checks, out_dir, console, budget_s, device, stopped=True)
-    else:
-        checks["stall"] = budget.skipped()
-    write(out_dir, result_so_far(plan, checks, budget_s, device, complete=False))
+        return _after(sync)
 
-    # 4. Memory: the high-water mark of each rank against the part of the estimate it measures.
-    estimate = estimate_for(train, plan.nproc, bf16=plan.precision == "bf16", gpu_memory_bytes=gpu_memory_bytes)
-    checks["memory"] = memory_check(estimate, run_ends, plan.gpu, run.of("setup_end"))
-    return final(plan, checks, out_dir, console, budget_s, device)
+    def memory(self) -> None:
+        """4. Memory: the high-water mark of each rank against the part of the estimate it measures."""
+        from workloads.memory import estimate_for
+
+        plan = self.plan
+        estimate = estimate_for(
+            self.train, plan.nproc, bf16=plan.precision == "bf16", gpu_memory_bytes=self.gpu_memory_bytes
+        )
+        self.report.checks["memory"] = memory_check(estimate, self.run_ends, plan.gpu, self.faulted_run.of("setup_end"))
+
+    def _launch(self, run_dir: Path, *, steps: int, faults: str, backend: str, resume: bool) -> dict[str, Any]:
+        return _run(
+            self.plan, run_dir, steps=steps, faults=faults, backend=backend, resume=resume, console=self.report.console
+        )
+
+
+def _after(launch: dict[str, Any]) -> Then:
+    """A launch told to stop (SIGTERM, SIGHUP) stops the smoke; any other exit is the check's to judge."""
+    return Then.STOP if launch["exit_code"] in STOPPED_CODES else Then.GO_ON
 
 
 def _throughput(step_ends: list[dict[str, Any]]) -> dict[str, Any]:

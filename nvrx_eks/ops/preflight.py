@@ -45,14 +45,16 @@ from nvrx_eks.ops.preflight_context import (
     PASS,
     SKIP,
     WARN,
+    Check,
     CheckResult,
     PreflightContext,
     error_code,
     error_result,
 )
+from nvrx_eks.ops.preflight_identity import NAME as ADMIN_PRINCIPAL
 from nvrx_eks.ops.preflight_identity import check_admin_principal
 
-__all__ = ["FAIL", "PASS", "SKIP", "WARN", "CheckResult", "PreflightContext", "run", "run_checks"]
+__all__ = ["FAIL", "PASS", "SKIP", "WARN", "Check", "CheckResult", "PreflightContext", "run", "run_checks"]
 
 #: EKS version states in which new clusters can be created.
 _EKS_VERSION_OK = {"STANDARD_SUPPORT", "EXTENDED_SUPPORT"}
@@ -72,8 +74,13 @@ def fetch_egress_ip() -> str:
 
 # ----- the checks ---------------------------------------------------------------------------
 
+#: The rows of the checks that need no AWS credentials.
+PLACEHOLDERS = "profile has no placeholders"
+ENDPOINT_REACHABLE = "API endpoint allows this machine"
+
 
 def check_credentials(ctx: PreflightContext) -> CheckResult:
+    """The check of access: the checks that need credentials run only when it passes."""
     name = "AWS credentials"
     try:
         identity = ctx.client("sts").get_caller_identity()
@@ -241,6 +248,16 @@ def describe_reservation(ctx: PreflightContext) -> tuple[dict | None, CheckResul
     return reservation, CheckResult(name, PASS, detail)
 
 
+def check_capacity(ctx: PreflightContext) -> CheckResult:
+    return ctx.once(describe_reservation)[1]
+
+
+def check_vcpu_quota_unless_reserved(ctx: PreflightContext) -> CheckResult:
+    """The vCPU quota, unless a reservation that passed its own check holds the nodes."""
+    reservation, result = ctx.once(describe_reservation)
+    return check_vcpu_quota(ctx, reservation if result.status == PASS else None)
+
+
 def _lustre_storage_quota(ctx: PreflightContext) -> dict | None:
     """The account's FSx for Lustre SSD storage quota, found by name: FSx publishes one per
     deployment type ("... Persistent_2 ..." for this project's file systems)."""
@@ -354,7 +371,7 @@ def check_addon_versions(ctx: PreflightContext) -> CheckResult:
 
 
 def check_placeholders(ctx: PreflightContext) -> CheckResult:
-    name = "profile has no placeholders"
+    name = PLACEHOLDERS
     found = documentation_placeholders(ctx.config)
     if not found:
         return CheckResult(name, PASS, "account, admin_principal_arn and endpoint.public_cidrs are your own")
@@ -371,7 +388,7 @@ def check_endpoint_reachable(ctx: PreflightContext) -> CheckResult:
     """With a public endpoint, EKS drops every request from outside endpoint.public_cidrs: a list
     that leaves this machine out deploys fine, then locks its user out of the cluster."""
     endpoint = ctx.config.endpoint
-    name = "API endpoint allows this machine"
+    name = ENDPOINT_REACHABLE
     if endpoint.access == "private":
         return CheckResult(name, SKIP, "endpoint.access is private: reach the API from inside the VPC (VPN, bastion)")
     by_hand = f"check by hand: `curl {CHECKIP_URL}` must print an address inside endpoint.public_cidrs"
@@ -399,35 +416,31 @@ def check_endpoint_reachable(ctx: PreflightContext) -> CheckResult:
 # ----- the run ------------------------------------------------------------------------------
 
 
+#: The account's checks after the credentials', in the order of their rows. Those that need no
+#: credentials run either way, and are listed last.
+ACCOUNT_CHECKS: tuple[Check[[PreflightContext]], ...] = (
+    Check(ADMIN_PRINCIPAL, check_admin_principal),
+    Check("vCPU quota", check_vcpu_quota_unless_reserved),
+    Check("instance offered", check_instance_offered),
+    Check("GPU capacity", check_capacity),
+    Check("FSx storage quota", check_fsx_quota),
+    Check("EKS version", check_kubernetes_version),
+    Check("EKS add-on versions", check_addon_versions),
+    Check(PLACEHOLDERS, check_placeholders, needs_access=False),
+    Check(ENDPOINT_REACHABLE, check_endpoint_reachable, needs_access=False),
+)
+
+
 def run_checks(
     config: DeploymentConfig, nodes: int, session: boto3.Session, egress_ip: Callable[[], str] | None = None
 ) -> list[CheckResult]:
     ctx = PreflightContext(config, nodes, session, egress_ip)
-    results = [check_credentials(ctx)]
-    # These need no AWS credentials: they run, and are listed last, either way.
-    offline = [check_placeholders(ctx), check_endpoint_reachable(ctx)]
-    if results[0].status == FAIL:
-        skipped = (
-            "admin principal",
-            "vCPU quota",
-            "instance offered",
-            "GPU capacity",
-            "FSx storage quota",
-            "EKS version",
-            "EKS add-on versions",
-        )
-        return results + [CheckResult(n, SKIP, "needs working credentials") for n in skipped] + offline
-    reservation, reservation_result = describe_reservation(ctx)
-    checks: list[Callable[[], CheckResult]] = [
-        lambda: check_admin_principal(ctx),
-        lambda: check_vcpu_quota(ctx, reservation if reservation_result.status == PASS else None),
-        lambda: check_instance_offered(ctx),
-        lambda: reservation_result,
-        lambda: check_fsx_quota(ctx),
-        lambda: check_kubernetes_version(ctx),
-        lambda: check_addon_versions(ctx),
+    credentials = check_credentials(ctx)
+    usable = credentials.status != FAIL
+    return [credentials] + [
+        check.run(ctx) if usable or not check.needs_access else check.skipped("needs working credentials")
+        for check in ACCOUNT_CHECKS
     ]
-    return results + [check() for check in checks] + offline
 
 
 def results_as_data(results: list[CheckResult]) -> dict:

@@ -14,7 +14,7 @@ from infra.addons.catalog import JOBSET as JOBSET_CHART
 from infra.config import DeploymentConfig
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.kubernetes_versions import SUPPORTED_KUBERNETES_VERSIONS
-from nvrx_eks.ops.preflight_context import FAIL, PASS, SKIP, WARN, CheckResult
+from nvrx_eks.ops.preflight_context import FAIL, PASS, WARN, Check, CheckResult
 
 if TYPE_CHECKING:
     from nvrx_eks.jobs.client import JobClient
@@ -31,23 +31,15 @@ def cluster_checks(config: DeploymentConfig, nodes: int) -> list[CheckResult]:
     try:
         client = JobClient(api_client(cluster), cluster.namespace, Console(file=io.StringIO()))
     except ConfigError as e:
-        skipped = ("Kubernetes version", "namespace", "claim", "job API", "GPU nodes")
         return [CheckResult(name, FAIL, str(e), "fix cluster.context or cluster.kubeconfig in the config")] + [
-            CheckResult(n, SKIP, "needs a usable kubeconfig context") for n in skipped
+            check.skipped("needs a usable kubeconfig context") for check in CLUSTER_CHECKS
         ]
     results = [CheckResult(name, PASS, f"API server {client.api_client.configuration.host}")]
-    checks = {
-        "Kubernetes version": _check_version,
-        "namespace": _check_namespace,
-        "claim": _check_claim,
-        "job API": _check_job_api,
-        "GPU nodes": _check_gpu_nodes,
-    }
-    for what, check in checks.items():
+    for check in CLUSTER_CHECKS:
         try:
-            results.append(check(client, config, nodes))
+            results.append(check.run(client, config, nodes))
         except ConfigError as e:  # what the API server, or the way to it, said
-            results.append(CheckResult(what, FAIL, str(e), "see the detail"))
+            results.append(CheckResult(check.name, FAIL, str(e), "see the detail"))
     return results
 
 
@@ -181,3 +173,14 @@ def _check_gpu_nodes(client: JobClient, config: DeploymentConfig, nodes: int) ->
     if len(found) < nodes:
         return CheckResult(name, FAIL, detail, f"add GPU nodes or label them: `{label_command(config)}`")
     return CheckResult(name, PASS, detail)
+
+
+#: The cluster's checks after its kubeconfig context's, in the order of their rows; each needs the
+#: context.
+CLUSTER_CHECKS: tuple[Check[[JobClient, DeploymentConfig, int]], ...] = (
+    Check("Kubernetes version", _check_version),
+    Check("namespace", _check_namespace),
+    Check("claim", _check_claim),
+    Check("job API", _check_job_api),
+    Check("GPU nodes", _check_gpu_nodes),
+)

@@ -1,67 +1,67 @@
 """The GPU smoke's report (nvrx_eks.ops.gpu_smoke): gpu_smoke.json, written after every phase, and
-the table printed at the end."""
+the table printed at the end. It reads only data: what the smoke runs, the checks' results, and
+what was read of the device."""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-
-if TYPE_CHECKING:
-    from nvrx_eks.ops.gpu_smoke import SmokePlan
 
 #: What a check's row leaves out of its numbers (printed below the table, or only in the JSON).
 HIDDEN = ("ok", "skipped", "compared", "estimate_components_gib", "launcher_log_tail", "problems", "fault_outcomes")
 
 
-def final(
-    plan: SmokePlan,
-    checks: dict[str, Any],
-    out_dir: Path,
-    console: Console,
-    budget_s: float,
-    device: dict[str, Any] | None,
-    *,
-    stopped: bool = False,
-) -> dict[str, Any]:
-    """The result of `checks`, written to out_dir/gpu_smoke.json and printed. `stopped`: a launch
-    ended because the smoke was told to stop: the phases so far, incomplete, and no further launch
-    (a timeout around the smoke waits for nothing more)."""
-    result = result_so_far(plan, checks, budget_s, device, complete=not stopped)
-    if stopped:
-        result["stopped"] = "by a signal during a launch"
-    write(out_dir, result)
-    print_result(result, console)
-    return result
+@dataclass
+class SmokeReport:
+    """The report of one smoke as its phases add their checks."""
 
+    out_dir: Path
+    console: Console
+    #: What the smoke runs, the report's first keys (gpu_smoke.SmokePlan.described).
+    plan: dict[str, Any]
+    budget_s: float
+    #: What nvrx_eks.ops.gpu_env read of the GPU machine; None on a dry run.
+    device: dict[str, Any] | None
+    #: Each phase's check by its name, in the order the phases ran.
+    checks: dict[str, Any] = field(default_factory=dict)
 
-def result_so_far(
-    plan: SmokePlan, checks: dict[str, Any], budget_s: float, device: dict[str, Any] | None, *, complete: bool
-) -> dict[str, Any]:
-    """The report of the checks so far; `complete` once no phase is left to run. A phase skipped
-    for the budget proves nothing and fails nothing: it is listed under "skipped". `device`: what
-    nvrx_eks.ops.gpu_env read of the GPU machine (None on a dry run)."""
-    ran = {name: c for name, c in checks.items() if not c.get("skipped")}
-    result = {
-        "mode": "gpu" if plan.gpu else "dry-run (cpu, gloo)",
-        "nproc": plan.nproc,
-        "preset": plan.preset,
-        "precision": plan.precision,
-        "seq_len": plan.seq_len,
-        "batch_size": plan.batch_size,
-        "budget_s": budget_s,
-        "complete": complete,
-        "checks": checks,
-        "skipped": [name for name in checks if name not in ran],
-        "ok": complete and all(c["ok"] for c in ran.values()),
-    }
-    if device is not None:
-        result["device"] = device
-    return result
+    def result(self, *, complete: bool) -> dict[str, Any]:
+        """The report of the checks so far; `complete` once no phase is left to run. A phase
+        skipped for the budget proves nothing and fails nothing: it is listed under "skipped"."""
+        checks = self.checks
+        ran = {name: c for name, c in checks.items() if not c.get("skipped")}
+        result = {
+            **self.plan,
+            "budget_s": self.budget_s,
+            "complete": complete,
+            "checks": checks,
+            "skipped": [name for name in checks if name not in ran],
+            "ok": complete and all(c["ok"] for c in ran.values()),
+        }
+        if self.device is not None:
+            result["device"] = self.device
+        return result
+
+    def write_so_far(self) -> None:
+        """The phases so far, incomplete: what a smoke killed before its next phase ends leaves."""
+        write(self.out_dir, self.result(complete=False))
+
+    def final(self, *, stopped: bool = False) -> dict[str, Any]:
+        """The result, written and printed. `stopped`: a launch ended because the smoke was told
+        to stop: the phases so far, incomplete, and no further launch (a timeout around the smoke
+        waits for nothing more)."""
+        result = self.result(complete=not stopped)
+        if stopped:
+            result["stopped"] = "by a signal during a launch"
+        write(self.out_dir, result)
+        print_result(result, self.console)
+        return result
 
 
 def write(out_dir: Path, result: dict[str, Any]) -> None:

@@ -36,7 +36,8 @@ only reported unless `--delete-data` is given. Nothing is deleted without confir
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import boto3
@@ -174,6 +175,13 @@ class Plan:
 
     destroy: list[str]
     keep: list[str]
+    #: The cluster stack's name: it goes first, before the data and the stacks the data needs.
+    cluster: str
+
+    @property
+    def after_the_data(self) -> list[str]:
+        """The stacks destroyed after the data is deleted (with --delete-data: storage, network)."""
+        return [name for name in self.destroy if name != self.cluster]
 
 
 def plan_stacks(config: DeploymentConfig, existing: Collection[str], delete_data: bool) -> Plan:
@@ -183,7 +191,7 @@ def plan_stacks(config: DeploymentConfig, existing: Collection[str], delete_data
     roles = DESTROY_ORDER if delete_data else tuple(r for r in DESTROY_ORDER if r not in DATA_STACK_ROLES)
     destroy = [config.stack_name(role) for role in roles if config.stack_name(role) in existing]
     keep = [config.stack_name(role) for role in DESTROY_ORDER if config.stack_name(role) in existing]
-    return Plan(destroy, [name for name in keep if name not in destroy])
+    return Plan(destroy, [name for name in keep if name not in destroy], config.stack_name("cluster"))
 
 
 def teardown(
@@ -202,50 +210,145 @@ def teardown(
     file_system_timeout_s: float = 3600,
     bucket_retry_wait_s: float = BUCKET_RETRY_WAIT_S,
 ) -> TeardownResult:
+    """Each step of the module docstring's order in turn (a method of _Teardown); returns what went,
+    what stayed and what stays billed."""
     checkout_root()  # cdk destroy runs from the checkout: without one, stop before deleting anything
-    config = deployment.config
-    session = session or boto3.Session(region_name=config.region)
-    result = TeardownResult()
-
-    try:
-        stacks = {role: describe_stack(session, config.stack_name(role), config) for role in STACK_ROLES}
-        existing = [config.stack_name(role) for role, stack in stacks.items() if stack is not None]
-        outputs = read_stack_outputs(deployment, session) if stacks["cluster"] is not None else None
-        retained = find_retained_data(session, config, outputs)
-    except (ClientError, BotoCoreError) as e:
-        raise aws_error(e, config, "looking up the deployment") from None
-
-    if config.fsx.removal_policy == "destroy" and not delete_data and stacks["storage"] is not None:
-        raise ConfigError(
-            "this profile sets fsx.removal_policy: destroy, so its storage stack cannot be destroyed "
-            "without deleting the file system and the data bucket; pass --delete-data to confirm that, or set "
-            f"removal_policy: retain and run `{deployment.deploy_command}` before tearing down"
-        )
-
-    plan = plan_stacks(config, existing, delete_data)
-    result.stacks_kept = plan.keep
-    _print_plan(console, deployment, plan, outputs, retained, delete_data, skip_kubernetes)
-    try:
-        result.still_billed = still_billed(
-            session,
-            config,
-            kept=RetainedData() if delete_data else retained,
-            kept_stacks=plan.keep,
-            keeps_audit_logs=not delete_data,
-        )
-    except (ClientError, BotoCoreError) as e:
-        raise aws_error(e, config, "pricing what the teardown keeps") from None
-    print_still_billed(console, result.still_billed, "Still billed after this teardown")
+    steps = _Teardown(
+        deployment,
+        session or boto3.Session(region_name=deployment.config.region),
+        console,
+        delete_data=delete_data,
+        skip_kubernetes=skip_kubernetes,
+        run_cdk=run_cdk or run_command,
+        api_client_factory=api_client_factory,
+        waits=_Waits(timeout_s, poll_s, file_system_timeout_s, bucket_retry_wait_s),
+    )
+    found = steps.look_up()
+    plan = steps.plan(found)
+    steps.show_plan(plan, found)
     if not yes and not confirm("Proceed with the teardown?"):
-        console.print("aborted; nothing was deleted")
-        result.aborted = True
-        return result
+        return steps.abort()
+    steps.delete_kubernetes_objects(found.outputs)
+    if plan.cluster in plan.destroy:
+        steps.destroy(plan.cluster)
+    steps.delete_or_keep_data(found)
+    for stack_name in plan.after_the_data:
+        steps.destroy(stack_name)
+    steps.sweep_orphans()
+    _print_report(console, steps.result)
+    return steps.result
 
-    if outputs is not None and not skip_kubernetes:
-        factory = api_client_factory or _default_api_client_factory(deployment, session)
+
+@dataclass(frozen=True)
+class _Waits:
+    """How long teardown waits for what it deletes, and how often it looks."""
+
+    #: For each job, the claim and the volume to go.
+    timeout_s: float
+    poll_s: float
+    #: For FSx to remove a file system.
+    file_system_timeout_s: float
+    #: Between tries to delete a bucket that late access logs refilled.
+    bucket_retry_wait_s: float
+
+
+@dataclass(frozen=True)
+class _Found:
+    """The deployment as teardown found it before deleting anything."""
+
+    #: Its stacks that exist, by role; None where there is none.
+    stacks: dict[str, dict | None]
+    #: The cluster stack's outputs; None without a cluster stack.
+    outputs: StackOutputs | None
+    #: Its file systems and buckets.
+    retained: RetainedData
+
+    def existing(self, config: DeploymentConfig) -> list[str]:
+        return [config.stack_name(role) for role, stack in self.stacks.items() if stack is not None]
+
+
+@contextmanager
+def _aws_errors(config: DeploymentConfig, doing: str) -> Iterator[None]:
+    """An AWS failure (credentials, permissions) while `doing` as one line naming the fix."""
+    try:
+        yield
+    except (ClientError, BotoCoreError) as e:
+        raise aws_error(e, config, doing) from None
+
+
+@dataclass
+class _Teardown:
+    """One teardown: its settings, and what it has done so far (`result`). Each method is a step
+    of teardown(), which calls them in order."""
+
+    deployment: Deployment
+    session: boto3.Session
+    console: Console
+    delete_data: bool
+    skip_kubernetes: bool
+    run_cdk: CommandRunner
+    api_client_factory: Callable[[StackOutputs], k8s.ApiClient] | None
+    waits: _Waits
+    result: TeardownResult = field(default_factory=TeardownResult)
+
+    @property
+    def config(self) -> DeploymentConfig:
+        return self.deployment.config
+
+    def look_up(self) -> _Found:
+        config = self.config
+        with _aws_errors(config, "looking up the deployment"):
+            stacks = {role: describe_stack(self.session, config.stack_name(role), config) for role in STACK_ROLES}
+            outputs = read_stack_outputs(self.deployment, self.session) if stacks["cluster"] is not None else None
+            return _Found(stacks, outputs, find_retained_data(self.session, config, outputs))
+
+    def plan(self, found: _Found) -> Plan:
+        """Which stacks go; refused when the storage stack cannot go without its data and
+        --delete-data was not given."""
+        config = self.config
+        if config.fsx.removal_policy == "destroy" and not self.delete_data and found.stacks["storage"] is not None:
+            raise ConfigError(
+                "this profile sets fsx.removal_policy: destroy, so its storage stack cannot be destroyed "
+                "without deleting the file system and the data bucket; pass --delete-data to confirm that, or set "
+                f"removal_policy: retain and run `{self.deployment.deploy_command}` before tearing down"
+            )
+        plan = plan_stacks(config, found.existing(config), self.delete_data)
+        self.result.stacks_kept = plan.keep
+        return plan
+
+    def show_plan(self, plan: Plan, found: _Found) -> None:
+        """What goes and what stays, and what stays billed, before anything is deleted."""
+        _print_plan(
+            self.console, self.deployment, plan, found.outputs, found.retained, self.delete_data, self.skip_kubernetes
+        )
+        with _aws_errors(self.config, "pricing what the teardown keeps"):
+            self.result.still_billed = still_billed(
+                self.session,
+                self.config,
+                kept=RetainedData() if self.delete_data else found.retained,
+                kept_stacks=plan.keep,
+                keeps_audit_logs=not self.delete_data,
+            )
+        print_still_billed(self.console, self.result.still_billed, "Still billed after this teardown")
+
+    def abort(self) -> TeardownResult:
+        self.console.print("aborted; nothing was deleted")
+        self.result.aborted = True
+        return self.result
+
+    def delete_kubernetes_objects(self, outputs: StackOutputs | None) -> None:
+        """The jobs, then the FSx claim and volume, while the cluster is there to ask."""
+        if outputs is None or self.skip_kubernetes:
+            return
+        factory = self.api_client_factory or _default_api_client_factory(self.deployment, self.session)
         try:
-            result.jobs_deleted = delete_kubernetes_objects(
-                factory(outputs), outputs.namespace, outputs.pvc_name, console, timeout_s=timeout_s, poll_s=poll_s
+            self.result.jobs_deleted = delete_kubernetes_objects(
+                factory(outputs),
+                outputs.namespace,
+                outputs.pvc_name,
+                self.console,
+                timeout_s=self.waits.timeout_s,
+                poll_s=self.waits.poll_s,
             )
         except ConfigError as e:
             raise ConfigError(
@@ -253,92 +356,74 @@ def teardown(
                 "leaves the jobs and the claim to cdk destroy"
             ) from None
 
-    runner = run_cdk or run_command
-    cluster_stack = config.stack_name("cluster")
-    if cluster_stack in plan.destroy:
-        _destroy_stack(deployment, session, cluster_stack, runner, console, result)
-
-    if delete_data:
-        # Only now that the cluster is gone (nothing mounts the file system or writes the bucket),
-        # and before the stacks the file system needs: its ENIs block the network stack's delete.
-        try:
-            result.data_deleted.file_systems = delete_file_systems(
-                session, config, retained.file_systems, outputs, console, timeout_s=file_system_timeout_s, poll_s=poll_s
+    def delete_or_keep_data(self, found: _Found) -> None:
+        """With --delete-data, the file systems and buckets: only once the cluster is gone (nothing
+        mounts the file system or writes the bucket), and before the stacks the file system needs
+        (its ENIs block the network stack's delete)."""
+        if not self.delete_data:
+            self.result.data_kept = found.retained
+            return
+        with _aws_errors(self.config, "deleting the data"):
+            self.result.data_deleted.file_systems = delete_file_systems(
+                self.session,
+                self.config,
+                found.retained.file_systems,
+                found.outputs,
+                self.console,
+                timeout_s=self.waits.file_system_timeout_s,
+                poll_s=self.waits.poll_s,
             )
             # Before the storage stack: a bucket that is not empty fails its deletion.
             delete_buckets(
-                session,
-                config,
-                retained.buckets,
-                console,
-                on_deleted=result.data_deleted.buckets.append,
-                wait_s=bucket_retry_wait_s,
+                self.session,
+                self.config,
+                found.retained.buckets,
+                self.console,
+                on_deleted=self.result.data_deleted.buckets.append,
+                wait_s=self.waits.bucket_retry_wait_s,
             )
-        except (ClientError, BotoCoreError) as e:
-            raise aws_error(e, config, "deleting the data") from None
-    else:
-        result.data_kept = retained
 
-    for stack_name in plan.destroy:
-        if stack_name != cluster_stack:
-            _destroy_stack(deployment, session, stack_name, runner, console, result)
+    def sweep_orphans(self) -> None:
+        with _aws_errors(self.config, "sweeping leftover resources"):
+            living = _living_stacks(self.session, self.config)
+            orphans = find_orphans(self.session, self.config, living_stacks=living)
+            self.result.orphans += sweep(self.session, self.config, orphans, delete_data=self.delete_data)
 
-    try:
-        living = _living_stacks(session, config)
-        result.orphans += sweep(
-            session, config, find_orphans(session, config, living_stacks=living), delete_data=delete_data
-        )
-    except (ClientError, BotoCoreError) as e:
-        raise aws_error(e, config, "sweeping leftover resources") from None
-    _print_report(console, result)
-    return result
+    def destroy(self, stack_name: str) -> None:
+        """`cdk destroy` one stack; on failure sweep what commonly blocks it and retry once.
 
+        VPC CNI ENIs, Lambda ENIs (released minutes after their function) and the EKS-created
+        cluster security group are not the stack's own, so CloudFormation cannot delete them, and
+        while they exist the stack's subnets, security groups or VPC cannot go (DependencyViolation).
+        """
+        argv = cdk_destroy_argv(self.deployment, stack_name)
+        self.console.print(f"running {' '.join(argv[1:])}")
+        status = self.run_cdk(argv)
+        if status != 0:
+            self.console.print(
+                f"[yellow]cdk destroy of {stack_name} failed (exit {status})[/]; deleting leftover network "
+                "interfaces and security groups that can block it, then retrying once"
+            )
+            self._sweep_blockers(stack_name)
+            self.console.print(f"running {' '.join(argv[1:])}")
+            status = self.run_cdk(argv)
+        if status != 0:
+            raise self._destroy_failed_again(stack_name, status)
+        self.result.stacks_destroyed.append(stack_name)
 
-def _living_stacks(session: boto3.Session, config: DeploymentConfig) -> list[str]:
-    names = [config.stack_name(role) for role in STACK_ROLES]
-    return [name for name in names if describe_stack(session, name, config) is not None]
-
-
-def _destroy_stack(
-    deployment: Deployment,
-    session: boto3.Session,
-    stack_name: str,
-    runner: CommandRunner,
-    console: Console,
-    result: TeardownResult,
-) -> None:
-    """`cdk destroy` one stack; on failure sweep what commonly blocks it and retry once.
-
-    VPC CNI ENIs, Lambda ENIs (released minutes after their function) and the EKS-created cluster
-    security group are not the stack's own, so CloudFormation cannot delete them, and while they
-    exist the stack's subnets, security groups or VPC cannot go (DependencyViolation).
-    """
-    config = deployment.config
-    argv = cdk_destroy_argv(deployment, stack_name)
-    console.print(f"running {' '.join(argv[1:])}")
-    status = runner(argv)
-    if status != 0:
-        console.print(
-            f"[yellow]cdk destroy of {stack_name} failed (exit {status})[/]; deleting leftover network "
-            "interfaces and security groups that can block it, then retrying once"
-        )
-        try:
-            living = _living_stacks(session, config)
-            blockers = find_orphans(session, config, living_stacks=living, blockers_only=True)
-            # ENIs, then security groups: an ENI holds its groups until it is deleted.
-            result.orphans += sweep(session, config, blockers, delete_data=False)
-        except (ClientError, BotoCoreError) as e:
-            raise aws_error(e, config, f"sweeping what blocks {stack_name}") from None
+    def _sweep_blockers(self, stack_name: str) -> None:
+        with _aws_errors(self.config, f"sweeping what blocks {stack_name}"):
+            living = _living_stacks(self.session, self.config)
+            blockers = find_orphans(self.session, self.config, living_stacks=living, blockers_only=True)
+            self.result.orphans += sweep(self.session, self.config, blockers, delete_data=False)
         for orphan in blockers:
-            console.print(f"  {orphan.kind} {escape(orphan.identifier)}: {escape(orphan.outcome)}")
-        console.print(f"running {' '.join(argv[1:])}")
-        status = runner(argv)
-    if status != 0:
-        try:
-            others = [name for name in _living_stacks(session, config) if name != stack_name]
-            remaining = vpc_contents(session, config, other_stacks=others)
-        except (ClientError, BotoCoreError) as e:
-            raise aws_error(e, config, f"listing what is left in the VPC of {stack_name}") from None
+            self.console.print(f"  {orphan.kind} {escape(orphan.identifier)}: {escape(orphan.outcome)}")
+
+    def _destroy_failed_again(self, stack_name: str, status: int) -> ConfigError:
+        """The error for a stack that the sweep did not free: what is still in its VPC."""
+        with _aws_errors(self.config, f"listing what is left in the VPC of {stack_name}"):
+            others = [name for name in _living_stacks(self.session, self.config) if name != stack_name]
+            remaining = vpc_contents(self.session, self.config, other_stacks=others)
         if remaining:
             items = [item for found in remaining.values() for item in found]
             named = ", ".join(items[:MAX_NAMED])
@@ -352,11 +437,15 @@ def _destroy_stack(
         else:
             left = "no file system, network interface or security group that could block it is left in the VPC"
             fix = "the cause is elsewhere: read the cdk output above and the stack's DELETE_FAILED events"
-        raise ConfigError(
+        return ConfigError(
             f"cdk destroy of stack {stack_name} failed again after the sweep of leftover network interfaces and "
             f"security groups (exit {status}); {left}; {fix}, then run teardown again (it skips what is already gone)"
         )
-    result.stacks_destroyed.append(stack_name)
+
+
+def _living_stacks(session: boto3.Session, config: DeploymentConfig) -> list[str]:
+    names = [config.stack_name(role) for role in STACK_ROLES]
+    return [name for name in names if describe_stack(session, name, config) is not None]
 
 
 def _default_api_client_factory(deployment: Deployment, session: boto3.Session):
@@ -381,10 +470,8 @@ def _print_plan(
             f"  - delete training jobs in namespace {outputs.namespace}, "
             f"then PVC {outputs.pvc_name} and PV {FSX_PV_NAME}"
         )
-    cluster_stack = config.stack_name("cluster")
-    data_stacks = [name for name in plan.destroy if name != cluster_stack]
-    if cluster_stack in plan.destroy:
-        console.print(f"  - cdk destroy {cluster_stack}")
+    if plan.cluster in plan.destroy:
+        console.print(f"  - cdk destroy {plan.cluster}")
     file_systems = ", ".join(retained.file_systems)
     buckets = ("bucket " if len(retained.buckets) == 1 else "buckets ") + ", ".join(retained.buckets)
     if delete_data:
@@ -392,8 +479,8 @@ def _print_plan(
             console.print(f"  - [red]DELETE[/] FSx file system {file_systems}, and wait until it is gone")
         if retained.buckets:
             console.print(f"  - [red]DELETE[/] {buckets} (every object version)")
-        if data_stacks:
-            console.print(f"  - cdk destroy {', then '.join(data_stacks)}")
+        if plan.after_the_data:
+            console.print(f"  - cdk destroy {', then '.join(plan.after_the_data)}")
     if not plan.destroy:
         console.print("  - cdk destroy: nothing (no stack to destroy is left)")
     console.print(

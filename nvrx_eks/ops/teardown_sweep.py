@@ -5,14 +5,17 @@ network interfaces the VPC CNI and Lambda created, the EKS-created cluster secur
 placement groups, detached EBS volumes, control-plane, Container Insights and Lambda log groups,
 FSx backups. They are found by the deployment tag, the cluster's own tags and the stack names;
 what a stack that still exists owns is left to CloudFormation. Data (FSx backups, the control-plane
-log groups with the API audit log) is only reported unless `teardown --delete-data`.
+log groups with the API audit log) is only reported unless `teardown --delete-data`. Each kind is
+one record of ORPHAN_KINDS: how to find the deployment's, how to delete one, and whether it can
+block a stack's deletion.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
+from typing import NamedTuple
 
 import boto3
 from botocore.exceptions import ClientError
@@ -32,11 +35,47 @@ class Orphan:
     kind: str
     identifier: str
     detail: str = ""
-    #: Deleting it would delete data: only with --delete-data.
-    is_data: bool = False
-    #: What data it holds, for the "kept" outcome.
-    data_note: str = "data"
+    #: What data it holds (an FSx backup, the audit log); None: none. Data goes only with --delete-data.
+    data: str | None = None
     outcome: str = "found"
+
+
+class Found(NamedTuple):
+    """One resource a finder of ORPHAN_KINDS found: its kind is the finder's."""
+
+    identifier: str
+    detail: str
+    data: str | None = None
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where the sweep looks and deletes: the deployment's account and region, and its stacks that
+    still exist (what they own is left to CloudFormation)."""
+
+    session: boto3.Session
+    config: DeploymentConfig
+    living_stacks: Collection[str] = ()
+
+    @cached_property
+    def ec2(self):
+        return self.session.client("ec2", region_name=self.config.region)
+
+    @cached_property
+    def logs(self):
+        return self.session.client("logs", region_name=self.config.region)
+
+    @cached_property
+    def fsx(self):
+        return self.session.client("fsx", region_name=self.config.region)
+
+    @property
+    def ours(self) -> dict:
+        """The EC2 filter on the deployment's tag."""
+        return _tag_filter(DEPLOYMENT_TAG_KEY, self.config.name)
+
+    def left_to_a_stack(self, resource: dict) -> bool:
+        return _owned_by_living_stack(resource, self.living_stacks)
 
 
 def _tag_filter(key: str, value: str) -> dict:
@@ -73,25 +112,13 @@ def _is_function_log_group(name: str, stack_name: str) -> bool:
     return len(parts) == 2 and all(part.isalnum() for part in parts)
 
 
-def find_orphans(
-    session: boto3.Session,
-    config: DeploymentConfig,
-    *,
-    living_stacks: Collection[str] = (),
-    blockers_only: bool = False,
-) -> list[Orphan]:
-    """Resources of this deployment that survived its stacks, by tag and by the cluster's name.
+# ----- the kinds -------------------------------------------------------------------------------
 
-    `living_stacks`: the deployment's stacks that still exist; what they own is left to them, and
-    their Lambda functions' log groups are still in use. `blockers_only`: just the network
-    interfaces and security groups, which can block a stack's deletion.
-    """
-    ec2 = session.client("ec2", region_name=config.region)
-    ours = _tag_filter(DEPLOYMENT_TAG_KEY, config.name)
-    orphans: list[Orphan] = []
 
+def _network_interfaces(scope: Scope) -> Iterator[Found]:
+    ec2, config = scope.ec2, scope.config
     enis: dict[str, dict] = {}
-    for tag_filter in (ours, _tag_filter("cluster.k8s.amazonaws.com/name", config.cluster_name)):
+    for tag_filter in (scope.ours, _tag_filter("cluster.k8s.amazonaws.com/name", config.cluster_name)):
         for eni in ec2.describe_network_interfaces(Filters=[tag_filter])["NetworkInterfaces"]:
             enis[eni["NetworkInterfaceId"]] = eni
     # Lambda releases a VPC function's ENIs minutes after the function is deleted, and carries no
@@ -108,29 +135,36 @@ def find_orphans(
         for eni in lambda_enis:
             enis[eni["NetworkInterfaceId"]] = eni
     for eni_id, eni in sorted(enis.items()):
-        if not _owned_by_living_stack(eni, living_stacks):
-            orphans.append(Orphan("network interface", eni_id, f"{eni.get('Status')} in {eni.get('VpcId')}"))
+        if not scope.left_to_a_stack(eni):
+            yield Found(eni_id, f"{eni.get('Status')} in {eni.get('VpcId')}")
 
+
+def _security_groups(scope: Scope) -> Iterator[Found]:
     groups: dict[str, dict] = {}
-    for tag_filter in (ours, _tag_filter("aws:eks:cluster-name", config.cluster_name)):
-        for group in ec2.describe_security_groups(Filters=[tag_filter])["SecurityGroups"]:
+    for tag_filter in (scope.ours, _tag_filter("aws:eks:cluster-name", scope.config.cluster_name)):
+        for group in scope.ec2.describe_security_groups(Filters=[tag_filter])["SecurityGroups"]:
             if group.get("GroupName") != "default":
                 groups[group["GroupId"]] = group
     for group_id, group in sorted(groups.items()):
-        if not _owned_by_living_stack(group, living_stacks):
-            orphans.append(Orphan("security group", group_id, group.get("GroupName", "")))
-    if blockers_only:
-        return orphans
+        if not scope.left_to_a_stack(group):
+            yield Found(group_id, group.get("GroupName", ""))
 
-    for group in ec2.describe_placement_groups(Filters=[ours])["PlacementGroups"]:
-        if not _owned_by_living_stack(group, living_stacks):
-            orphans.append(Orphan("placement group", group["GroupName"], group.get("Strategy", "")))
 
-    for volume in ec2.describe_volumes(Filters=[ours, {"Name": "status", "Values": ["available"]}])["Volumes"]:
-        if not _owned_by_living_stack(volume, living_stacks):
-            orphans.append(Orphan("EBS volume", volume["VolumeId"], f"{volume['Size']} GiB, detached"))
+def _placement_groups(scope: Scope) -> Iterator[Found]:
+    for group in scope.ec2.describe_placement_groups(Filters=[scope.ours])["PlacementGroups"]:
+        if not scope.left_to_a_stack(group):
+            yield Found(group["GroupName"], group.get("Strategy", ""))
 
-    logs = session.client("logs", region_name=config.region)
+
+def _detached_volumes(scope: Scope) -> Iterator[Found]:
+    detached = {"Name": "status", "Values": ["available"]}
+    for volume in scope.ec2.describe_volumes(Filters=[scope.ours, detached])["Volumes"]:
+        if not scope.left_to_a_stack(volume):
+            yield Found(volume["VolumeId"], f"{volume['Size']} GiB, detached")
+
+
+def _log_groups(scope: Scope) -> Iterator[Found]:
+    config = scope.config
     # (prefix, what it holds if it is data, which names under the prefix are ours): Container
     # Insights metrics and Lambda logs (the kubectl provider's, kept by DeletionPolicy Retain, and
     # those Lambda creates itself) are not worth keeping.
@@ -140,59 +174,97 @@ def find_orphans(
     ]
     for role in STACK_ROLES:
         stack_name = config.stack_name(role)
-        if stack_name not in living_stacks:  # a living stack's functions still write there
+        if stack_name not in scope.living_stacks:  # a living stack's functions still write there
             prefixes.append(
                 (f"/aws/lambda/{stack_name}-", None, partial(_is_function_log_group, stack_name=stack_name))
             )
-    for prefix, data_note, is_ours in prefixes:
-        for page in logs.get_paginator("describe_log_groups").paginate(logGroupNamePrefix=prefix):
+    for prefix, data, is_ours in prefixes:
+        for page in scope.logs.get_paginator("describe_log_groups").paginate(logGroupNamePrefix=prefix):
             for group in page["logGroups"]:
-                if not is_ours(group["logGroupName"]):
-                    continue
-                detail = f"{group.get('storedBytes', 0)} bytes"
-                if data_note is None:
-                    orphans.append(Orphan("log group", group["logGroupName"], detail))
-                else:
-                    orphans.append(Orphan("log group", group["logGroupName"], detail, True, data_note))
+                if is_ours(group["logGroupName"]):
+                    yield Found(group["logGroupName"], f"{group.get('storedBytes', 0)} bytes", data)
 
-    fsx = session.client("fsx", region_name=config.region)
-    for page in fsx.get_paginator("describe_backups").paginate():
+
+def _fsx_backups(scope: Scope) -> Iterator[Found]:
+    for page in scope.fsx.get_paginator("describe_backups").paginate():
         for backup in page["Backups"]:
             tags = {t["Key"]: t["Value"] for t in backup.get("Tags", [])}
-            if tags.get(DEPLOYMENT_TAG_KEY) == config.name:
-                orphans.append(Orphan("FSx backup", backup["BackupId"], backup.get("Lifecycle", ""), is_data=True))
-    return orphans
+            if tags.get(DEPLOYMENT_TAG_KEY) == scope.config.name:
+                yield Found(backup["BackupId"], backup.get("Lifecycle", ""), "data")
+
+
+@dataclass(frozen=True)
+class OrphanKind:
+    """How teardown finds what of one kind outlived the deployment's stacks, and deletes one."""
+
+    find: Callable[[Scope], Iterator[Found]]
+    delete: Callable[[Scope, str], object]
+    #: Can keep a stack's subnets, security groups or VPC from being deleted (DependencyViolation):
+    #: swept before a failed `cdk destroy` is tried again.
+    blocks_stacks: bool = False
+
+
+#: What outlives a stack, by kind, in the order teardown looks for and deletes them: network
+#: interfaces before security groups, as an ENI holds its groups until it is deleted.
+ORPHAN_KINDS: dict[str, OrphanKind] = {
+    "network interface": OrphanKind(
+        _network_interfaces,
+        lambda scope, eni: scope.ec2.delete_network_interface(NetworkInterfaceId=eni),
+        blocks_stacks=True,
+    ),
+    "security group": OrphanKind(
+        _security_groups, lambda scope, group: scope.ec2.delete_security_group(GroupId=group), blocks_stacks=True
+    ),
+    "placement group": OrphanKind(
+        _placement_groups, lambda scope, name: scope.ec2.delete_placement_group(GroupName=name)
+    ),
+    "EBS volume": OrphanKind(_detached_volumes, lambda scope, volume: scope.ec2.delete_volume(VolumeId=volume)),
+    "log group": OrphanKind(_log_groups, lambda scope, name: scope.logs.delete_log_group(logGroupName=name)),
+    "FSx backup": OrphanKind(_fsx_backups, lambda scope, backup: scope.fsx.delete_backup(BackupId=backup)),
+}
+
+
+# ----- the sweep -------------------------------------------------------------------------------
+
+
+def find_orphans(
+    session: boto3.Session,
+    config: DeploymentConfig,
+    *,
+    living_stacks: Collection[str] = (),
+    blockers_only: bool = False,
+) -> list[Orphan]:
+    """Resources of this deployment that survived its stacks, by tag and by the cluster's name.
+
+    `living_stacks`: the deployment's stacks that still exist; what they own is left to them, and
+    their Lambda functions' log groups are still in use. `blockers_only`: just the kinds that can
+    block a stack's deletion.
+    """
+    scope = Scope(session, config, living_stacks)
+    return [
+        Orphan(name, *found)
+        for name, kind in ORPHAN_KINDS.items()
+        if kind.blocks_stacks or not blockers_only
+        for found in kind.find(scope)
+    ]
 
 
 def sweep(
     session: boto3.Session, config: DeploymentConfig, orphans: list[Orphan], *, delete_data: bool
 ) -> list[Orphan]:
     """Delete what find_orphans found, data only with delete_data; sets and returns each outcome."""
+    scope = Scope(session, config)
     for orphan in orphans:
-        if orphan.is_data and not delete_data:
-            orphan.outcome = f"kept ({orphan.data_note}; --delete-data deletes it)"
+        if orphan.data is not None and not delete_data:
+            orphan.outcome = f"kept ({orphan.data}; --delete-data deletes it)"
         else:
-            orphan.outcome = delete_orphan(session, config, orphan)
+            orphan.outcome = _delete(scope, orphan)
     return orphans
 
 
-def delete_orphan(session: boto3.Session, config: DeploymentConfig, orphan: Orphan) -> str:
-    ec2 = session.client("ec2", region_name=config.region)
+def _delete(scope: Scope, orphan: Orphan) -> str:
     try:
-        if orphan.kind == "network interface":
-            ec2.delete_network_interface(NetworkInterfaceId=orphan.identifier)
-        elif orphan.kind == "security group":
-            ec2.delete_security_group(GroupId=orphan.identifier)
-        elif orphan.kind == "placement group":
-            ec2.delete_placement_group(GroupName=orphan.identifier)
-        elif orphan.kind == "EBS volume":
-            ec2.delete_volume(VolumeId=orphan.identifier)
-        elif orphan.kind == "log group":
-            session.client("logs", region_name=config.region).delete_log_group(logGroupName=orphan.identifier)
-        elif orphan.kind == "FSx backup":
-            session.client("fsx", region_name=config.region).delete_backup(BackupId=orphan.identifier)
-        else:  # pragma: no cover - every kind find_orphans returns is handled above
-            return f"kept: unknown kind {orphan.kind}"
+        ORPHAN_KINDS[orphan.kind].delete(scope, orphan.identifier)
     except ClientError as e:
         error = e.response.get("Error", {})
         return f"failed: {error.get('Code')}: {error.get('Message')}"

@@ -38,3 +38,38 @@ def test_no_rank_started_is_a_failed_report_with_the_launcher_log_not_a_tracebac
     assert faults["launcher_log_tail"][-1] == "ModuleNotFoundError: No module named 'nvidia_resiliency_ext'"
     assert json.loads((tmp_path / "smoke" / "gpu_smoke.json").read_text()) == result
     assert "No module named 'nvidia_resiliency_ext'" in (tmp_path / "console.txt").read_text()
+
+
+def test_the_report_is_made_of_data_alone_its_keys_in_their_order(tmp_path):
+    """smoke_report reads no type of gpu_smoke (which imports it): what the smoke runs is a dict,
+    the first keys of gpu_smoke.json, and a phase skipped for the budget neither passes nor fails."""
+    import io
+
+    from rich.console import Console
+
+    from nvrx_eks.ops.gpu_smoke import plan_for
+    from nvrx_eks.ops.smoke_report import SmokeReport
+
+    plan = plan_for(True, None, None).described
+    report = SmokeReport(tmp_path, Console(file=io.StringIO()), plan, 480.0, device={"gpus": []})
+    report.checks["faults"] = {"ok": True, "commits": 3}
+    report.write_so_far()
+    assert json.loads((tmp_path / "gpu_smoke.json").read_text())["complete"] is False
+    report.checks["resume"] = {"ok": None, "skipped": "budget"}
+    result = report.final()
+    assert list(result) == [
+        "mode",
+        "nproc",
+        "preset",
+        "precision",
+        "seq_len",
+        "batch_size",
+        "budget_s",
+        "complete",
+        "checks",
+        "skipped",
+        "ok",
+        "device",
+    ]
+    assert result["mode"] == "dry-run (cpu, gloo)" and result["skipped"] == ["resume"] and result["ok"] is True
+    assert json.loads((tmp_path / "gpu_smoke.json").read_text()) == result

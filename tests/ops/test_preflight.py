@@ -198,6 +198,46 @@ def test_no_credentials_fails_first_and_skips_the_aws_checks(no_credentials):
     ]
 
 
+def test_without_credentials_each_check_of_the_table_that_needs_them_is_a_skip_row_under_its_name(
+    no_credentials, monkeypatch
+):
+    """The SKIP rows come from the table of checks: a check added to it is skipped, in its place,
+    with no second list of names to keep in step."""
+
+    def never(ctx):
+        raise AssertionError("a check that needs credentials ran without them")
+
+    checks = preflight.ACCOUNT_CHECKS
+    monkeypatch.setattr(
+        preflight, "ACCOUNT_CHECKS", (*checks[:2], preflight.Check("a check added later", never), *checks[2:])
+    )
+    results = preflight.run_checks(resolve_config(), 2, boto3.Session(region_name=REGION))
+    assert [(r.name, r.status, r.detail) for r in results[1:9]] == [
+        (name, SKIP, "needs working credentials")
+        for name in (
+            "admin principal",
+            "vCPU quota",
+            "a check added later",
+            "instance offered",
+            "GPU capacity",
+            "FSx storage quota",
+            "EKS version",
+            "EKS add-on versions",
+        )
+    ]
+    assert [r.name for r in results[9:]] == ["profile has no placeholders", "API endpoint allows this machine"]
+
+
+def test_a_reservation_is_described_once_for_its_row_and_the_quota_it_covers(own_session):
+    gaps = ready_account(own_session, p_vcpus=0, reservations=[reservation()])
+    config = own_config(gpu_nodes__capacity_reservation_id=RESERVATION_ID, gpu_nodes__placement_group=False)
+    results = {r.name: r for r in preflight.run_checks(config, 2, own_session, egress_ip=lambda: OWN_EGRESS)}
+    assert results[f"capacity reservation {RESERVATION_ID}"].status == PASS
+    quota = results["vCPU quota: Running On-Demand P instances"]
+    assert quota.status == PASS and quota.detail.endswith(f"covered by capacity reservation {RESERVATION_ID}")
+    assert len(gaps.called("DescribeCapacityReservations")) == 1
+
+
 def test_credentials_for_another_account_fail(session):
     ready_account(session)
     result = preflight.check_credentials(PreflightContext(config_with(account="999999999999"), 2, session))
@@ -607,3 +647,24 @@ def test_a_control_sequence_in_a_check_prints_escaped_not_to_the_terminal():
     text = console.export_text(styles=False)
     assert "ctx\\x1b[31mRED\\x1b[0m" in text and "fix\\x07 it" in text
     assert "\x1b[31mRED" not in console.export_text(styles=True)
+
+
+# ----- an existing cluster ----------------------------------------------------------------------
+
+
+def test_without_a_usable_context_each_cluster_check_of_the_table_is_a_skip_row_under_its_name(tmp_path, monkeypatch):
+    from nvrx_eks.ops import preflight_cluster
+
+    def never(*_args):
+        raise AssertionError("a cluster check ran without a usable kubeconfig context")
+
+    checks = preflight_cluster.CLUSTER_CHECKS
+    monkeypatch.setattr(preflight_cluster, "CLUSTER_CHECKS", (*checks, preflight.Check("a check added later", never)))
+    cluster = {"context": "team-a", "namespace": "ml-jobs", "pvc": "shared", "image": "registry.example.com/t:1"}
+    cluster["kubeconfig"] = str(tmp_path / "no-such-kubeconfig")
+    results = preflight_cluster.cluster_checks(config_with(cluster=cluster), 2)
+    assert (results[0].name, results[0].status) == ("kubeconfig context team-a", FAIL)
+    assert [(r.name, r.status, r.detail) for r in results[1:]] == [
+        (name, SKIP, "needs a usable kubeconfig context")
+        for name in ("Kubernetes version", "namespace", "claim", "job API", "GPU nodes", "a check added later")
+    ]
