@@ -21,12 +21,6 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("nvrx_eks.rehearse", "nvrx_eks.ops", "nvrx_eks.bench"),
     ("nvrx_eks.cli",),
 )
-#: Circles still to cut. The list only shrinks: one that no longer closes fails the test until it
-#: is deleted here.
-KNOWN_CIRCLES = [
-    # The GPU smoke and its report read each other.
-    ["nvrx_eks.ops.gpu_smoke", "nvrx_eks.ops.smoke_report"],
-]
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +72,7 @@ def test_the_operator_imports_only_its_own_part_and_the_floors_below(graph):
 def test_no_import_circle_runs_through_the_operator(graph):
     """jobs/spec, ops/plan and ops/plan_spares closed one, hidden by function-local imports."""
     through = [c for c in circles(graph) if any(_operator(m) for m in c)]
-    new = [c for c in through if c not in KNOWN_CIRCLES]
-    assert not new, f"import circles through the operator package: {new}"
-    cut = [c for c in KNOWN_CIRCLES if c not in through]
-    assert not cut, f"cut already, delete from KNOWN_CIRCLES: {cut}"
+    assert not through, f"import circles through the operator package: {through}"
 
 
 def test_the_floor_check_flags_imports_upward_and_sideways_only():
