@@ -43,6 +43,10 @@ class EventLines:
 
     def new_lines(self, run: RunEvents) -> list[str]:
         """From all the run's events so far (a poll reads them all again)."""
+        return [line for _, line in self.new_timed_lines(run)]
+
+    def new_timed_lines(self, run: RunEvents) -> list[tuple[float, str]]:
+        """new_lines, each with its event's time."""
         lines = []
         step: int | None = None  # rank 0's step at the event: the line's context
         for event in run.events:
@@ -58,7 +62,7 @@ class EventLines:
                 continue
             self._described.add(identity)
             at = f"step {step}  " if step is not None else ""
-            lines.append(f"{clock(event['t'])} {at}{text}")
+            lines.append((event["t"], f"{clock(event['t'])} {at}{text}"))
         return lines
 
     def _describe(self, event: dict[str, Any], run: RunEvents) -> str | None:
@@ -78,12 +82,18 @@ class EventLines:
 
 def progress_text(run: RunEvents) -> str | None:
     """Rank 0's latest step (of the run's total) and loss; None before its first step."""
+    progress = _progress(run)
+    return progress[1] if progress else None
+
+
+def _progress(run: RunEvents) -> tuple[float, str] | None:
+    """(when, progress_text) of rank 0's latest step."""
     ends = run.of("step_end", rank=0)
     if not ends:
         return None
     starts = run.of("run_start", rank=0)
     total = f"/{starts[-1]['steps']}" if starts and isinstance(starts[-1].get("steps"), int) else ""
-    return f"step {ends[-1]['step']}{total}  loss {ends[-1]['loss']:.3f}"
+    return ends[-1]["t"], f"step {ends[-1]['step']}{total}  loss {ends[-1]['loss']:.3f}"
 
 
 class LiveView:
@@ -129,14 +139,20 @@ class LiveView:
         caller) or from the run directory; returns the events read."""
         run = load_run(self.run_dir) if run is None else run
         mine = run.started_since(self.since)
-        for line in self.lines.new_lines(mine):
-            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
-        progress = progress_text(mine)
-        if progress is not None and progress != self._progress:
-            self._progress = progress
+        progress = _progress(mine)
+        due = None  # a progress line to print among the event lines, in time order (no terminal)
+        if progress is not None and progress[1] != self._progress:
+            self._progress = progress[1]
             if self._status is not None:
-                self._status.update(progress)
+                self._status.update(progress[1])
             elif self._progress_printed_at is None or self._now() - self._progress_printed_at >= PROGRESS_EVERY_S:
-                self.console.print(progress, markup=False, highlight=False)
+                due = progress
                 self._progress_printed_at = self._now()
+        for at, line in self.lines.new_timed_lines(mine):
+            if due is not None and due[0] < at:
+                self.console.print(due[1], markup=False, highlight=False)
+                due = None
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        if due is not None:
+            self.console.print(due[1], markup=False, highlight=False)
         return run

@@ -174,3 +174,24 @@ def test_events_of_an_earlier_run_in_the_directory_are_not_replayed(tmp_path):
     with LiveView(Console(file=out, force_terminal=False, width=200), tmp_path, since=T0 + 4.0):
         pass
     assert texts(out.getvalue().splitlines()) == ["checkpoint step 20 committed"]
+
+
+def test_without_a_terminal_a_progress_line_comes_before_the_events_that_followed_its_step(tmp_path):
+    """A first poll that finds step 7's end and step 8's fault together (a loaded machine polls
+    late) prints them in the order they happened, not the fault first."""
+    out = io.StringIO()
+    write_events(tmp_path, event("run_start", 0.0, steps=16))
+    with LiveView(Console(file=out, force_terminal=False, width=200), tmp_path, since=T0, now=FakeClock()) as view:
+        write_events(
+            tmp_path,
+            event("step_end", 7.0, step=7, loss=3.25, step_s=0.5),
+            event("fault_injected", 7.1, kind="exception", step=8, target_rank=0),
+            event("restart_begin", 7.2, layer="inprocess", reason="InjectedFault('injected')"),
+        )
+        view.poll()
+    printed = out.getvalue().splitlines()
+    assert [line if line.startswith("step ") else line.split(" ", 1)[1] for line in printed] == [
+        "step 7/16  loss 3.250",
+        "step 8  fault exception@8:0 injected",
+        "step 8  restart (in-process) began: InjectedFault('injected')",
+    ]
