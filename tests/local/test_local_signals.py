@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair, processes_mentioning, shared_local_run
+from tests.support.named_runs import named_run
+from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair, processes_mentioning
 from workloads.events import load_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
@@ -41,7 +42,7 @@ def _started_past_step_12(run_dir: Path) -> subprocess.Popen:
 
 
 def test_sigterm_stops_the_whole_run_and_a_resume_ends_bit_identical(tmp_path, tmp_path_factory):
-    clean = shared_local_run(tmp_path_factory, "clean", steps=30, interval=5)
+    clean = named_run(tmp_path_factory, "clean")
     run_dir = tmp_path / "run"
     with exclusive_trainer_runs(tmp_path_factory):
         cli = _started_past_step_12(run_dir)
@@ -66,7 +67,7 @@ def test_sigterm_to_every_process_of_the_run_still_ends_with_the_stop_save(tmp_p
     could hang until the launcher's SIGKILL. Now both ranks save the step they stop at."""
     import psutil
 
-    clean = shared_local_run(tmp_path_factory, "clean", steps=30, interval=5)
+    clean = named_run(tmp_path_factory, "clean")
     run_dir = tmp_path / "run"
     with exclusive_trainer_runs(tmp_path_factory):
         cli = _started_past_step_12(run_dir)

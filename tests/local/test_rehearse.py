@@ -32,7 +32,8 @@ from nvrx_eks.rehearse.jobset import JobState, jobset_action
 from nvrx_eks.rehearse.pods import SUBSTITUTIONS, NodeDirs, PodIdentity, create_argv
 from nvrx_eks.rehearse.runner import execute, prepare, split_faults
 from nvrx_eks.rehearse.runtime import CONTAINERD_SECCOMP, REHEARSAL_LABEL, Podman
-from tests.support.trainer_fixtures import clean_two_node_summary, exclusive_trainer_runs
+from tests.support.named_runs import named_summary
+from tests.support.trainer_fixtures import exclusive_trainer_runs
 
 
 def _jobset(**kwargs) -> dict:
@@ -387,7 +388,7 @@ def test_rehearsals_of_the_p5_pods_end_as_the_bare_process_run_does(tmp_path, tm
     state of `nvrx-eks local` on the same world (its clean run); each fault is recovered by its
     layer; the p5 pod's ranks start under containerd's profile (they bind to their NUMA node
     themselves); no container is left."""
-    expected = clean_two_node_summary(tmp_path_factory)["state_sha256"]
+    expected = named_summary(tmp_path_factory, "clean-2x1-40")["state_sha256"]
     with exclusive_trainer_runs(tmp_path_factory):
         # 40 steps: past the pod-kill's step 25 the run still has 15 steps (about 1.5 s), time
         # for the runner's poll to see it before the run ends.

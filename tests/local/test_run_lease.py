@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair, shared_local_run
+from tests.support.named_runs import named_run
+from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair
 from workloads.events import load_run
 from workloads.lease import LEASE_FILE, RunDirectoryInUse, RunLease
 
@@ -38,7 +39,7 @@ def test_a_process_that_died_leaves_no_lease_behind(tmp_path):
 @pytest.mark.slow
 @pytest.mark.xdist_group("trainer_runs")
 def test_a_second_local_run_on_a_live_run_directory_is_refused(tmp_path, tmp_path_factory):
-    clean = shared_local_run(tmp_path_factory, "clean", steps=30, interval=5)
+    clean = named_run(tmp_path_factory, "clean")
     run_dir = tmp_path / "run"
     argv = [*CLI, "local", "--nproc", "2", "--steps", "30", "--checkpoint-interval", "5", "--run-dir", str(run_dir)]
     with exclusive_trainer_runs(tmp_path_factory):

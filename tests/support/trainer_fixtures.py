@@ -107,7 +107,7 @@ def local_run(
     return json.loads((run_dir / "local_run.json").read_text())
 
 
-def _session_root(tmp_path_factory) -> Path:
+def session_root(tmp_path_factory) -> Path:
     """A directory shared by all xdist workers of this pytest session (and only this one)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
@@ -118,29 +118,12 @@ def exclusive_trainer_runs(tmp_path_factory) -> Iterator[None]:
     """Multi-process trainer runs happen one at a time across the session's xdist workers: their
     short local timeouts assume the CPU is not shared with another trainer run. The trainer test
     modules share one xdist_group, so this lock only matters for a run started from elsewhere."""
-    with open(_session_root(tmp_path_factory) / "trainer-runs.lock", "w") as lock:
+    with open(session_root(tmp_path_factory) / "trainer-runs.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def shared_local_run(tmp_path_factory, name: str, **kwargs) -> Path:
-    """local_run once per pytest session, whichever worker asks first; others reuse it."""
-    run_dir = _session_root(tmp_path_factory) / f"trainer-{name}"
-    with exclusive_trainer_runs(tmp_path_factory):
-        if not (run_dir / "local_run.json").is_file():
-            local_run(run_dir, **kwargs)
-    return run_dir
-
-
-def clean_two_node_summary(tmp_path_factory) -> dict:
-    """summary.json of the clean run on two nodes of one rank (40 steps, a checkpoint every 10)
-    that the spares and the rehearsal compare their faulted runs with: run once per session.
-    Not from inside exclusive_trainer_runs (it takes that lock itself)."""
-    run_dir = shared_local_run(tmp_path_factory, "clean-2x1-40", steps=40, interval=10, nproc=1, nodes=2)
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 def processes_mentioning(text: str) -> list[psutil.Process]:

@@ -20,9 +20,9 @@ import pytest
 
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from nvrx_eks.local.runner import LOCAL_CPU_PROFILE
+from tests.support.named_runs import named_summary
 from tests.support.trainer_fixtures import (
     assert_nothing_left,
-    clean_two_node_summary,
     exclusive_trainer_runs,
     local_run,
 )
@@ -40,7 +40,7 @@ def _run(tmp_path_factory, name: str, **kwargs) -> tuple[Path, dict]:
 
 
 def test_nan_on_one_node_replaces_that_node_and_the_run_ends_as_a_clean_one(tmp_path_factory):
-    clean = clean_two_node_summary(tmp_path_factory)  # 40 steps, a checkpoint every 10
+    clean = named_summary(tmp_path_factory, "clean-2x1-40")  # 40 steps, a checkpoint every 10
     # Step 21: the step after a save was handed off, when the one before it has committed for sure
     # (one save in flight at most), so the relaunch resumes from a checkpoint.
     run_dir, record = _run(tmp_path_factory, "nan-one-node", steps=40, interval=10, nproc=1, nodes=2, faults="nan@21:1")

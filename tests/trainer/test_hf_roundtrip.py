@@ -16,7 +16,8 @@ import torch.multiprocessing as mp
 from nvrx_eks.facts.checkpoint_layout import commit_state
 from tests.support.cli_harness import run_cli
 from tests.support.hf_checkpoints import commit, our_model, step_dir
-from tests.support.trainer_fixtures import exclusive_trainer_runs, local_run, port_pair, shared_local_run
+from tests.support.named_runs import RUNS, named_run
+from tests.support.trainer_fixtures import exclusive_trainer_runs, local_run, port_pair
 from workloads.events import load_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
@@ -24,12 +25,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
 #: fp32 logits of transformers' eager Llama against ours (SDPA): the same arithmetic in another
 #: order; measured differences are ~1e-6.
 ATOL = RTOL = 2e-5
-STEPS = 30
+STEPS = RUNS["hf-export"].steps
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    return shared_local_run(tmp_path_factory, "hf-export", steps=STEPS, interval=10, backend="sync")
+    return named_run(tmp_path_factory, "hf-export")
 
 
 @pytest.fixture(scope="module")

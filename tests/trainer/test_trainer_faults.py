@@ -23,14 +23,16 @@ import pytest
 
 from nvrx_eks.facts.checkpoint_layout import COMMIT_FILE, checkpoint_dirs, step_of
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
-from tests.support.trainer_fixtures import REPO, assert_nothing_left, shared_local_run
+from nvrx_eks.local.runner import LOCAL_CPU_PROFILE
+from tests.support.named_runs import RUNS, named_run
+from tests.support.trainer_fixtures import REPO, assert_nothing_left
 from workloads.checkpoint.files import committed_checkpoints
 from workloads.events import load_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
 
-STEPS, INTERVAL, KEEP = 30, 5, 2
-FAULTS = "exception@7:1,hang@13:0,corrupt-latest@17:0,exception@17:0,sigkill@21:1,kill-in-save@25"
+STEPS, INTERVAL, FAULTS = RUNS["faulted"].steps, RUNS["faulted"].interval, RUNS["faulted"].faults
+KEEP = LOCAL_CPU_PROFILE["checkpoint"]["keep"]
 
 
 def _completed(run_dir: Path) -> Path:
@@ -42,12 +44,12 @@ def _completed(run_dir: Path) -> Path:
 # Each run happens once per session even when xdist spreads these tests over workers.
 @pytest.fixture(scope="session")
 def clean(tmp_path_factory) -> Path:
-    return _completed(shared_local_run(tmp_path_factory, "clean", steps=STEPS, interval=INTERVAL))
+    return _completed(named_run(tmp_path_factory, "clean"))
 
 
 @pytest.fixture(scope="session")
 def faulted(tmp_path_factory) -> Path:
-    return _completed(shared_local_run(tmp_path_factory, "faulted", steps=STEPS, faults=FAULTS, interval=INTERVAL))
+    return _completed(named_run(tmp_path_factory, "faulted"))
 
 
 def _summary(run_dir: Path) -> dict:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from tests.support.named_runs import named_summary
 from tests.support.trainer_fixtures import (
     assert_nothing_left,
-    clean_two_node_summary,
     exclusive_trainer_runs,
     port_pair,
 )
@@ -68,7 +68,7 @@ def test_a_full_local_disk_on_one_node_stalls_no_peer_and_costs_no_restart(tmp_p
     Its rank still takes part in each replica exchange, saying it has no copy: nothing waits for a
     gloo timeout, so the only restart is the injected exception's, which restores step 30 from
     both ranks' host copies. The failure is one event, not one per interval."""
-    clean = clean_two_node_summary(tmp_path_factory)
+    clean = named_summary(tmp_path_factory, "clean-2x1-40")
     run_dir = tmp_path / "full"
     with exclusive_trainer_runs(tmp_path_factory):
         code, summary = _run(run_dir, "local-disk-full@13:1,exception@31:1")

@@ -33,12 +33,12 @@ import pytest
 from nvrx_eks.facts import checkpoint_layout as layout
 from nvrx_eks.facts.exit_codes import EXIT_BOUND_S, EXIT_DO_NOT_REQUEUE
 from nvrx_eks.local.runner import LOCAL_CPU_PROFILE
+from tests.support.named_runs import named_run
 from tests.support.trainer_fixtures import (
     REPO,
     assert_nothing_left,
     exclusive_trainer_runs,
     port_pair,
-    shared_local_run,
 )
 from workloads.events import load_run
 
@@ -57,7 +57,7 @@ LAUNCHER_SHUTDOWN_S = LOCAL_CPU_PROFILE["fault_tolerance"]["workers_stop_timeout
 
 @pytest.fixture(scope="session")
 def committed(tmp_path_factory) -> Path:
-    run_dir = shared_local_run(tmp_path_factory, "reliability-base", steps=12, interval=5)
+    run_dir = named_run(tmp_path_factory, "reliability-base")
     assert [layout.step_of(n) for n in layout.commit_state(run_dir / "checkpoints").committed] == [12, 10]
     return run_dir
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.support.trainer_fixtures import clean_two_node_summary, exclusive_trainer_runs, port_pair
+from tests.support.named_runs import named_summary
+from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
 
@@ -50,7 +51,7 @@ def _run(
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory) -> dict:
-    return clean_two_node_summary(tmp_path_factory)  # the same as _run(..., nodes=2)
+    return named_summary(tmp_path_factory, "clean-2x1-40")  # the same as _run(..., nodes=2)
 
 
 @pytest.mark.parametrize("faults", ["sigkill@14:1,exception@29:0", "node-loss@15:1"])
