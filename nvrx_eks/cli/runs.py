@@ -72,7 +72,7 @@ def local(
     ] = 2,
 ) -> None:
     """Run the trainer under ft_launcher on this machine, inject faults, print how it recovered."""
-    from nvrx_eks.local.runner import run_local
+    from nvrx_eks.local.runner import LocalRun, run_local
 
     if run_dir is not None and run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir} is a file; give a directory (new, or a run's with --resume)")
@@ -81,7 +81,7 @@ def local(
     if port is not None and not 1 <= port < MAX_TCP_PORT:
         raise ConfigError(f"--port {port}: give a TCP port from 1 to {MAX_TCP_PORT - 1} (the run also uses port + 1)")
 
-    code = run_local(
+    run = LocalRun(
         nproc=nproc,
         steps=steps,
         faults=faults,
@@ -90,16 +90,15 @@ def local(
         checkpoint_interval=checkpoint_interval,
         backend=backend,
         resume=resume,
-        overrides=[*(overrides or []), *data_overrides(str(data.resolve()) if data else None)],
+        overrides=(*(overrides or []), *data_overrides(str(data.resolve()) if data else None)),
         port=port,
-        console=Console(),
         nodes=nodes,
         local_interval=local_interval,
         spare_nodes=spare_nodes,
         force=force,
         max_relaunches=relaunches,
     )
-    raise typer.Exit(code)
+    raise typer.Exit(run_local(run, console=Console()))
 
 
 def rehearse(
