@@ -48,6 +48,7 @@ from pydantic import (
 from nvrx_eks.facts.errors import ConfigError, validation_issues
 from nvrx_eks.facts.training_metrics import DEFAULT_LOG_GROUP, EMF_AGENT_ENDPOINT
 from nvrx_eks.facts.user_yaml import load_user_yaml, read_user_text
+from workloads.checkpoint.backends import CheckpointBackend
 from workloads.faults import KINDS_NEEDING_CHECKPOINTS, KINDS_NEEDING_LOCAL_TIER, parse_fault_spec
 from workloads.model_config import ModelConfig
 
@@ -197,7 +198,7 @@ class LocalTierConfig(_Strict):
 
 
 class CheckpointConfig(_Strict):
-    backend: Literal["nvrx", "dcp-async", "sync", "none"] = "nvrx"
+    backend: CheckpointBackend = "nvrx"
     dir: str | None = Field(default=None, description="default: <run_dir>/checkpoints")
     interval_steps: int = Field(default=50, ge=1)
     interval_seconds: float | None = Field(default=None, gt=0)

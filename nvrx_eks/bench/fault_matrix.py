@@ -77,13 +77,13 @@ CASES = tuple(
 def run_case(root: Path, case: Case | None, port: int | None = None) -> dict[str, Any]:
     """One local run (None: the clean run) on rendezvous port `port` (default a free one); returns
     its row."""
-    from nvrx_eks.local.runner import run_local
+    from nvrx_eks.local.runner import LocalRun, run_local
     from workloads.events import fault_outcomes, load_run
 
     name = "clean" if case is None else f"{case.kind}-{case.node.replace(' ', '')}-spares{case.spares}"
     run_dir = root / name
     started = time.monotonic()
-    code = run_local(
+    local_run = LocalRun(
         nproc=1,
         steps=STEPS,
         faults=case.fault if case else "",
@@ -93,10 +93,9 @@ def run_case(root: Path, case: Case | None, port: int | None = None) -> dict[str
         backend="nvrx",
         nodes=ACTIVE_NODES,
         spare_nodes=case.spares if case else 0,
-        console=Console(file=io.StringIO()),
-        print_summary=False,
         port=port,
     )
+    code = run_local(local_run, console=Console(file=io.StringIO()), print_summary=False)
     row: dict[str, Any] = {"case": name, "exit_code": code, "wall_s": round(time.monotonic() - started, 1)}
     if case is not None:
         row.update(asdict(case), fault=case.fault, node=case.node, expected_layer=case.expected_layer)

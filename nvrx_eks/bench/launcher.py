@@ -48,45 +48,21 @@ class Launcher:
     def _overrides(self, extra: tuple[str, ...]) -> tuple[str, ...]:
         return (f"distributed.backend={self.settings.dist_backend}", *extra, *self.settings.overrides)
 
-    def once(
-        self,
-        name: str,
-        *,
-        preset: str,
-        steps: int,
-        backend: str,
-        faults: str = "",
-        extra: tuple[str, ...] = (),
-        resume: bool = False,
-        nodes: int = 1,
-        nproc: int | None = None,
-        checkpoint_interval: int | None = None,
-        local_interval: int | None = None,
-        spare_nodes: int = 0,
-        launcher_spare_nodes: int = 0,
-    ) -> Launch:
-        from nvrx_eks.local.runner import run_local
+    def once(self, name: str, *, extra: tuple[str, ...] = (), **knobs: Any) -> Launch:
+        """One run in ROOT/NAME: `knobs` are its LocalRun's (no faults, and the settings' nproc and
+        checkpoint interval, unless given), and `extra` trainer overrides go beside the settings' own."""
+        from nvrx_eks.local.runner import LocalRun, run_local
 
         run_dir = self.root / name
+        run = LocalRun(
+            run_dir=run_dir,
+            overrides=self._overrides(extra),
+            port=self.ports() if self.ports else None,
+            **{"faults": "", "nproc": self.settings.nproc, "checkpoint_interval": self.settings.interval, **knobs},
+        )
         started = time.monotonic()
         with open(os.devnull, "w") as sink:
-            code = run_local(
-                nproc=nproc or self.settings.nproc,
-                steps=steps,
-                faults=faults,
-                run_dir=run_dir,
-                preset=preset,
-                checkpoint_interval=checkpoint_interval or self.settings.interval,
-                backend=backend,
-                resume=resume,
-                overrides=self._overrides(extra),
-                port=self.ports() if self.ports else None,
-                console=Console(file=sink),
-                nodes=nodes,
-                local_interval=local_interval,
-                spare_nodes=spare_nodes,
-                launcher_spare_nodes=launcher_spare_nodes,
-            )
+            code = run_local(run, console=Console(file=sink))
         record = json.loads((run_dir / "local_run.json").read_text())
         launch = Launch(run_dir, code, time.monotonic() - started, record["killed_after_exit"])
         self.launches.append(launch)
@@ -126,7 +102,7 @@ class Launcher:
 def measure_floor(settings: BenchSettings, out: Path, repeats: int = 7) -> dict:
     """nvrx_eks.bench.floor in its own processes (ranks need a fresh process group), with the
     same thread setting as the trainer's ranks."""
-    from nvrx_eks.local.runner import free_port_pair
+    from nvrx_eks.local.processes import free_port_pair
 
     result_path = out / "floor.json"
     argv = [

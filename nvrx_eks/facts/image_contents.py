@@ -31,15 +31,11 @@ CODE = (
     "workloads",
 )
 
-#: Left out of CODE's folders: `nvrx-eks demo`, operator code (it synthesizes the CDK app and
-#: renders jobs) that could not import what it needs in the image.
-LEFT_OUT = ("nvrx_eks/local/demo.py",)
-
 #: Never sent: bytecode a checkout's own runs leave beside the sources.
 BYTECODE = ("**/__pycache__", "**/*.pyc")
 
 
 def context_patterns() -> tuple[str, ...]:
     """The build context as .dockerignore patterns, in Docker's order (the last pattern that
-    matches a path decides): everything out, the image's paths back in, then what they leave out."""
-    return ("*", *(f"!{path}" for path in BUILD_INPUTS + CODE), *LEFT_OUT, *BYTECODE)
+    matches a path decides): everything out, the image's paths back in, then bytecode out again."""
+    return ("*", *(f"!{path}" for path in BUILD_INPUTS + CODE), *BYTECODE)

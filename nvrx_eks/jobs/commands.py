@@ -1,6 +1,6 @@
 """The job commands behind the CLI: render, validate, submit, status, logs, delete, and the
 cluster credentials (token, kubeconfig). Each takes plain arguments, so the Typer layer in
-nvrx_eks/cli.py stays a list of flags.
+nvrx_eks/cli/ stays a list of flags.
 
 Offline vs live: `render`, `validate` and `submit --dry-run` need no AWS account and no cluster;
 they derive the namespace, claim, instance type and Kubernetes version from the deployment

@@ -181,7 +181,7 @@ def job_flags(*, without: tuple[str, ...] = ()) -> Callable[[Callable[..., None]
     flags = {name: flag for name, flag in JOB_FLAGS.items() if name not in without}
 
     def decorate(command: Callable[..., None]) -> Callable[..., None]:
-        hints = typing.get_type_hints(command)
+        hints = typing.get_type_hints(command, include_extras=True)  # keeps Annotated options
         parameters: list[inspect.Parameter] = []
         for parameter in inspect.signature(command).parameters.values():
             if parameter.name == "options":

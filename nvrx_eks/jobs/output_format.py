@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+from typing import Annotated
 
 import typer
 import yaml
@@ -20,16 +21,20 @@ FORMATS = ("table", "json", "yaml")
 #: `render -o`: YAML first, as kubectl writes manifests and the golden files hold them.
 MANIFEST_FORMATS = ("yaml", "json")
 
-OutputFormatOption = typer.Option(
-    "table", "-o", "--output", help="table (default), json or yaml: what the table shows, as data."
-)
-ManifestFormatOption = typer.Option(
-    "yaml",
-    "-o",
-    "--output",
-    help="yaml (default: one document per object) or json (one kubectl List) on stdout; "
-    "with --out, the files' format (.yaml or .json).",
-)
+#: The option, as an `Annotated` alias; a command sets the default (FORMATS[0], "table") with `=`.
+OutputFormat = Annotated[
+    str, typer.Option("-o", "--output", help="table (default), json or yaml: what the table shows, as data.")
+]
+#: `render -o`; its default is MANIFEST_FORMATS[0], "yaml".
+ManifestFormat = Annotated[
+    str,
+    typer.Option(
+        "-o",
+        "--output",
+        help="yaml (default: one document per object) or json (one kubectl List) on stdout; "
+        "with --out, the files' format (.yaml or .json).",
+    ),
+]
 
 
 def _choices(formats: tuple[str, ...]) -> str:

@@ -328,10 +328,10 @@ def gpu_plan(gpus: int, device_name: str, preset: str | None, nproc: int | None)
 def _run(
     plan: SmokePlan, run_dir: Path, *, steps: int, faults: str, backend: str, resume: bool, console: Console
 ) -> dict[str, Any]:
-    from nvrx_eks.local.runner import run_local
+    from nvrx_eks.local.runner import LocalRun, run_local
     from workloads.events import load_run
 
-    code = run_local(
+    local_run = LocalRun(
         nproc=plan.nproc,
         steps=steps,
         faults=faults,
@@ -340,10 +340,9 @@ def _run(
         checkpoint_interval=plan.interval,
         backend=backend,
         resume=resume,
-        overrides=plan.overrides,
-        console=console,
-        print_summary=False,
+        overrides=tuple(plan.overrides),
     )
+    code = run_local(local_run, console=console, print_summary=False)
     run = load_run(run_dir)
     summary_path = run_dir / "summary.json"
     return {

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from nvrx_eks.facts.checkout import checkout_root
 from nvrx_eks.facts.errors import ConfigError
-from nvrx_eks.facts.image_contents import BUILD_INPUTS, CODE, DOCKERFILE, LEFT_OUT
+from nvrx_eks.facts.image_contents import BUILD_INPUTS, CODE, DOCKERFILE
 from nvrx_eks.rehearse.runtime import REHEARSAL_LABEL, Podman
 
 #: The twin's base: Debian 12 (its python3 is 3.11, as on the machines the project is tested on).
@@ -52,17 +52,12 @@ def _digest(*parts: bytes) -> str:
 
 def context_files(root: Path) -> list[Path]:
     """The files of the build context the Dockerfile's COPYs can see: the paths the image holds
-    (nvrx_eks/facts/image_contents.py), less what they leave out and bytecode."""
-    left_out = {root / path for path in LEFT_OUT}
+    (nvrx_eks/facts/image_contents.py), less bytecode."""
     files: list[Path] = []
     for entry in BUILD_INPUTS + CODE:
         path = root / entry
         candidates = sorted(path.rglob("*")) if path.is_dir() else [path]
-        files += [
-            p
-            for p in candidates
-            if p.is_file() and p not in left_out and "__pycache__" not in p.parts and p.suffix != ".pyc"
-        ]
+        files += [p for p in candidates if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
     return files
 
 

@@ -43,7 +43,8 @@ from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.validate import validate_documents
 from nvrx_eks.local.live import LiveView
 from nvrx_eks.local.outcome import print_report
-from nvrx_eks.local.runner import StopSignals, local_config
+from nvrx_eks.local.processes import StopSignals
+from nvrx_eks.local.runner import local_config
 from nvrx_eks.rehearse.image import build_twin
 from nvrx_eks.rehearse.jobset import REASON_BACKOFF_LIMIT, JobState, jobset_action
 from nvrx_eks.rehearse.pods import NodeDirs, PodIdentity, create_argv

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from nvrx_eks.cli import PROFILE_ENV
+from nvrx_eks.cli.options import PROFILE_ENV
 from tests.support.cli_harness import run_cli
 from tests.support.cli_process import WIDE_TERMINAL, cli_process
 

@@ -11,12 +11,12 @@ import pytest
 from infra.config import resolve_config
 from nvrx_eks.facts import checkout
 from nvrx_eks.facts.errors import ConfigError
-from nvrx_eks.facts.image_contents import BUILD_INPUTS, CODE, DOCKERFILE, LEFT_OUT
+from nvrx_eks.facts.image_contents import BUILD_INPUTS, CODE, DOCKERFILE
 
 pytestmark = [pytest.mark.synth, pytest.mark.xdist_group("synth")]
 
 #: Beside the image's paths in the stand-in checkout: operator code and a build output.
-OTHERS = ("nvrx_eks/cli.py", "nvrx_eks/ops/preflight.py", "node_modules/aws-cdk/index.js")
+OTHERS = ("nvrx_eks/cli/__init__.py", "nvrx_eks/ops/preflight.py", "node_modules/aws-cdk/index.js")
 
 
 def _stand_in_checkout(root: Path, skip: str | None = None) -> set[str]:
@@ -27,7 +27,7 @@ def _stand_in_checkout(root: Path, skip: str | None = None) -> set[str]:
         if path == skip:
             continue
         held.add(path if path.endswith((".py", ".toml")) else f"{path}/module.py")
-    for relative in (*held, *LEFT_OUT, *OTHERS, "cdk.json"):
+    for relative in (*held, *OTHERS, "cdk.json"):
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         (root / relative).write_text(f"# {relative}\n")
     # A .dockerignore that admits all of nvrx_eks: the asset must still stage the list only.

@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
-from nvrx_eks.local import runner
+from nvrx_eks.local import runner, supervisor
 from tests.support.cli_harness import run_cli
 from workloads import do_not_requeue
 
@@ -62,20 +62,12 @@ def test_local_ends_93_in_one_line_when_the_run_dir_refuses_writes(tmp_path, mon
         return coordinator, [subprocess.Popen([sys.executable, "-c", STOPPING_LAUNCHER, str(run_dir)], **start)]
 
     monkeypatch.setattr(runner, "preflight", lambda *_: [])
-    monkeypatch.setattr(runner, "start_launch", start_launch)
+    monkeypatch.setattr(supervisor, "start_launch", start_launch)
+    run = runner.LocalRun(
+        nproc=1, steps=2, faults="", run_dir=run_dir, preset="tiny", checkpoint_interval=1, backend="nvrx", resume=True
+    )
     with open(tmp_path / "console.txt", "w") as sink:
-        code = runner.run_local(
-            nproc=1,
-            steps=2,
-            faults="",
-            run_dir=run_dir,
-            preset="tiny",
-            checkpoint_interval=1,
-            backend="nvrx",
-            resume=True,
-            console=Console(file=sink, width=400),
-            print_summary=False,
-        )
+        code = runner.run_local(run, console=Console(file=sink, width=400), print_summary=False)
     assert code == EXIT_DO_NOT_REQUEUE
     lines = (tmp_path / "console.txt").read_text().splitlines()
     assert "Traceback" not in "\n".join(lines)

@@ -14,7 +14,7 @@ from nvrx_eks.deploy.deployment import load_deployment
 from nvrx_eks.facts.job_names import SPARE_NODES_ANNOTATION, WORLD_SIZE_ANNOTATION
 from nvrx_eks.jobs.commands import DEFAULT_JOB_NAME, JobOptions, build_spec
 from nvrx_eks.jobs.render import render_job
-from nvrx_eks.local import runner
+from nvrx_eks.local import runner, supervisor
 from tests.support.cli_harness import run_cli
 from tests.support.profiles import profile_file
 
@@ -63,7 +63,7 @@ def _local_launch(tmp_path, monkeypatch, *flags: str) -> dict[str, Any]:
         raise _LaunchReached
 
     monkeypatch.setattr(runner, "preflight", preflight)
-    monkeypatch.setattr(runner, "start_launch", start_launch)
+    monkeypatch.setattr(supervisor, "start_launch", start_launch)
     with pytest.raises(_LaunchReached):
         run_cli("local", "--nproc", "1", *flags, "--run-dir", str(tmp_path / "run"))
     return seen

@@ -22,17 +22,10 @@ def test_the_launch_environment_carries_the_nccl_restart_settings_of_the_pod(tmp
 
     monkeypatch.setattr(runner, "preflight", refuse_after_seeing_the_env)
     with open(tmp_path / "console.txt", "w") as sink:
-        runner.run_local(
-            nproc=1,
-            steps=2,
-            faults="",
-            run_dir=tmp_path / "run",
-            preset="tiny",
-            checkpoint_interval=1,
-            backend="nvrx",
-            console=Console(file=sink),
-            print_summary=False,
+        run = runner.LocalRun(
+            nproc=1, steps=2, faults="", run_dir=tmp_path / "run", preset="tiny", checkpoint_interval=1, backend="nvrx"
         )
+        runner.run_local(run, console=Console(file=sink), print_summary=False)
 
     assert len(seen) == 1
     assert {name: seen[0].get(name) for name in NCCL_RESTART_ENV} == NCCL_RESTART_ENV

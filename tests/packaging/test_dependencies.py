@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_eks.facts.image_contents import CODE, LEFT_OUT
+from nvrx_eks.facts.image_contents import CODE
 from scripts.trainer_requirements import trainer_requirements
 from tests.support import REPO_ROOT
 from tests.support.import_graph import OWN, Import, imports_in, module_name, own_modules, python_files
@@ -21,9 +21,7 @@ from tests.support.import_graph import OWN, Import, imports_in, module_name, own
 #: The operator side: the CLI and its commands, the CDK app and its entry point.
 OPERATOR_CODE = ("nvrx_eks", "infra", "app.py")
 #: The Python modules the image copies (nvrx_eks/facts/image_contents.py).
-IMAGE_FILES = tuple(
-    path for entry in CODE for path in python_files(entry) if str(path.relative_to(REPO_ROOT)) not in LEFT_OUT
-)
+IMAGE_FILES = tuple(path for entry in CODE for path in python_files(entry))
 #: Packages the trainer extra does not install that image modules import inside functions the
 #: image never calls, each with the path that does call them.
 NOT_IN_THE_IMAGE = {

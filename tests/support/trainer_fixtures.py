@@ -25,7 +25,7 @@ def coordinator_serving(port: int, nnodes: int | str = 1, rdzv_id: str = "nvrx-e
     """The job's coordinator (workloads.coordinator) on 127.0.0.1:port and port + 1, started as
     `nvrx-eks local` starts it, for a test that runs ft_launcher itself (with
     build_ft_launcher_argv's default rendezvous id)."""
-    from nvrx_eks.local.runner import start_coordinator, stop_coordinator
+    from nvrx_eks.local.processes import start_coordinator, stop_coordinator
     from workloads.config import TrainConfig
     from workloads.launch import MULTI_LAUNCHER_ENV
 
@@ -41,7 +41,7 @@ def coordinator_serving(port: int, nnodes: int | str = 1, rdzv_id: str = "nvrx-e
 def single_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The environment ft_launcher gives a world of one rank, for a test that runs the trainer's
     attempt (workloads.train.train_attempt) in its own process."""
-    from nvrx_eks.local.runner import free_port_pair
+    from nvrx_eks.local.processes import free_port_pair
 
     for name, value in {
         "RANK": "0",
@@ -70,7 +70,7 @@ def single_rank() -> Iterator[None]:
 def port_pair() -> int:
     """A port P with P and P+1 free. Each xdist worker draws from its own range below the
     ephemeral ports, so parallel runs never pick the same pair."""
-    from nvrx_eks.local.runner import free_port_pair
+    from nvrx_eks.local.processes import free_port_pair
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker[2:]) if worker[2:].isdigit() else 0
@@ -89,9 +89,9 @@ def local_run(
     overrides: tuple[str, ...] = (),
 ) -> dict:
     """Run the trainer under ft_launcher like `nvrx-eks local` and return local_run.json."""
-    from nvrx_eks.local.runner import run_local
+    from nvrx_eks.local.runner import LocalRun, run_local
 
-    run_local(
+    run = LocalRun(
         nproc=nproc,
         nodes=nodes,
         steps=steps,
@@ -102,8 +102,8 @@ def local_run(
         backend=backend,
         overrides=overrides,
         port=port_pair(),
-        console=Console(file=open(os.devnull, "w")),
-    )  # noqa: SIM115
+    )
+    run_local(run, console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
     return json.loads((run_dir / "local_run.json").read_text())
 
 

@@ -24,7 +24,7 @@ from workloads.config import TrainConfig
 @contextlib.contextmanager
 def _coordinator(port: int, grace_s: float) -> Iterator[subprocess.Popen]:
     """A coordinator on `port` whose stop grace is `grace_s`, killed at the end whatever happened."""
-    from nvrx_eks.local.runner import start_coordinator
+    from nvrx_eks.local.processes import start_coordinator
 
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     # The grace is the ranks' stop bound (launcher_term_timeout_s); a short one keeps the test short.

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from infra.config import resolve_config
-from nvrx_eks.facts.image_contents import BUILD_INPUTS, CODE, DOCKERFILE, LEFT_OUT, context_patterns
+from nvrx_eks.facts.image_contents import BUILD_INPUTS, CODE, DOCKERFILE, context_patterns
 from nvrx_eks.jobs.render import render_job
 from nvrx_eks.jobs.spec import build_jobspec
 from scripts.trainer_requirements import trainer_requirements
@@ -124,7 +124,7 @@ def test_dockerignore_matching_follows_dockers_rules():
     assert not dockerignore_excludes(patterns, "pyproject.toml")
     assert not dockerignore_excludes(patterns, "workloads/train.py")
     assert dockerignore_excludes(patterns, "workloads/__pycache__/train.cpython-312.pyc")
-    assert dockerignore_excludes(patterns, "nvrx_eks/cli.py")
+    assert dockerignore_excludes(patterns, "nvrx_eks/cli/__init__.py")
 
 
 # --- what the image holds: one list, restated where Docker reads it --------------------------
@@ -146,7 +146,7 @@ def test_the_image_contents_patterns_admit_the_list_and_nothing_else():
     for path in BUILD_INPUTS + CODE:
         assert not dockerignore_excludes(patterns, path), path
     assert not dockerignore_excludes(patterns, "nvrx_eks/local/runner.py")
-    for path in (*LEFT_OUT, "nvrx_eks/cli.py", "nvrx_eks/ops/preflight.py", "app.py", "infra/stacks/cluster.py",
+    for path in ("nvrx_eks/cli/demo.py", "nvrx_eks/ops/preflight.py", "app.py", "infra/stacks/cluster.py",
                  "workloads/__pycache__/train.cpython-312.pyc"):  # fmt: skip
         assert dockerignore_excludes(patterns, path), path
 

@@ -26,12 +26,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
 
 
 def _run(run_dir: Path, *, preset: str = "tiny", resume: bool = False, **kwargs) -> tuple[int, dict, str]:
-    from nvrx_eks.local.runner import run_local
+    from nvrx_eks.local.runner import LocalRun, run_local
 
     out = io.StringIO()
     settings = {"nodes": 2, "nproc": 1, "steps": 6, "checkpoint_interval": 3, "local_interval": 2, **kwargs}
-    code = run_local(faults="", run_dir=run_dir, preset=preset, backend="nvrx", resume=resume, port=port_pair(),
-                     console=Console(file=out, width=200), **settings)  # fmt: skip
+    run = LocalRun(faults="", run_dir=run_dir, preset=preset, backend="nvrx", resume=resume, port=port_pair(),
+                   **settings)  # fmt: skip
+    code = run_local(run, console=Console(file=out, width=200))
     return code, json.loads((run_dir / "local_run.json").read_text()), out.getvalue()
 
 

@@ -4,6 +4,7 @@ Kubernetes policy that keeps survivors running (workloads/spares.py)."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 
@@ -126,16 +127,17 @@ def test_faults_follow_the_active_rank_and_node_loss_fires_on_the_first_rank_of_
 
 
 def test_local_spare_nodes_come_beyond_at_least_one_active_node_and_faults_name_active_ones(tmp_path):
-    from nvrx_eks.local.runner import run_local
+    from nvrx_eks.local.runner import LocalRun, run_local
 
-    run = {"nproc": 1, "steps": 4, "run_dir": tmp_path / "r", "preset": "tiny", "checkpoint_interval": 2}
+    run = LocalRun(nproc=1, steps=4, faults="", run_dir=tmp_path / "r", preset="tiny", checkpoint_interval=2,
+                   backend="nvrx")  # fmt: skip
     with pytest.raises(ConfigError, match=r"--nodes: must be at least 1 \(the active nodes; --spare-nodes are"):
-        run_local(**run, faults="", backend="nvrx", nodes=0, spare_nodes=2)
+        run_local(replace(run, nodes=0, spare_nodes=2))
     with pytest.raises(ConfigError, match="--spare-nodes -1: give 0 or more"):
-        run_local(**run, faults="", backend="nvrx", nodes=2, spare_nodes=-1)
+        run_local(replace(run, nodes=2, spare_nodes=-1))
     # One active node and its spare: node 1 is the spare, which no fault may name.
     with pytest.raises(ConfigError, match="node-loss@3:1 targets node 1; .* use an active node below 1"):
-        run_local(**run, faults="node-loss@3:1", backend="nvrx", nodes=1, spare_nodes=1)
+        run_local(replace(run, faults="node-loss@3:1", nodes=1, spare_nodes=1))
     assert not (tmp_path / "r").exists()
 
 

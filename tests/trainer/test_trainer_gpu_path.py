@@ -512,7 +512,7 @@ def test_a_rank_without_its_gpu_exits_93_with_the_message(tmp_path):
     import subprocess
 
     from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
-    from nvrx_eks.local.runner import free_port_pair
+    from nvrx_eks.local.processes import free_port_pair
     from tests.support.trainer_fixtures import REPO
 
     config = tmp_path / "train.yaml"

@@ -26,11 +26,11 @@ FAULTS = "exception@13:1,hang@27:0,sigkill@33:0,corrupt-local@25:1"
 
 
 def _run(run_dir: Path, faults: str) -> tuple[int, dict]:
-    from nvrx_eks.local.runner import run_local
+    from nvrx_eks.local.runner import LocalRun, run_local
 
-    code = run_local(nodes=2, nproc=1, steps=40, faults=faults, run_dir=run_dir, preset="tiny",
-                     checkpoint_interval=20, local_interval=2, backend="nvrx", port=port_pair(),
-                     console=Console(file=open(os.devnull, "w")))  # noqa: SIM115  # fmt: skip
+    run = LocalRun(nodes=2, nproc=1, steps=40, faults=faults, run_dir=run_dir, preset="tiny",
+                   checkpoint_interval=20, local_interval=2, backend="nvrx", port=port_pair())  # fmt: skip
+    code = run_local(run, console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
     return code, json.loads((run_dir / "summary.json").read_text())
 
 

@@ -29,9 +29,9 @@ def _run(
     nproc: int = 1,
     local_interval: int | None = None,
 ) -> dict:
-    from nvrx_eks.local.runner import run_local
+    from nvrx_eks.local.runner import LocalRun, run_local
 
-    code = run_local(
+    run = LocalRun(
         nproc=nproc,
         steps=STEPS,
         faults=faults,
@@ -43,8 +43,8 @@ def _run(
         spare_nodes=spare_nodes,
         local_interval=local_interval,
         port=port_pair(),
-        console=Console(file=open(os.devnull, "w")),
-    )  # noqa: SIM115
+    )
+    code = run_local(run, console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
     assert code == 0, (run_dir / "launcher.log").read_text()[-4000:]
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -31,7 +31,7 @@ def run(run_dir: Path | None, console: Console) -> int:
     from nvrx_eks.deploy.deployment import load_deployment
     from nvrx_eks.jobs.commands import JobOptions, validate
     from nvrx_eks.local.report import run as report
-    from nvrx_eks.local.runner import run_local
+    from nvrx_eks.local.runner import LocalRun, run_local
 
     started = time.monotonic()
     run_dir = (run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
@@ -54,7 +54,7 @@ def run(run_dir: Path | None, console: Console) -> int:
     )
 
     console.print(Rule(f"3/4  Training on this CPU with injected faults: {DEMO_FAULTS}"))
-    code = run_local(
+    run = LocalRun(
         nproc=2,
         steps=DEMO_STEPS,
         faults=DEMO_FAULTS,
@@ -62,9 +62,8 @@ def run(run_dir: Path | None, console: Console) -> int:
         preset="tiny",
         checkpoint_interval=DEMO_CHECKPOINT_INTERVAL,
         backend="nvrx",
-        console=console,
-        print_summary=False,  # step 4 reports the same run in more detail
     )
+    code = run_local(run, console=console, print_summary=False)  # step 4 reports the same run in more detail
     if code != 0:
         console.print(f"[red]the training run failed (launcher exit {code}); see {run_dir / 'launcher.log'}[/]")
         return code
