@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup demo test test-fast lint synth gpu-wheels clean
+.PHONY: setup demo test test-fast test-contract test-runs lint synth gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -18,9 +18,15 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
-# Unit tests only (skips multi-process distributed runs).
+# The three tiers of tests/ (README, "Development"): unit, then contract, then runs.
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow" -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist loadgroup tests/unit
+
+test-contract: setup
+	$(BIN)/python -m pytest -n 2 --dist loadgroup tests/contract
+
+test-runs: setup
+	$(BIN)/python -m pytest -n 2 --dist loadgroup tests/runs
 
 lint: setup
 	$(BIN)/ruff check .

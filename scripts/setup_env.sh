@@ -74,7 +74,7 @@ if [ "${REHEARSE:-1}" != 0 ]; then
 fi
 
 # --- checkov, in its own virtualenv -----------------------------------------------------------
-# The security scanner gate (tests/infra/test_checkov.py, rules in .checkov.yaml). checkov pins versions
+# The security scanner gate (tests/contract/infra/test_checkov.py, rules in .checkov.yaml). checkov pins versions
 # that conflict with aws-cdk-lib's dependencies, so it cannot share .venv. The gate skips, saying
 # so, where this virtualenv is missing; CHECKOV=0 leaves it out.
 CHECKOV_VENV=.venv-checkov

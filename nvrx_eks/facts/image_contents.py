@@ -3,8 +3,8 @@
 Stated once, here. The CDK asset stages its build context from this list
 (infra/constructs/image.py) and the CPU twin digests the same files (nvrx_eks/rehearse/image.py).
 The Dockerfile's COPY lines and .dockerignore restate it because Docker reads them and cannot
-import this; tests/trainer/test_image_gates.py holds both to it, and
-tests/packaging/test_dependencies.py holds what the image copies to importing nothing else of
+import this; tests/contract/trainer/test_image_gates.py holds both to it, and
+tests/contract/packaging/test_dependencies.py holds what the image copies to importing nothing else of
 ours and no third-party package the `trainer` extra does not install.
 """
 

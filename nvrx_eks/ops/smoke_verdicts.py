@@ -1,5 +1,5 @@
 """The GPU smoke's verdicts on what its runs recorded (nvrx_eks.ops.gpu_smoke): functions of the
-runs' events and workloads.memory's estimate, held by tests to recorded runs (tests/ops/recorded/).
+runs' events and workloads.memory's estimate, held by tests to recorded runs (tests/unit/ops/recorded/).
 
 Faults: the smoke injects only faults the in-process layer is meant to recover (an exception and a
 hang, workloads/faults.py). A run passes only if each was recovered in process, in the same

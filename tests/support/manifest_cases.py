@@ -3,7 +3,7 @@
 Golden files live in tests/golden/, one per case, named <profile>-<api or fabric>-<nodes>n.yaml.
 Regenerate them after an intended change with:
 
-    NVRX_EKS_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/jobs/test_manifests_render.py
+    NVRX_EKS_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/contract/jobs/test_manifests_render.py
 
 and review the diff like code.
 """

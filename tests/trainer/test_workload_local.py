@@ -15,9 +15,9 @@ import pytest
 
 from nvrx_eks.data.prepare import prepare
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
-from tests.local.test_data_prep import stdlib_text
 from tests.support.cli_harness import run_cli
 from tests.support.trainer_fixtures import exclusive_trainer_runs, local_run, port_pair
+from tests.unit.local.test_data_prep import stdlib_text
 from workloads.events import load_run
 from workloads.shards import MANIFEST_NAME, read_manifest
 

@@ -10,10 +10,10 @@ import pytest
 from nvrx_eks.ops import preflight
 from nvrx_eks.ops.preflight import FAIL, PASS, WARN, PreflightContext
 from nvrx_eks.ops.preflight_identity import check_admin_principal
-from tests.ops.test_preflight import OWN_ACCOUNT, become, own_config
 from tests.support import cli_harness
 from tests.support.aws_gaps import ServiceError, ServiceGaps
 from tests.support.cli_harness import REGION
+from tests.unit.ops.test_preflight import OWN_ACCOUNT, become, own_config
 
 aws = cli_harness.aws
 

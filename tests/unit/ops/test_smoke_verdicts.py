@@ -1,4 +1,4 @@
-"""The GPU smoke's verdicts (nvrx_eks.ops.smoke_verdicts) on recorded runs (tests/ops/recorded/) and
+"""The GPU smoke's verdicts (nvrx_eks.ops.smoke_verdicts) on recorded runs (tests/unit/ops/recorded/) and
 on estimates: a fault recovered by ft_launcher instead of in process fails the faults check even
 when the run completes with as many in-process restarts as faults; memory passes within its stated
 tolerance and fails past it."""

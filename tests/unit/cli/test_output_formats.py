@@ -1,6 +1,6 @@
 """`-o table|json|yaml` on the read commands, as kubectl's: the table for people, the same facts as
 data on stdout for scripts, and a failing command still exits 2 after printing its data.
-(`status -o` is tested against a cluster in tests/jobs/test_existing_cluster.py.)"""
+(`status -o` is tested against a cluster in tests/unit/jobs/test_existing_cluster.py.)"""
 
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ from nvrx_eks.deploy.deployment import load_deployment
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.prices import HOURS_PER_MONTH, NAT_GATEWAY_USD_PER_HOUR, PUBLIC_IPV4_USD_PER_HOUR
 from nvrx_eks.ops.teardown_data import BUCKET_DELETE_TRIES
-from tests.ops import test_teardown
-from tests.ops.test_teardown import CLUSTER, DATA_BUCKET, LOG_BUCKET, NETWORK, STORAGE, FakeCdk, _teardown
 from tests.support.cli_harness import REGION
+from tests.unit.ops import test_teardown
+from tests.unit.ops.test_teardown import CLUSTER, DATA_BUCKET, LOG_BUCKET, NETWORK, STORAGE, FakeCdk, _teardown
 
 aws = test_teardown.aws
 k8s_server = test_teardown.k8s_server

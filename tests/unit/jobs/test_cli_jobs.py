@@ -44,7 +44,7 @@ NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/training/networkpolici
 @pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
 def test_render_four_nodes_passes_validate(api, tmp_path):
     """Acceptance 1: `render --nodes 4` (and the PyTorchJob variant) passes `validate`, on the
-    default profile sized for 4 nodes (as shipped it holds 2: tests/jobs/test_node_capacity.py)."""
+    default profile sized for 4 nodes (as shipped it holds 2: tests/unit/jobs/test_node_capacity.py)."""
     config = str(profile_file(tmp_path, gpu_nodes__max_size=4, gpu_nodes__desired_size=4))
     rendered = run_cli("render", "--config", config, "--nodes", "4", "--api", api)
     assert rendered.code == 0, rendered.output

@@ -1,6 +1,6 @@
 """Documentation placeholders (infra/config/placeholders.py): what counts as one, and synth's
 warning, one line per field with its fix, while synthesis still succeeds (the offline rehearsal
-synthesizes the shipped profiles as they are). Preflight's failure is in tests/ops/test_preflight.py."""
+synthesizes the shipped profiles as they are). Preflight's failure is in tests/unit/ops/test_preflight.py."""
 
 from __future__ import annotations
 

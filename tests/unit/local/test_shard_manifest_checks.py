@@ -16,7 +16,7 @@ import pytest
 from nvrx_eks.data.prepare import prepare
 from nvrx_eks.facts.errors import ConfigError
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
-from tests.local.test_data_prep import stdlib_text
+from tests.unit.local.test_data_prep import stdlib_text
 from workloads.config import TrainConfig
 from workloads.shards import MANIFEST_NAME, shard_files
 

@@ -18,7 +18,7 @@ import pytest
 
 from nvrx_eks.data import prepare as prepare_module
 from nvrx_eks.data.prepare import prepare
-from tests.local.test_data_prep import prepare_cli, shard_tokens
+from tests.unit.local.test_data_prep import prepare_cli, shard_tokens
 from workloads.shards import read_manifest
 
 #: A piece bound small enough that ordinary test text spans many pieces.

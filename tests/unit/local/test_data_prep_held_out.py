@@ -9,7 +9,7 @@ import pytest
 
 from nvrx_eks.data.prepare import held_out, prepare
 from nvrx_eks.facts.errors import ConfigError
-from tests.local.test_data_prep import prepare_cli, stdlib_text
+from tests.unit.local.test_data_prep import prepare_cli, stdlib_text
 from workloads.config import TrainConfig
 from workloads.data import has_held_out_split, held_out_sequences
 from workloads.shards import read_manifest

@@ -2,7 +2,7 @@
 read-only at /fsx and the job's run directory (and a checkpoint directory set apart from it) on
 top of it, writable, through subPath. Before, every pod mounted the whole claim read-write and
 could plant a checkpoint or data file in any other job's directory. (That these directories lie in
-the job's own, /fsx/runs/<name>, is tests/jobs/test_own_run_dir.py's.)"""
+the job's own, /fsx/runs/<name>, is tests/contract/jobs/test_own_run_dir.py's.)"""
 
 from __future__ import annotations
 

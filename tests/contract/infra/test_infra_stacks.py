@@ -388,7 +388,7 @@ def test_trainer_image_is_an_asset_built_at_deploy_time(synth):
     (image,) = assets["dockerImages"].values()
     assert image["source"]["platform"] == "linux/amd64"
     context = synthesized.outdir / image["source"]["directory"]
-    # The build context is staged; Docker is not needed to synth (tests/trainer/test_image_gates.py checks
+    # The build context is staged; Docker is not needed to synth (tests/contract/trainer/test_image_gates.py checks
     # that it holds every COPY source).
     assert (context / image["source"]["dockerFile"]).is_file()
 
@@ -453,7 +453,7 @@ def test_gpu_user_data_configures_the_efa_lustre_client_when_fsx_uses_efa(synth,
     assert node_config["kind"] == "NodeConfig"
     assert node_config["spec"]["instance"]["localStorage"] == {"strategy": "RAID0"}
     script = parts["text/x-shellscript"]
-    # Installs the set-up as a unit run on every boot before kubelet (tests/infra/test_node_user_data.py).
+    # Installs the set-up as a unit run on every boot before kubelet (tests/unit/infra/test_node_user_data.py).
     assert script == lustre_efa_user_data(synth("p5").config.gpu_nodes.facts)
     assert script.startswith("#!/bin/bash\n")
     for step in (

@@ -1,1 +1,0 @@
-"""Tests of CDK stacks, add-ons, versions and security gates."""

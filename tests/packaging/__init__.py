@@ -1,1 +1,0 @@
-"""Tests of the distribution: the wheel built from the repository, its package data and declared dependencies."""
