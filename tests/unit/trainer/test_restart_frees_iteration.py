@@ -11,6 +11,7 @@ while the next iteration allocates the same again."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 import types
@@ -141,3 +142,51 @@ def test_the_finalize_frees_the_iteration_that_the_exception_still_holds(single_
     monkeypatch.undo()
     assert drained and drained[-1] == [], f"alive when the finalize drained the GPU: {drained[-1]}"
     assert "the step failed" in str(state.fn_exception)  # the exception itself stays, for NVRx's log
+
+
+class _SetupReached(Exception):
+    """Raised where the test has seen what it came for, so setup goes no further."""
+
+
+def _setup_until_the_process_group(iteration: int, monkeypatch, tmp_path: Path) -> list[str]:
+    """What Trainer.setup does to the device's memory before it joins the process group, in order."""
+    from workloads import trainer as trainer_module
+
+    calls: list[str] = []
+    runtime = types.SimpleNamespace(is_cuda=True, backend="nccl", device=torch.device("cpu"))
+    monkeypatch.setattr(trainer_module, "resolve_runtime", lambda cfg: runtime)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(trainer_module, "reset_peak_memory", lambda rt: calls.append("reset_peak_memory"))
+
+    def stop(*args, **kwargs):
+        raise _SetupReached
+
+    monkeypatch.setattr(trainer_module, "require_efa", stop)
+    cfg = _config(tmp_path)
+    events = EventLog(tmp_path, 0)
+    process = types.SimpleNamespace(
+        cfg=cfg,
+        events=events,
+        ft=FaultToleranceReporter(cfg.fault_tolerance),
+        faults=FaultInjector((), 0, tmp_path / "faults", events.emit),
+        rank=0,
+    )
+    wrapper = types.SimpleNamespace(
+        iteration=iteration,
+        ping=lambda: None,
+        atomic=contextlib.nullcontext,
+        disable_hang_protection=contextlib.nullcontext,
+    )
+    try:
+        trainer_module.Trainer(process, wrapper).setup()
+    except _SetupReached:
+        pass
+    return calls
+
+
+def test_a_restarted_iteration_returns_the_failed_ones_cached_blocks_before_its_peak_starts(tmp_path, monkeypatch):
+    """On CUDA, an in-process restart's setup empties the allocator's cache (the failed
+    iteration's blocks, freed by the finalize but still cached) before it resets the peak the
+    memory check reads; the first iteration has nothing to return."""
+    assert _setup_until_the_process_group(1, monkeypatch, tmp_path / "restart") == ["empty_cache", "reset_peak_memory"]
+    assert _setup_until_the_process_group(0, monkeypatch, tmp_path / "first") == ["reset_peak_memory"]
