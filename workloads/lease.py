@@ -99,9 +99,12 @@ def describe(holder_text: str) -> str:
 BEAT_S = 5.0
 #: A lease not rewritten for this long belongs to a run that is gone.
 STALE_S = 4 * BEAT_S
-#: How long a contender that finds another's claim on the same lease waits before looking again:
-#: a live claimant replaces the lease within milliseconds of its claim.
-CLAIM_SETTLE_S = BEAT_S / 2
+#: How long a claim may stand before the contender that finds it takes the claimant for dead (it
+#: died between its claim and its write). A live claimant replaces the lease within milliseconds,
+#: and the contender sees that at its next look; the bound is the lease's own: a claimant stalled
+#: this long would have lost a lease it held. (Half a beat was once used: a claimant descheduled
+#: for 2.5 s between its check and its write then shared the lease with the next contender.)
+CLAIM_STALE_S = STALE_S
 #: Claims tried on one lease before giving up (each one after the first means a claimant died
 #: between its claim and its write).
 _CLAIM_TRIES = 3
@@ -250,7 +253,7 @@ class HeartbeatLease:
     def _claim(self, seen: str, tmp: Path, ping: Callable[[], None]) -> Path | None:
         """The claim on replacing `seen`, made with a hard link (only one contender's succeeds);
         None when another contender holds it and replaced the lease. A claim whose lease is still
-        `seen` after CLAIM_SETTLE_S belongs to a claimant that died: the next one is tried."""
+        `seen` after CLAIM_STALE_S belongs to a claimant that died: the next one is tried."""
         for n in range(_CLAIM_TRIES):
             claim = self.path.with_name(f"{self._claims_on(seen)}{n}")
             try:
@@ -258,9 +261,11 @@ class HeartbeatLease:
                 return claim
             except FileExistsError:
                 pass
-            _sleep(CLAIM_SETTLE_S, ping)
-            if self._read() != seen:
-                return None
+            deadline = time.monotonic() + CLAIM_STALE_S
+            while time.monotonic() < deadline:
+                _sleep(BEAT_S / 2, ping)
+                if self._read() != seen:
+                    return None
         return None
 
     def _claims_on(self, seen: str) -> str:

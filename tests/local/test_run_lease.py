@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.trainer_fixtures import port_pair
 from workloads.events import load_run
-from workloads.lease import LEASE_FILE, RunDirectoryInUse, RunLease
+from workloads.lease import BEAT_S, LEASE_FILE, RunDirectoryInUse, RunLease
 
 
 def test_a_held_lease_refuses_a_second_holder_and_is_free_once_released(tmp_path):
@@ -220,6 +220,13 @@ def read_in_step(self):
             time.sleep(0.005)
     return text
 lease.HeartbeatLease._read = read_in_step
+replace, stall = lease.os.replace, [float(sys.argv[4])]
+def replace_after_a_stall(src, dst):
+    # Descheduled between its check that the lease is still the one it read and its first write.
+    if pathlib.Path(dst) == run_dir / lease.LEASE_FILE:
+        time.sleep(stall.pop() if stall else 0)
+    replace(src, dst)
+lease.os.replace = replace_after_a_stall
 try:
     lease.HeartbeatLease(run_dir, name, f"contender {name}").take()
     print("held", flush=True)
@@ -229,17 +236,23 @@ time.sleep(1.0)
 """
 
 
-@pytest.mark.parametrize("lease_before", ["none", "stale"])
-def test_two_contenders_that_read_the_same_lease_never_both_take_it(tmp_path, lease_before):
+@pytest.mark.parametrize(
+    ("lease_before", "stall_s"),
+    [("none", 0.0), ("stale", 0.0), ("stale", BEAT_S / 2 + 0.5)],
+    ids=["none", "stale", "stale-claimant-stalled"],
+)
+def test_two_contenders_that_read_the_same_lease_never_both_take_it(tmp_path, lease_before, stall_s):
     """S5's window: both read an absent (or stale) lease, then both write. The absent one is
-    created by a hard link, the stale one replaced under a claim: exactly one holds it."""
+    created by a hard link, the stale one replaced under a claim: exactly one holds it, also when
+    the claimant stalls between its check and its write for longer than half a beat (a loaded
+    machine; the contender that waited on its claim once took it for dead then)."""
     run_dir, sync = tmp_path / "run", tmp_path / "sync"
     run_dir.mkdir()
     sync.mkdir()
     if lease_before == "stale":
         (run_dir / LEASE_FILE).write_text(json.dumps({"pid": 1, "host": "lost-node", "command": "x", "since": 0}))
     contenders = {
-        name: subprocess.Popen([sys.executable, "-c", CONTENDER, str(run_dir), name, str(sync)],
+        name: subprocess.Popen([sys.executable, "-c", CONTENDER, str(run_dir), name, str(sync), str(stall_s)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for name in ("a", "b")
     }  # fmt: skip
