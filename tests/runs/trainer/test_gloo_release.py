@@ -1,5 +1,6 @@
 """The in-process abort releases a rank blocked in a gloo collective at once (workloads.gloo_sockets):
-two real gloo ranks, one blocked in an all_reduce its peer never joins."""
+two real gloo ranks, one blocked in an all_reduce its peer never joins. (Where the release sits in
+the abort chain, and which ports it spares: tests/unit/trainer/test_gloo_release_wiring.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.support.trainer_fixtures import port_pair
-from workloads.config import InProcessConfig
 
 PG_TIMEOUT_S = 20
 
@@ -85,23 +85,3 @@ def test_without_the_release_the_peer_waits_out_the_gloo_timeout():
     out = _blocked_peer(release=False)
     outcome, waited, _ = out["blocked"]
     assert outcome != "completed" and waited >= PG_TIMEOUT_S - 1, out
-
-
-def test_the_gloo_abort_releases_the_sockets_first():
-    from workloads.inprocess import ReleaseGlooPeers, abort_chain
-
-    gloo = abort_chain(InProcessConfig(), "gloo", 29501)
-    # Compose runs right to left: the release comes before the checkpoint worker is killed and
-    # the process groups are destroyed.
-    assert isinstance(gloo[-1], ReleaseGlooPeers)
-    off = InProcessConfig(release_gloo_sockets=False)
-    assert not any(isinstance(a, ReleaseGlooPeers) for a in abort_chain(off, "gloo", 29501))
-
-
-def test_store_ports_cover_the_launcher_store_the_rendezvous_and_the_inprocess_store(monkeypatch):
-    from workloads.gloo_sockets import store_ports
-    from workloads.launch import inprocess_store_port
-
-    monkeypatch.setenv("MASTER_PORT", "41000")
-    store = inprocess_store_port("10.0.0.1:29400")
-    assert store_ports(store) == {41000, 29400, store}
