@@ -1,6 +1,6 @@
 """One writer per run directory (workloads/lease.py): a second run on a directory a live run holds
 is refused, naming the holder, before it writes anything; the first run is untouched. A second
-`nvrx-eks local` meeting a live one: tests/local/test_live_run.py (on the run it watches)."""
+`nvrx-eks local` meeting a live one: tests/runs/local/test_live_run.py (on the run it watches)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The GPU smoke script's refusals, and what a smoke killed after its first phase leaves. Its dry
 mode end to end (the real trainer under ft_launcher, every phase passing) is
-tests/ops/test_gpu_smoke_device.py's, whose device script runs it."""
+tests/runs/ops/test_gpu_smoke_device.py's, whose device script runs it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_without_a_gpu_the_real_mode_refuses_with_the_fix(tmp_path):
 
 def test_the_command_hands_its_budget_to_the_smoke(tmp_path):
     """`nvrx-eks gpu-smoke --budget-s` reaches the smoke's own check. A dry run within a 120 s
-    budget, end to end, is tests/ops/test_gpu_smoke_device.py's (the device script runs it)."""
+    budget, end to end, is tests/runs/ops/test_gpu_smoke_device.py's (the device script runs it)."""
     from tests.support.cli_harness import run_cli
 
     result = run_cli("gpu-smoke", "--dry-run", "--budget-s", "0", "--out", str(tmp_path / "smoke"))
