@@ -1,5 +1,5 @@
 """Errors no restart can fix, end to end under the real ft_launcher (`nvrx-eks local --resume` on a
-copy of a run with committed checkpoints at steps 10 and 12):
+copy of the shared clean run, with committed checkpoints at steps 25 and 30):
 
   read-only checkpoint dir   a read-only bind mount over checkpoints/
   full disk                  a tmpfs over checkpoints/ with less room than one more checkpoint
@@ -10,7 +10,9 @@ The storage turns read-only or full once the launchers started: before, the pref
 trainer meeting it. Each ends with exit 93 after ONE launcher cycle (the deciding rank shuts the workload down, the
 runner finds its do-not-requeue record), within the bound after the first rank's decision, naming
 the cause in one line, with no process left and every committed file unchanged. A deleted or corrupt latest.json
-resumes from the newest committed step and deletes nothing committed.
+resumes from the newest committed step and deletes nothing committed (end to end for a corrupt
+one; a deleted one takes the same path after checkpoint_layout.commit_state, whose rebuild and
+retention on a missing pointer test_trainer_reliability_units holds).
 
 The mounts need root (CAP_SYS_ADMIN); without it those two tests are skipped and say so.
 """
@@ -33,7 +35,7 @@ import pytest
 from nvrx_eks.facts import checkpoint_layout as layout
 from nvrx_eks.facts.exit_codes import EXIT_BOUND_S, EXIT_DO_NOT_REQUEUE
 from nvrx_eks.local.runner import LOCAL_CPU_PROFILE
-from tests.support.named_runs import named_run
+from tests.support.named_runs import RUNS, named_run
 from tests.support.trainer_fixtures import (
     REPO,
     assert_nothing_left,
@@ -55,10 +57,19 @@ RUN_TIMEOUT_S = 420
 LAUNCHER_SHUTDOWN_S = LOCAL_CPU_PROFILE["fault_tolerance"]["workers_stop_timeout_s"] + 10
 
 
+#: The shared run the tests copy and damage (read only: the copies are resumed), its last step and
+#: the one committed before it.
+BASE = "clean"
+LAST, PREVIOUS = RUNS[BASE].steps, RUNS[BASE].steps - RUNS[BASE].interval
+#: Where a resume that must fail is asked to go: past the next save, as a run that meets its
+#: storage failing would.
+FAILING_STEPS = LAST + 8
+
+
 @pytest.fixture(scope="session")
 def committed(tmp_path_factory) -> Path:
-    run_dir = named_run(tmp_path_factory, "reliability-base")
-    assert [layout.step_of(n) for n in layout.commit_state(run_dir / "checkpoints").committed] == [12, 10]
+    run_dir = named_run(tmp_path_factory, BASE)
+    assert [layout.step_of(n) for n in layout.commit_state(run_dir / "checkpoints").committed] == [LAST, PREVIOUS]
     return run_dir
 
 
@@ -81,7 +92,8 @@ def _resume(
 ) -> tuple[subprocess.CompletedProcess, dict]:
     """`nvrx-eks local --resume`; `once_launched` runs when the preflight passed and the launcher
     started (its log appears), seconds before a rank touches checkpoint.dir."""
-    argv = [*CLI, "local", "--nproc", "2", "--steps", str(steps), "--checkpoint-interval", "5",
+    argv = [*CLI, "local", "--nproc", str(RUNS[BASE].nproc), "--steps", str(steps),
+            "--checkpoint-interval", str(RUNS[BASE].interval),
             "--run-dir", str(run_dir), "--resume", "--port", str(port_pair())]  # fmt: skip
     with exclusive_trainer_runs(tmp_path_factory):
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
@@ -145,7 +157,9 @@ def test_read_only_checkpoint_dir_exits_93_naming_it(committed, tmp_path, tmp_pa
     ckpt = run_dir / "checkpoints"
     before = _committed_files(ckpt)
     with _mounted(ckpt, "--bind", str(ckpt)):
-        result, record = _resume(run_dir, 20, tmp_path_factory, lambda: _mount("-o", "remount,ro,bind", str(ckpt)))
+        result, record = _resume(
+            run_dir, FAILING_STEPS, tmp_path_factory, lambda: _mount("-o", "remount,ro,bind", str(ckpt))
+        )
         after = _committed_files(ckpt)
     _assert_unrecoverable_exit(run_dir, result, record, f"checkpoint.dir {ckpt} is read-only (file system at {ckpt})")
     assert after == before
@@ -165,7 +179,7 @@ def test_full_disk_exits_93_naming_it_and_removes_only_the_failed_save(committed
     with _mounted(ckpt, "-t", "tmpfs", "-o", f"size={used_kib + 9000}k", "tmpfs"):
         shutil.copytree(saved, ckpt, dirs_exist_ok=True)
         result, record = _resume(
-            run_dir, 20, tmp_path_factory, lambda: _mount("-o", f"remount,size={used_kib + 900}k", str(ckpt))
+            run_dir, FAILING_STEPS, tmp_path_factory, lambda: _mount("-o", f"remount,size={used_kib + 900}k", str(ckpt))
         )
         after = _committed_files(ckpt)
         left = sorted(p.name for p in layout.checkpoint_dirs(ckpt))
@@ -182,33 +196,28 @@ def test_all_committed_checkpoints_corrupt_exits_93(committed, tmp_path, tmp_pat
         with open(shard, "r+b") as f:
             f.truncate(100)
     damaged = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(ckpt.rglob("*")) if p.is_file()}
-    result, record = _resume(run_dir, 20, tmp_path_factory)
+    result, record = _resume(run_dir, FAILING_STEPS, tmp_path_factory)
     _assert_unrecoverable_exit(run_dir, result, record, "none of the committed checkpoints")
     # Nothing was deleted or rewritten, not even what failed verification.
     assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in damaged} == damaged
 
 
-@pytest.mark.parametrize("damage", ["deleted", "corrupt"])
-def test_resume_without_a_usable_pointer_continues_from_the_newest_commit(
-    damage, committed, tmp_path, tmp_path_factory
-):
+def test_resume_on_a_corrupt_pointer_continues_from_the_newest_commit(committed, tmp_path, tmp_path_factory):
     run_dir = _copy(committed, tmp_path / "run")
     ckpt = run_dir / "checkpoints"
     before = _committed_files(ckpt)
     pointer = ckpt / layout.POINTER_FILE
-    if damage == "deleted":
-        pointer.unlink()
-    else:
-        pointer.write_text(pointer.read_text()[:40])
-    result, record = _resume(run_dir, 14, tmp_path_factory)
+    pointer.write_text(pointer.read_text()[:40])
+    result, record = _resume(run_dir, LAST + 2, tmp_path_factory)
     assert result.returncode == 0, result.stdout[-3000:] + (run_dir / "launcher.log").read_text()[-3000:]
     run = load_run(run_dir)
     mine = [e for e in run.events if e["t"] >= record["started_at"]]
-    assert {e["resumed_from_step"] for e in mine if e["event"] == "setup_end"} == {12}
+    assert {e["resumed_from_step"] for e in mine if e["event"] == "setup_end"} == {LAST}
     warnings = [e for e in mine if e["event"] == "checkpoint_pointer_rebuilt"]
     assert warnings and "rebuilt it from the commit records" in warnings[0]["reason"]
     assert "checkpoint pointer" in result.stdout
-    # The commit at step 14 was made on a rebuilt pointer: it deleted nothing committed.
+    # The commit at the resumed run's last step was made on a rebuilt pointer: it deleted nothing
+    # committed.
     assert all(_committed_files(ckpt)[k] == v for k, v in before.items())
-    assert [layout.step_of(n) for n in layout.commit_state(ckpt).committed] == [14, 12]
+    assert [layout.step_of(n) for n in layout.commit_state(ckpt).committed] == [LAST + 2, LAST]
     assert_nothing_left(run_dir, record)
