@@ -100,6 +100,84 @@ def test_launcher_gets_the_rendered_arguments(sandbox):
     assert args[args.index("--rdzv-endpoint") + 1] == "train-coordinator-0-0.train:29500"
 
 
+def _rendezvous_host(script: str) -> str:
+    words = script.split()
+    return words[words.index("--rdzv-endpoint") + 1].rsplit(":", 1)[0]
+
+
+def test_the_two_entrypoints_differ_only_in_their_exit_mapping_and_rendezvous_host():
+    """What the tests with the real ft_launcher below hold for the JobSet entrypoint (signal
+    forwarding, the rank-monitor server outliving SIGTERM, the do-not-requeue record read after
+    the launcher) holds for the PyTorchJob one: the same script apart from `finish`, whose
+    mapping of each launcher status the stand-in launcher tests check for both. A change that
+    makes them differ elsewhere fails here; then run those tests under both APIs again."""
+    jobset, pytorchjob = _entrypoint("jobset"), _entrypoint("pytorchjob")
+
+    def after_finish(script: str) -> str:
+        # `finish` is the first definition; the first command after it is the DNS wait.
+        return script[script.index("\n# The coordinator's DNS record") :]
+
+    assert 'finish() { exit "$1"; }' in jobset.split("\n# The coordinator's DNS record")[0]
+    host, other = _rendezvous_host(jobset), _rendezvous_host(pytorchjob)
+    assert after_finish(pytorchjob).replace(other, host) == after_finish(jobset)
+
+
+#: A launcher whose rank recorded "do not requeue" for this attempt on the run dir, then exits
+#: as ft_launcher does after the workload's shutdown (1 on the rank's node, 0 on the others).
+RECORDING_LAUNCHER = """\
+#!/bin/sh
+"$REAL_PYTHON" -c '
+import sys
+from workloads import do_not_requeue
+do_not_requeue.write_record(sys.argv[1], do_not_requeue.attempt_id(), rank=0,
+                            reason="checkpoint.dir /x is read-only; make it writable")
+' "$WORK/run"
+exit "$LAUNCHER_EXIT"
+"""
+
+
+def _entrypoint_on_run_dir(work: Path, env: dict, api: str, **extra: str) -> subprocess.CompletedProcess:
+    script = _entrypoint(api).replace("--run-dir /fsx/runs/train", f"--run-dir {work / 'run'}")
+    env = {**env, "PYTHONPATH": str(REPO_ROOT), "NVRX_EKS_ATTEMPT_ID": "uid-1-0", **extra}
+    return subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
+@pytest.mark.parametrize("launcher_exit", ["1", "0"])
+def test_this_attempts_record_on_the_run_dir_makes_the_pod_exit_93(sandbox, api, launcher_exit):
+    """Whatever the launcher exits with after a rank stopped the job (1 on its node, 0 on the
+    others), a record of this attempt on the run dir makes the pod exit 93 and say why, once."""
+    work, env = sandbox
+    (work / "bin" / "ft_launcher").write_text(RECORDING_LAUNCHER)
+    done = _entrypoint_on_run_dir(work, env, api, LAUNCHER_EXIT=launcher_exit)
+    assert done.returncode == 93, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("nvrx-eks: do not requeue")]
+    assert lines == ["nvrx-eks: do not requeue (rank 0): checkpoint.dir /x is read-only; make it writable"]
+
+
+def _stale_records(run_dir: Path, attempt: str) -> None:
+    """A record of another attempt, and one of this attempt id but older than the pod (an earlier
+    submission under the same name)."""
+    do_not_requeue.write_record(run_dir, "uid-0-3", reason="an earlier attempt", rank=0)
+    old = do_not_requeue.write_record(run_dir, attempt, reason="earlier", rank=0)
+    record = json.loads(old.read_text())
+    old.write_text(json.dumps({**record, "time": record["time"] - 3600}))
+
+
+@pytest.mark.parametrize("stale", [False, True])
+@pytest.mark.parametrize("api, expected", [("jobset", 1), ("pytorchjob", 138)])
+def test_a_launcher_failure_without_this_attempts_record_keeps_its_exit_status(sandbox, api, expected, stale):
+    """The launcher exits 1 as ft_launcher does once its failing rank used up the restarts (the
+    real one does so in test_a_failure_without_this_attempts_record_keeps_its_exit_status below):
+    JobSet, its own code; PyTorchJob, retryable 138. Records of other attempts change nothing."""
+    work, env = sandbox
+    if stale:
+        _stale_records(work / "run", "uid-1-0")
+    done = _entrypoint_on_run_dir(work, env, api, LAUNCHER_EXIT="1")
+    assert done.returncode == expected, done.stderr
+    assert "do not requeue" not in done.stdout + done.stderr
+
+
 #: A launcher whose rank stops the job (workloads.train._stop_the_job) while the run dir refuses
 #: writes, then exits 1 as ft_launcher does after the shutdown request.
 STOPPING_LAUNCHER = """\
@@ -235,11 +313,11 @@ sys.exit(143)
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("trainer_runs")  # real launchers: not beside a trainer run or rehearsal
-@pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
-def test_rank_finishes_its_last_checkpoint_when_the_pod_is_terminated(sandbox, api):
+def test_rank_finishes_its_last_checkpoint_when_the_pod_is_terminated(sandbox):
     """The rendered entrypoint with the real ft_launcher (local rendezvous, one CPU rank): SIGTERM
     delivered as the image's tini does must leave ft_launcher's rank-monitor server up while the
-    rank finishes. Signalling the whole group (`tini -g`) stops the server first."""
+    rank finishes. Signalling the whole group (`tini -g`) stops the server first. The JobSet
+    entrypoint stands for both (test_the_two_entrypoints_differ_only_in_their_exit_mapping_and_rendezvous_host)."""
     from tests.support.trainer_fixtures import coordinator_serving, port_pair
     from workloads.config import TrainConfig
     from workloads.launch import build_ft_launcher_argv
@@ -259,7 +337,7 @@ def test_rank_finishes_its_last_checkpoint_when_the_pod_is_terminated(sandbox, a
     (work / "bin" / "ft_launcher").write_text(f"#!/bin/sh\nexec {shlex.join(argv)}\n")
     with coordinator_serving(port):
         process = subprocess.Popen(
-            ["/bin/sh", "-c", _entrypoint(api)],
+            ["/bin/sh", "-c", _entrypoint("jobset")],
             env={**env, "PATH": f"{work / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
             stdout=open(work / "launcher.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
@@ -355,13 +433,14 @@ def _finish(process: subprocess.Popen, timeout: float) -> int:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("trainer_runs")  # real launchers: not beside a trainer run or rehearsal
-@pytest.mark.parametrize("api", ["jobset", "pytorchjob"])
-def test_a_rank_that_stops_the_job_makes_the_pod_exit_93_after_one_cycle(sandbox, api):
+def test_a_rank_that_stops_the_job_makes_the_pod_exit_93_after_one_cycle(sandbox):
+    """The JobSet entrypoint stands for both; the PyTorchJob's mapping of the record is
+    test_this_attempts_record_on_the_run_dir_makes_the_pod_exit_93."""
     from tests.support.trainer_fixtures import coordinator_serving, port_pair
 
     work, env = sandbox
     port = port_pair()
-    script, env = _real_launcher_sandbox(work, env, api, port=port)
+    script, env = _real_launcher_sandbox(work, env, "jobset", port=port)
     started = time.monotonic()
     with coordinator_serving(port):
         code = _finish(_run_logged(script, env, work / "log", STOP="0"), timeout=120)
@@ -376,27 +455,22 @@ def test_a_rank_that_stops_the_job_makes_the_pod_exit_93_after_one_cycle(sandbox
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("trainer_runs")  # real launchers: not beside a trainer run or rehearsal
-@pytest.mark.parametrize("stale", [False, True])
-@pytest.mark.parametrize("api, expected", [("jobset", 1), ("pytorchjob", 138)])
-def test_a_failure_without_this_attempts_record_keeps_its_exit_status(sandbox, api, expected, stale):
-    """A rank that fails with 1: the launcher's status as before (JobSet: its own code;
-    PyTorchJob: retryable 138). A record of another attempt, or of this attempt id but older
-    than the pod (an earlier submission under the same name), changes nothing."""
+def test_a_failure_without_this_attempts_record_keeps_its_exit_status(sandbox):
+    """A rank that fails with 1 until the launcher gives up: the JobSet pod exits with the real
+    launcher's status, 1, as before. A record of another attempt, or of this attempt id but older
+    than the pod (an earlier submission under the same name), changes nothing. The PyTorchJob's
+    mapping of that status (138), and the same without records, are
+    test_a_launcher_failure_without_this_attempts_record_keeps_its_exit_status."""
     from tests.support.trainer_fixtures import coordinator_serving, port_pair
-    from workloads import do_not_requeue
 
     work, env = sandbox
     port = port_pair()
-    script, env = _real_launcher_sandbox(work, env, api, port=port)
-    if stale:
-        do_not_requeue.write_record(work / "run", "uid-0-3", reason="an earlier attempt", rank=0)
-        old = do_not_requeue.write_record(work / "run", env["NVRX_EKS_ATTEMPT_ID"], reason="earlier", rank=0)
-        record = json.loads(old.read_text())
-        old.write_text(json.dumps({**record, "time": record["time"] - 3600}))
+    script, env = _real_launcher_sandbox(work, env, "jobset", port=port)
+    _stale_records(work / "run", env["NVRX_EKS_ATTEMPT_ID"])
     with coordinator_serving(port):
         code = _finish(_run_logged(script, env, work / "log", FAIL="1"), timeout=120)
     log = (work / "log").read_text(errors="replace")
-    assert code == expected, log[-3000:]
+    assert code == 1, log[-3000:]
     assert "do not requeue" not in log
 
 

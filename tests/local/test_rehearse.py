@@ -413,8 +413,9 @@ def test_ft_launchers_numactl_binding_cannot_start_a_rank_under_the_pods_seccomp
 ):
     """The render before the fix set NVRX_GPUS_PER_NUMA: ft_launcher then starts each rank as
     `numactl --cpunodebind N --membind N`, which containerd's RuntimeDefault refuses without
-    CAP_SYS_NICE. The same pod with that variable fails, numactl's EPERM in its log."""
-    prepared = _prepare(tmp_path, podman, steps=5)
+    CAP_SYS_NICE. The same pod with that variable fails, numactl's EPERM in its log. One pod,
+    and no launcher restarts: the first start of its rank shows it."""
+    prepared = _prepare(tmp_path, podman, steps=5, nodes=1, overrides=["fault_tolerance.max_restarts=0"])
     container = prepared.run.pod_template["spec"]["containers"][0]
     container["env"].append({"name": "NVRX_GPUS_PER_NUMA", "value": "4"})
     prepared.run.jobset["spec"]["failurePolicy"]["maxRestarts"] = 0
