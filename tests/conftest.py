@@ -14,6 +14,9 @@ import pytest
 from nvrx_eks.jobs.crds import CRD_DIR_ENV
 from tests.support import REPO_ROOT
 
+#: Fixture modules shared by tests of several tiers.
+pytest_plugins = ["tests.support.entrypoint_sandbox"]
+
 #: The upstream CRD files kept in the repository (unmodified, see tests/upstream/README.md). The
 #: validator's CRD layer reads them instead of fetching into the user cache, so no test touches
 #: the network.

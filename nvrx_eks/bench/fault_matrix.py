@@ -8,7 +8,7 @@ ends with the clean run's `state_sha256`. The node classes are node 0 (which hos
 before the job had a coordinator), any other node, and the coordinator itself.
 
 `python -m nvrx_eks.bench.fault_matrix --out DIR` runs them all (about 15 runs of 30-60 s on 2
-cores) and writes DIR/fault-matrix.json and DIR/fault-matrix.md; tests/trainer/test_fault_matrix.py
+cores) and writes DIR/fault-matrix.json and DIR/fault-matrix.md; tests/runs/trainer/test_fault_matrix.py
 runs the rows that lose node 0 or the coordinator.
 """
 

@@ -24,7 +24,7 @@ from nvrx_eks.rehearse.runtime import CONTAINERD_SECCOMP, REHEARSAL_LABEL
 from workloads.launch import MULTI_LAUNCHER_ENV
 
 #: What a rehearsal changes in a rendered pod because the machine has no GPU, no EFA and no
-#: cluster network; tests/local/test_rehearse.py holds the rehearsed containers to this list.
+#: cluster network; tests/runs/local/test_rehearse.py holds the rehearsed containers to this list.
 SUBSTITUTIONS = {
     "ranks per node": "--nproc-per-node, --world-size and the world-size annotation for the ranks a pod runs "
     "on CPUs instead of one per GPU (rendered so: JobSpec.ranks_per_node)",

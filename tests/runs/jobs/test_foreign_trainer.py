@@ -1,5 +1,5 @@
 """The contract of workloads/README.md ("Bring your own trainer"), held by a trainer that is not
-ours (tests/jobs/foreign_trainer.py: no NVRx Wrapper, no torch) run in the rendered trainer pod.
+ours (tests/support/foreign_trainer.py: no NVRx Wrapper, no torch) run in the rendered trainer pod.
 
 The pod runs as `nvrx-eks rehearse` runs pods: in podman, from the CPU twin of the trainer image,
 with the rendered args, env (downward API included), security context and mounts (the claim, the
@@ -8,7 +8,7 @@ no GPU or EFA, the host's network). The foreign trainer sits on the claim, where
 names it; the image's ft_launcher starts its ranks.
 
 Without podman (or where it cannot run) the pod tests skip with one line saying why; what the
-entry does to the rendered pod is tested without it.
+entry does to the rendered pod is tested without it: tests/unit/jobs/test_foreign_trainer_entry.py.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from nvrx_eks.jobs.render import render_job
 from nvrx_eks.rehearse.image import build_twin
 from nvrx_eks.rehearse.runner import Rehearsal
 from nvrx_eks.rehearse.runtime import Podman
-from tests.support.cli_harness import run_cli
+from tests.support import REPO_ROOT
 from tests.support.trainer_fixtures import exclusive_trainer_runs
 
-FOREIGN_TRAINER = Path(__file__).with_name("foreign_trainer.py")
+FOREIGN_TRAINER = REPO_ROOT / "tests" / "support" / "foreign_trainer.py"
 #: Where the job finds it: on the claim, which every pod mounts at /fsx.
 TRAINER_IN_POD = f"{FSX_MOUNT_PATH}/code/foreign_trainer.py"
 #: One pod's run: ft_launcher's start-up and one short rank, well inside it.
@@ -93,43 +93,6 @@ def run_pod(
             podman.run(["rm", "-f", "-t", "0", *names, *([coordinator] if coordinator else [])], check=False)
     run_dir = root / "fsx" / Path(rendered.spec.train.run_dir).relative_to(FSX_MOUNT_PATH)
     return PodRun(int(waited.stdout.strip()), "".join(log.stdout + log.stderr for log in logs), run_dir)
-
-
-def _script_lines(rendered_text: str) -> list[str]:
-    return [line.strip() for line in rendered_text.splitlines()]
-
-
-@pytest.mark.parametrize("trainer, entry", [(TRAINER_IN_POD, [TRAINER_IN_POD]), ("mypkg.train", ["-m", "mypkg.train"])])
-def test_the_trainer_entry_replaces_ours_in_the_preflight_and_the_launcher_only(trainer, entry):
-    ours = run_cli("render", "--nodes", "2")
-    theirs = run_cli("render", "--nodes", "2", "--trainer", trainer)
-    assert ours.code == theirs.code == 0, theirs.output
-    changed = [(a, b) for a, b in zip(_script_lines(ours.stdout), _script_lines(theirs.stdout), strict=True) if a != b]
-    assert len(changed) == 2, changed
-    for before, after in changed:
-        assert after == before.replace("-m workloads.train", " ".join(entry))
-    preflight, launcher = (after for _, after in changed)
-    assert preflight.startswith(f"python {' '.join(entry)} --config /etc/nvrx-eks/train.yaml --preflight")
-    assert launcher.startswith("ft_launcher ") and f" {' '.join(entry)} --config /etc/nvrx-eks/train.yaml" in launcher
-    # submit validates the job as it would run ours: the entry is the one difference.
-    assert run_cli("submit", "--dry-run", "--nodes", "2", "--trainer", trainer).code == 0
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--trainer", "my trainer.py"], "--trainer: 'my trainer.py' is neither a Python module name"),
-        (["--trainer", "train.py"], "--trainer: 'train.py' is neither"),  # relative: the pod's cwd is the image's
-        (["--trainer", "/fsx/../etc/x.py"], "--trainer: '/fsx/../etc/x.py' is neither"),
-        (["--fabric-test", "--trainer", "mypkg.train"], "drop --train-config, --set, --faults and --trainer"),
-    ],
-)
-def test_a_trainer_entry_the_pod_cannot_run_is_refused(args, message):
-    result = run_cli("render", *args)
-    assert result.code == 2 and message in result.stderr, result.output
-
-
-# ----- the foreign trainer in the rendered pod (podman) ------------------------------------
 
 
 @pytest.mark.slow

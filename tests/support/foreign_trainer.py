@@ -1,6 +1,6 @@
 """A trainer that is not this project's, kept to the contract of workloads/README.md ("Bring your
 own trainer"): no NVRx Wrapper, no torch, only the standard library and PyYAML. The test
-tests/jobs/test_foreign_trainer.py runs it in the rendered trainer pod.
+tests/runs/jobs/test_foreign_trainer.py runs it in the rendered trainer pod.
 
     python foreign_trainer.py --config PATH --preflight --world-size N   (once per pod, first)
     foreign_trainer.py --config PATH [launcher args]                       (each rank, under ft_launcher)

@@ -1,7 +1,7 @@
 """The rows of the fault x node table (nvrx_eks/bench/fault_matrix.py) that lose node 0 or the
 coordinator, each recovered by the layer the table names and ending bit-identical to a clean run:
 no fault on any node ends the job. The other rows (a non-zero node, exception and hang) are held
-by tests/trainer/test_trainer_faults.py and test_trainer_spares.py; BENCHMARKS.md has the whole
+by tests/runs/trainer/test_trainer_faults.py and test_trainer_spares.py; BENCHMARKS.md has the whole
 table.
 
 The two rows without a spare share one run: both end the launch and are recovered by a relaunch,

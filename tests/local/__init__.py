@@ -1,1 +1,0 @@
-"""Tests of Local runs, reports, data preparation and the demo."""

@@ -1,1 +1,0 @@
-"""Tests of Preflight, teardown, planning and the GPU smoke test."""
