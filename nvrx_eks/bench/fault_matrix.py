@@ -21,9 +21,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from workloads.events import RunEvents
 
 STEPS = 20
 FAULT_STEP = 12
@@ -78,7 +81,7 @@ def run_case(root: Path, case: Case | None, port: int | None = None) -> dict[str
     """One local run (None: the clean run) on rendezvous port `port` (default a free one); returns
     its row."""
     from nvrx_eks.local.runner import LocalRun, run_local
-    from workloads.events import fault_outcomes, load_run
+    from workloads.events import load_run
 
     name = "clean" if case is None else f"{case.kind}-{case.node.replace(' ', '')}-spares{case.spares}"
     run_dir = root / name
@@ -101,17 +104,29 @@ def run_case(root: Path, case: Case | None, port: int | None = None) -> dict[str
         row.update(asdict(case), fault=case.fault, node=case.node, expected_layer=case.expected_layer)
     summary_path = run_dir / "summary.json"
     row["state_sha256"] = json.loads(summary_path.read_text())["state_sha256"] if summary_path.exists() else None
-    run = load_run(run_dir)
-    outcomes = fault_outcomes(run.of("fault_injected"), run.restarts(0))
-    if case is not None and outcomes:
-        outcome = outcomes[0]
-        row["layer"] = outcome.get("layer")
-        row["replayed_steps"] = outcome.get("lost_steps")
-        row["resumed_from_step"] = outcome.get("resumed_from_step")
-        ready = outcome["t"] + outcome.get("recovered_s", 0.0)
-        after = [e["t"] for e in run.of("step_end", rank=0) if e["t"] > ready]
-        row["first_step_after_s"] = round(min(after) - outcome["t"], 2) if after else None
+    if case is not None:
+        row.update(recovery_columns(load_run(run_dir)))
     return row
+
+
+def recovery_columns(run: RunEvents) -> dict[str, Any]:
+    """A faulted row's recovery: the layer that recovered the run's first fault, the steps it
+    replayed, the step it resumed from, and the seconds from the fault to rank 0's first step
+    after it was ready again. Empty when no fault was injected."""
+    from workloads.events import fault_outcomes
+
+    outcomes = fault_outcomes(run.of("fault_injected"), run.restarts(0))
+    if not outcomes:
+        return {}
+    outcome = outcomes[0]
+    ready = outcome["t"] + outcome.get("recovered_s", 0.0)
+    after = [e["t"] for e in run.of("step_end", rank=0) if e["t"] > ready]
+    return {
+        "layer": outcome.get("layer"),
+        "replayed_steps": outcome.get("lost_steps"),
+        "resumed_from_step": outcome.get("resumed_from_step"),
+        "first_step_after_s": round(min(after) - outcome["t"], 2) if after else None,
+    }
 
 
 def markdown(rows: list[dict[str, Any]], clean_sha: str | None) -> str:

@@ -17,6 +17,7 @@ from nvrx_eks.bench.analysis import (
     summarize_backends,
 )
 from nvrx_eks.bench.checks import acceptance_checks
+from nvrx_eks.bench.fault_matrix import recovery_columns
 from nvrx_eks.bench.schedules import seeded_schedule, spaced_schedule
 from tests.support.cli_process import cli_process
 from workloads.events import RunEvents
@@ -137,6 +138,34 @@ def test_recoveries_time_each_fault_along_the_path_it_took():
     medians = recovery_medians([exception, sigkill])
     assert medians["n"] == 2 and medians["first_step_s"] == pytest.approx(7.25)
     assert fault_recoveries(_faulted_run(), ("hang",)) == []
+
+
+def test_a_fault_matrix_row_names_the_first_faults_layer_and_its_first_step_after():
+    """The fault matrix's columns (python -m nvrx_eks.bench.fault_matrix): node 0's rank killed at
+    step 12 (t=10), its spare's in-process restart ready at t=13 resumed from step 10, so step 11
+    is replayed; rank 0's first step after it ends at t=14.5 (the one ending at t=12.5 was before
+    the restart was ready). A later fault does not change the row. No columns without a fault."""
+    log = Log()
+    log.at(0.0, 0, "run_start")
+    log.at(9.0, 0, "step_end", step=11, step_s=1.0)
+    log.at(10.0, 0, "fault_injected", kind="sigkill", step=12, target_rank=0)
+    log.at(11.0, 0, "restart_begin", layer="inprocess")
+    log.at(12.5, 0, "step_end", step=12, step_s=1.0)
+    log.at(13.0, 0, "restart_end", layer="inprocess", resumed_from_step=10)
+    log.at(14.5, 0, "step_end", iteration=1, step=11, step_s=1.0)
+    log.at(20.0, 0, "fault_injected", kind="exception", step=15, target_rank=0)
+    log.at(21.0, 0, "restart_begin", layer="inprocess")
+    log.at(22.0, 0, "restart_end", layer="inprocess", resumed_from_step=14)
+    assert recovery_columns(log.run()) == {
+        "layer": "inprocess",
+        "replayed_steps": 1,
+        "resumed_from_step": 10,
+        "first_step_after_s": 4.5,
+    }
+    clean = Log()
+    clean.at(0.0, 0, "run_start")
+    clean.at(2.0, 0, "step_end", step=1, step_s=1.0)
+    assert recovery_columns(clean.run()) == {}
 
 
 def test_a_fault_nobody_recovered_from_is_an_incomplete_run():
