@@ -5,7 +5,8 @@ resume with another preset   refused by the preflight before any rank starts (th
                              own identity: exit 93 naming model.preset after one launcher cycle,
                              instead of a shape error in every restart until ft_launcher gives up
 a root that cannot be made   the tier turns itself off (one event naming checkpoint.local.dir)
-                             and the run completes on the FSx tier
+                             and the run completes on the FSx tier (the shared run variants-2x12,
+                             whose local root is under /dev/null)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from rich.console import Console
 
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from tests.support.named_runs import RUNS, named_run
 from tests.support.trainer_fixtures import assert_nothing_left, exclusive_trainer_runs, port_pair
 from workloads.events import load_run
 
@@ -67,19 +69,19 @@ def test_a_resume_with_another_preset_is_refused_by_the_preflight_then_by_the_lo
     assert_nothing_left(run_dir, record)
 
 
-def test_a_local_root_that_cannot_be_created_turns_the_tier_off_and_the_run_completes(tmp_path, tmp_path_factory):
-    # Under a regular file, mkdir fails (ENOTDIR) even for root, whom chmod does not stop.
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    run_dir = tmp_path / "run"
-    with exclusive_trainer_runs(tmp_path_factory):
-        code, record, out = _run(run_dir, nodes=1, nproc=2, overrides=[f"checkpoint.local.dir={blocker / 'local'}"])
-    assert code == 0, out + (run_dir / "launcher.log").read_text()[-3000:]
-    assert json.loads((run_dir / "summary.json").read_text())["final_step"] == 6
+def test_a_local_root_that_cannot_be_created_turns_the_tier_off_and_the_run_completes(tmp_path_factory):
+    # Under a file that is not a directory, mkdir fails (ENOTDIR) even for root, whom chmod does not stop.
+    spec = RUNS["variants-2x12"]
+    (root,) = [o.removeprefix("checkpoint.local.dir=") for o in spec.overrides if o.startswith("checkpoint.local.dir=")]
+    assert Path(root).parent == Path("/dev/null") and "checkpoint.local.interval_steps=2" in spec.overrides
+    run_dir = named_run(tmp_path_factory, "variants-2x12")
+    record = json.loads((run_dir / "local_run.json").read_text())
+    assert record["exit_code"] == 0, (run_dir / "launcher.log").read_text()[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["final_step"] == spec.steps
     run = load_run(run_dir)
     (disabled,) = run.of("local_tier_disabled")
     assert disabled["rank"] == 0
-    assert disabled["reason"].startswith(f"rank 0: checkpoint.local.dir {blocker / 'local'} cannot be created: ")
+    assert disabled["reason"].startswith(f"rank 0: checkpoint.local.dir {root} cannot be created: ")
     assert "Not a directory" in disabled["reason"]
     assert not run.of("local_save") and run.of("checkpoint_commit")
     assert not [e for e in run.events if e["event"] == "restart_end"]
