@@ -1,7 +1,7 @@
 """The node-local checkpoint tier end to end: `nvrx-eks local --nodes 2 --nproc 1` (two
 ft_launchers, one rendezvous, a local root each), the same faults as the issue's acceptance plus
-corrupt-local, against the same command without faults; and a node whose local storage fills up,
-against the shared clean run of two nodes (the local tier changes no numerics)."""
+corrupt-local; and a node whose local storage fills up. Both against the shared clean run of two
+nodes (clean-2x1-40: the local tier and the checkpoint interval change no numerics)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.support.named_runs import named_summary
+from tests.support.named_runs import named_run, named_summary
 from tests.support.trainer_fixtures import (
     assert_nothing_left,
     exclusive_trainer_runs,
@@ -35,10 +35,13 @@ def _run(run_dir: Path, faults: str) -> tuple[int, dict]:
 
 
 def test_faults_recover_from_the_local_tier_and_end_bit_identical(tmp_path, tmp_path_factory):
+    clean_dir = named_run(tmp_path_factory, "clean-2x1-40")
+    clean = json.loads((clean_dir / "summary.json").read_text())
+    clean_code = json.loads((clean_dir / "local_run.json").read_text())["exit_code"]
     with exclusive_trainer_runs(tmp_path_factory):
-        clean_code, clean = _run(tmp_path / "clean", "")
         code, faulted = _run(tmp_path / "faulted", FAULTS)
     assert clean_code == code == 0
+    assert (clean["final_step"], faulted["final_step"]) == (40, 40)
     assert faulted["state_sha256"] == clean["state_sha256"]
     assert {f["fault"]: f["lost_steps"] <= 2 for f in faulted["faults"]} == {
         f: True for f in FAULTS.split(",")
