@@ -19,6 +19,9 @@ from tests.support.trainer_fixtures import exclusive_trainer_runs, port_pair
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
 
 STEPS = 40
+#: The two-ranks-per-node pair: the kill at 14 restores the local step 12; what follows only has
+#: to reach the end, as bit-identical as the clean run's.
+STEPS_2X2 = 20
 
 
 def _run(
@@ -29,12 +32,13 @@ def _run(
     faults: str = "",
     nproc: int = 1,
     local_interval: int | None = None,
+    steps: int = STEPS,
 ) -> dict:
     from nvrx_eks.local.runner import LocalRun, run_local
 
     run = LocalRun(
         nproc=nproc,
-        steps=STEPS,
+        steps=steps,
         faults=faults,
         run_dir=run_dir,
         preset="tiny",
@@ -79,9 +83,11 @@ def _events(run_dir: Path) -> list[str]:
 
 def test_with_two_ranks_per_node_a_killed_rank_takes_its_node_along(tmp_path_factory):
     with exclusive_trainer_runs(tmp_path_factory):
-        clean = _run(tmp_path_factory.mktemp("clean-2x2"), nodes=2, nproc=2)
+        clean = _run(tmp_path_factory.mktemp("clean-2x2"), nodes=2, nproc=2, steps=STEPS_2X2)
         run_dir = tmp_path_factory.mktemp("spares-2x2")
-        summary = _run(run_dir, nodes=2, spare_nodes=1, nproc=2, faults="sigkill@14:3", local_interval=2)
+        summary = _run(
+            run_dir, nodes=2, spare_nodes=1, nproc=2, faults="sigkill@14:3", local_interval=2, steps=STEPS_2X2
+        )
     assert summary["faults"][0]["layer"] == "inprocess" and summary["restarts"]["inprocess"] == 1, summary
     events = [json.loads(line) for line in _events(run_dir)]
     # Rank 2, rank 3's node-mate, joined the restart and was discarded with its node.
@@ -100,4 +106,5 @@ def test_with_two_ranks_per_node_a_killed_rank_takes_its_node_along(tmp_path_fac
         4: (2, "replica", 0, 12),
         5: (3, "replica", 1, 12),
     }
+    assert summary["final_step"] == clean["final_step"] == STEPS_2X2
     assert summary["state_sha256"] == clean["state_sha256"]
