@@ -40,6 +40,21 @@ RUNS: dict[str, RunSpec] = {
     "reliability-base": RunSpec(steps=12),
     # Synchronous DCP saves, whose checkpoints the Hugging Face export reads.
     "hf-export": RunSpec(steps=30, interval=10, backend="sync"),
+    # reliability-base's run (2 ranks, 12 steps, a checkpoint every 5) with settings that change
+    # no numerics, each read by its own test: hybrid sharding (replication degree 1 on one node:
+    # it must train exactly like full sharding), require_efa on gloo (the check is skipped), a
+    # node-local root that cannot be made (/dev/null is not a directory: the tier turns itself off)
+    # and an end-of-run digest on both ranks slower than the in-process soft timeout.
+    "variants-2x12": RunSpec(
+        steps=12,
+        faults="slow-digest@12:0,slow-digest@12:1",
+        overrides=(
+            "distributed.shard=hybrid",
+            "distributed.require_efa=true",
+            "checkpoint.local.interval_steps=2",
+            "checkpoint.local.dir=/dev/null/local",
+        ),
+    ),
 }
 
 

@@ -1,6 +1,8 @@
 """Evaluation on a held-out split and the live metrics, end to end: `nvrx-eks data prepare
 --eval-fraction`, then `nvrx-eks local --nproc 2 --steps 30 --data DIR`, read back with
-TensorBoard's own reader and with AWS's embedded-metric-format library."""
+TensorBoard's own reader and with AWS's embedded-metric-format library. The run without
+evaluation is also the check that training on prepared shards learns, and that its throughput
+reaches summary.json, the command's own summary and `nvrx-eks report`."""
 
 from __future__ import annotations
 
@@ -46,12 +48,18 @@ def prepared_with_held_out_split(out: Path) -> Path:
 
 
 def local(run_dir: Path, data: Path, *settings: str) -> None:
+    """The run, and what the command printed (beside it: not in the run's own directory)."""
     overrides = [arg for setting in settings for arg in ("--set", setting)]
     result = run_cli(
         "local", "--nproc", "2", "--steps", str(STEPS), "--data", str(data), "--run-dir", str(run_dir),
         "--port", str(port_pair()), *overrides,
     )  # fmt: skip
     assert result.code == 0, result.output
+    printed(run_dir).write_text(result.stdout)
+
+
+def printed(run_dir: Path) -> Path:
+    return run_dir.with_name(f"{run_dir.name}.stdout")
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +114,22 @@ def test_eval_loss_reaches_summary_and_tensorboard_at_every_interval(runs):
     steps = load_run(eval_run).of("step_end", rank=0)
     assert losses == pytest.approx({e["step"]: e["loss"] for e in steps}, rel=1e-6)
     assert set(scalars(eval_run, "goodput/fraction")) == {10, 20, 30}
+
+
+def test_training_on_prepared_shards_learns_and_reports_its_throughput(runs):
+    _, plain_run, _ = runs
+    losses = {e["step"]: e["loss"] for e in load_run(plain_run).of("step_end", rank=0)}
+    assert losses[STEPS] < losses[1]
+    result = summary(plain_run)
+    assert result["tokens_per_s"] > 0 and result["mfu"] is None  # CPU: no peak to compare with
+    assert result["tokens_per_s_per_gpu"] == pytest.approx(result["tokens_per_s"] / 2, rel=0.3)
+    out = printed(plain_run).read_text()
+    assert "final step" in out and "goodput" in out and "launcher exit 0" in out, out
+
+    report = run_cli("report", str(plain_run))
+    assert report.code == 0, report.stderr
+    assert "tokens/s (all ranks)" in report.stdout and "MFU" in report.stdout and "n/a" in report.stdout
+    assert (plain_run / "throughput.png").stat().st_size > 10_000
 
 
 def test_evaluation_leaves_training_exactly_as_without_it(runs):

@@ -1,6 +1,7 @@
 """A trained tiny run out to Hugging Face and back: transformers computes our model's logits from
 the export, the export loads into a sharded model and exports again bit for bit, and a run
-started from it (`model.init_from`) begins where the exporting run ended."""
+started from it (`model.init_from`) begins where the exporting run ended; an own-shaped model
+(`model.shape_from`) trains and exports with its shape."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from nvrx_eks.facts.checkpoint_layout import commit_state
 from tests.support.cli_harness import run_cli
 from tests.support.hf_checkpoints import commit, our_model, step_dir
 from tests.support.named_runs import RUNS, named_run
-from tests.support.trainer_fixtures import exclusive_trainer_runs, local_run, port_pair
+from tests.support.trainer_fixtures import exclusive_trainer_runs, local_run, port_pair, single_rank_env
 from workloads.events import load_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
@@ -104,12 +105,18 @@ def test_a_run_from_the_export_starts_where_the_exporting_run_ended(trained, exp
     assert abs(started[1] - exporting[STEPS]) < 0.25, (started[1], exporting[STEPS])
 
 
-def test_a_model_of_its_own_shape_goes_in_and_comes_out_with_that_shape(exported, tmp_path, tmp_path_factory):
+def test_a_model_of_its_own_shape_goes_in_and_comes_out_with_that_shape(exported, tmp_path, monkeypatch):
     """An own-shaped Hugging Face model (the exported tiny run, deeper and with a larger vocabulary
     than the preset: config.json and tensors rewritten) trains with `model.shape_from` +
-    `model.init_from`, and its export states the same shape and loads in transformers."""
+    `model.init_from`, and its export states the same shape and loads in transformers. The shape
+    is what is checked, so the run is one rank in this process (a local run's config without the
+    in-process wrapper); a sharded load over several ranks is the import test's."""
     from safetensors.torch import load_file, save_file
     from transformers import LlamaForCausalLM
+
+    from nvrx_eks.local.runner import local_config
+    from workloads.process_state import ProcessState
+    from workloads.train import train_attempt
 
     source = tmp_path / "own-hf"
     source.mkdir()
@@ -121,15 +128,22 @@ def test_a_model_of_its_own_shape_goes_in_and_comes_out_with_that_shape(exported
         tensors[name] = torch.cat([tensors[name], torch.zeros(64, tensors[name].shape[1])])
     tensors |= {k.replace("layers.1.", "layers.2."): v.clone() for k, v in tensors.items() if ".layers.1." in k}
     save_file(tensors, str(source / "model.safetensors"))
-    with exclusive_trainer_runs(tmp_path_factory):
-        local_run(
-            tmp_path / "run",
-            steps=3,
-            interval=3,
-            backend="sync",
-            overrides=(f"model.shape_from={source}", f"model.init_from={source}"),
-        )
-    result = run_cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "out"))
+    run_dir = tmp_path / "run"
+    cfg = local_config(
+        run_dir=run_dir,
+        steps=3,
+        faults="",
+        preset="tiny",
+        checkpoint_interval=3,
+        backend="sync",
+        overrides=(f"model.shape_from={source}", f"model.init_from={source}", "inprocess.enabled=false"),
+    )
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(cfg.to_yaml())  # as `nvrx-eks local` writes it, for the export
+    single_rank_env(monkeypatch)
+    assert train_attempt(ProcessState(cfg, 0, 1, None)) == {"status": "completed"}
+    assert json.loads((run_dir / "summary.json").read_text())["final_step"] == 3
+    result = run_cli("export", str(run_dir), "--out", str(tmp_path / "out"))
     assert result.code == 0, result.output
     out = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (out["vocab_size"], out["num_hidden_layers"], out["hidden_size"]) == (320, 3, config["hidden_size"])

@@ -444,16 +444,19 @@ def test_a_reload_in_the_same_process_trusts_what_it_committed(single_rank, tmp_
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("trainer_runs")
-def test_a_digest_slower_than_the_soft_timeout_does_not_restart(tmp_path, tmp_path_factory):
+def test_a_digest_slower_than_the_soft_timeout_does_not_restart(tmp_path_factory):
+    """The shared run variants-2x12 delays both ranks' end-of-run digest."""
+    import json
+
     from nvrx_eks.local.runner import LOCAL_CPU_PROFILE
-    from tests.support.trainer_fixtures import exclusive_trainer_runs, local_run
+    from tests.support.named_runs import RUNS, named_run
     from workloads.events import load_run
     from workloads.faults import SLOW_DIGEST_SECONDS
 
-    steps = 6
-    run_dir = tmp_path / "run"
-    with exclusive_trainer_runs(tmp_path_factory):
-        record = local_run(run_dir, steps=steps, faults=f"slow-digest@{steps}:0,slow-digest@{steps}:1")
+    steps = RUNS["variants-2x12"].steps
+    assert RUNS["variants-2x12"].faults == f"slow-digest@{steps}:0,slow-digest@{steps}:1"
+    run_dir = named_run(tmp_path_factory, "variants-2x12")
+    record = json.loads((run_dir / "local_run.json").read_text())
     assert record["exit_code"] == 0
     run = load_run(run_dir)
     assert SLOW_DIGEST_SECONDS > 2 * LOCAL_CPU_PROFILE["inprocess"]["soft_timeout_s"]
@@ -465,8 +468,6 @@ def test_a_digest_slower_than_the_soft_timeout_does_not_restart(tmp_path, tmp_pa
     assert ranks[0] != ranks[1]  # each rank hashed its own shards
     combined = hashlib.sha256(b"".join(bytes.fromhex(r) for r in ranks)).hexdigest()
     assert all(e["state_sha256"] == combined for e in ends)
-    import json
-
     assert json.loads((run_dir / "summary.json").read_text())["state_sha256"] == combined
 
 

@@ -1,7 +1,9 @@
-"""Acceptance 5 and SIGTERM handling through the operator CLI (`nvrx-eks local`)."""
+"""Acceptance 5 (the summary `nvrx-eks local` prints, on the shared faulted run) and SIGTERM
+handling through the operator CLI (`nvrx-eks local`)."""
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import subprocess
@@ -10,8 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from nvrx_eks.facts.checkpoint_layout import step_of
+from nvrx_eks.local.outcome import print_report
+from tests.support.named_runs import RUNS, named_run
 from tests.support.trainer_fixtures import REPO, assert_nothing_left, exclusive_trainer_runs, port_pair
 from workloads.checkpoint.files import committed_checkpoints
 from workloads.events import load_run
@@ -28,36 +33,23 @@ CLI = [
 ]
 
 
-def test_local_run_with_exception_and_sigkill_prints_summary(tmp_path, tmp_path_factory):
-    run_dir = tmp_path / "run"
-    with exclusive_trainer_runs(tmp_path_factory):
-        result = subprocess.run(
-            [
-                *CLI,
-                "local",
-                "--nproc",
-                "2",
-                "--steps",
-                "60",
-                "--faults",
-                "exception@20:1,sigkill@40:0",
-                "--run-dir",
-                str(run_dir),
-                "--port",
-                str(port_pair()),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            timeout=600,
-        )
-    out = result.stdout
-    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+def test_local_run_with_exception_and_sigkill_prints_summary(tmp_path_factory):
+    """What `nvrx-eks local` prints once a run ended (runner.finish: print_report on its record),
+    for the shared faulted run: an exception recovered in process and a SIGKILL by ft_launcher.
+    (The command's own exit code and printed summary on a completed run: test_evaluation's runs.)"""
+    run_dir = named_run(tmp_path_factory, "faulted")
+    record = json.loads((run_dir / "local_run.json").read_text())
+    assert record["exit_code"] == 0, (run_dir / "launcher.log").read_text()[-3000:]
+    out = io.StringIO()
+    print_report(Console(file=out, width=200), run_dir, record["exit_code"], record["wall_s"],
+                 record["killed_after_exit"], record["started_at"])  # fmt: skip
+    out = out.getvalue()
+    assert {"exception@7:1", "sigkill@21:1"} <= set(RUNS["faulted"].faults.split(","))
     for expected in (
         "final step",
-        "fault exception@20:1",
+        "fault exception@7:1",
         "recovered by inprocess",
-        "fault sigkill@40:0",
+        "fault sigkill@21:1",
         "recovered by launcher",
         "checkpoint stall",
         "s of warm-up)",  # each process's first save apart from the steady ones
@@ -65,9 +57,9 @@ def test_local_run_with_exception_and_sigkill_prints_summary(tmp_path, tmp_path_
     ):
         assert expected in out, out
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["final_step"] == 60
+    assert summary["final_step"] == RUNS["faulted"].steps
     assert summary["restarts"]["inprocess"] >= 1 and summary["restarts"]["launcher"] >= 1
-    assert_nothing_left(run_dir, json.loads((run_dir / "local_run.json").read_text()))
+    assert_nothing_left(run_dir, record)
 
 
 def test_sigterm_finishes_the_checkpoint_and_exits_cleanly(tmp_path, tmp_path_factory):

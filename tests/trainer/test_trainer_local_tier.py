@@ -1,18 +1,24 @@
 """The node-local checkpoint tier end to end: `nvrx-eks local --nodes 2 --nproc 1` (two
 ft_launchers, one rendezvous, a local root each), the same faults as the issue's acceptance plus
-corrupt-local, against the same command without faults; and a node whose local storage fills up,
-against the shared clean run of two nodes (the local tier changes no numerics)."""
+corrupt-local; and a node whose local storage fills up. Both against the shared clean run of two
+nodes (clean-2x1-40: the local tier and the checkpoint interval change no numerics). A copy of the
+faulted run is then resumed with another preset: refused by the preflight before any rank starts
+(the FSx commit names the preset), and, with no FSx commit left, by the local copies' own identity:
+exit 93 naming model.preset after one launcher cycle, instead of a shape error in every restart
+until ft_launcher gives up."""
 
 from __future__ import annotations
 
+import io
 import json
-import os
+import shutil
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from tests.support.named_runs import named_summary
+from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
+from tests.support.named_runs import named_run, named_summary
 from tests.support.trainer_fixtures import (
     assert_nothing_left,
     exclusive_trainer_runs,
@@ -23,30 +29,62 @@ from workloads.events import load_run
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
 
 FAULTS = "exception@13:1,hang@27:0,sigkill@33:0,corrupt-local@25:1"
+STEPS, INTERVAL, LOCAL_INTERVAL = 40, 20, 2
 
 
-def _run(run_dir: Path, faults: str) -> tuple[int, dict]:
+def _run(
+    run_dir: Path,
+    faults: str = "",
+    *,
+    preset: str = "tiny",
+    resume: bool = False,
+    steps: int = STEPS,
+    out: io.StringIO | None = None,
+) -> tuple[int, dict]:
     from nvrx_eks.local.runner import LocalRun, run_local
 
-    run = LocalRun(nodes=2, nproc=1, steps=40, faults=faults, run_dir=run_dir, preset="tiny",
-                   checkpoint_interval=20, local_interval=2, backend="nvrx", port=port_pair())  # fmt: skip
-    code = run_local(run, console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
-    return code, json.loads((run_dir / "summary.json").read_text())
+    run = LocalRun(
+        nodes=2,
+        nproc=1,
+        steps=steps,
+        faults=faults,
+        run_dir=run_dir,
+        preset=preset,
+        resume=resume,
+        checkpoint_interval=INTERVAL,
+        local_interval=LOCAL_INTERVAL,
+        backend="nvrx",
+        port=port_pair(),
+    )
+    code = run_local(run, console=Console(file=out if out is not None else io.StringIO(), width=200))
+    summary = run_dir / "summary.json"
+    return code, json.loads(summary.read_text()) if summary.is_file() else {}
 
 
-def test_faults_recover_from_the_local_tier_and_end_bit_identical(tmp_path, tmp_path_factory):
+@pytest.fixture(scope="module")
+def faulted_run(tmp_path_factory) -> tuple[Path, int, dict]:
+    """The run with FAULTS: its directory, exit code and summary."""
+    run_dir = tmp_path_factory.mktemp("local-tier") / "faulted"
     with exclusive_trainer_runs(tmp_path_factory):
-        clean_code, clean = _run(tmp_path / "clean", "")
-        code, faulted = _run(tmp_path / "faulted", FAULTS)
+        code, summary = _run(run_dir, FAULTS)
+    return run_dir, code, summary
+
+
+def test_faults_recover_from_the_local_tier_and_end_bit_identical(faulted_run, tmp_path_factory):
+    clean_dir = named_run(tmp_path_factory, "clean-2x1-40")
+    clean = json.loads((clean_dir / "summary.json").read_text())
+    clean_code = json.loads((clean_dir / "local_run.json").read_text())["exit_code"]
+    run_dir, code, faulted = faulted_run
     assert clean_code == code == 0
+    assert (clean["final_step"], faulted["final_step"]) == (STEPS, STEPS)
     assert faulted["state_sha256"] == clean["state_sha256"]
     assert {f["fault"]: f["lost_steps"] <= 2 for f in faulted["faults"]} == {
         f: True for f in FAULTS.split(",")
     }  # fmt: skip
-    run = load_run(tmp_path / "faulted")
+    run = load_run(run_dir)
     # Each node wrote its own root: replicas crossed simulated nodes.
     for node in (0, 1):
-        assert any((tmp_path / "faulted" / f"local-node{node}").glob("step_*/rank*.json"))
+        assert any((run_dir / f"local-node{node}").glob("step_*/rank*.json"))
     # corrupt-local: rank 1's own copy is refused by its SHA-256 and the replica held by rank 0
     # (the other node) takes over.
     skipped = run.of("local_copy_skipped", rank=1)
@@ -60,7 +98,7 @@ def test_faults_recover_from_the_local_tier_and_end_bit_identical(tmp_path, tmp_
     assert all(e["iteration"] in {r["iteration"] for r in run.of("local_restore", rank=e["rank"])
                                   if r["cycle"] == e["cycle"]} for e in inprocess)  # fmt: skip
     assert run.of("checkpoint_load") == []
-    assert_nothing_left(tmp_path / "faulted", json.loads((tmp_path / "faulted" / "local_run.json").read_text()))
+    assert_nothing_left(run_dir, json.loads((run_dir / "local_run.json").read_text()))
 
 
 def test_a_full_local_disk_on_one_node_stalls_no_peer_and_costs_no_restart(tmp_path, tmp_path_factory):
@@ -86,3 +124,38 @@ def test_a_full_local_disk_on_one_node_stalls_no_peer_and_costs_no_restart(tmp_p
     assert late and all(e["replica_of"] is None for e in late)
     assert {e["source"] for e in run.of("local_restore")} == {"local"}
     assert_nothing_left(run_dir, json.loads((run_dir / "local_run.json").read_text()))
+
+
+def test_a_resume_with_another_preset_is_refused_by_the_preflight_then_by_the_local_copies(
+    faulted_run, tmp_path, tmp_path_factory
+):
+    run_dir = tmp_path / "run"
+    shutil.copytree(faulted_run[0], run_dir)  # the faulted run's own directory stays as its tests read it
+    assert list((run_dir / "local-node1").glob("step_*/rank1.json"))
+    with exclusive_trainer_runs(tmp_path_factory):
+        # The FSx commit names the preset: the pod's preflight refuses before any rank starts.
+        out = io.StringIO()
+        code, _ = _run(run_dir, preset="small", resume=True, steps=STEPS + 8, out=out)
+        record = json.loads((run_dir / "local_run.json").read_text())
+        assert code == EXIT_DO_NOT_REQUEUE, out.getvalue()
+        assert "preset='tiny', this run has preset='small'; resume with the same model.preset" in record["stopped_by"]
+        assert "preflight refused the run: no rank was started" in out.getvalue()
+        assert record["processes_seen"] == 0
+        assert not [e for e in load_run(run_dir).events if e["t"] >= record["started_at"]]
+
+        # Only the node-local copies are left (as before the first FSx save): their own identity
+        # refuses the resume, in the first launcher cycle.
+        shutil.rmtree(run_dir / "checkpoints")
+        out = io.StringIO()
+        code, _ = _run(run_dir, preset="small", resume=True, steps=STEPS + 8, out=out)
+        record = json.loads((run_dir / "local_run.json").read_text())
+    assert code == EXIT_DO_NOT_REQUEUE, out.getvalue() + (run_dir / "launcher.log").read_text()[-3000:]
+    assert record["stopped_by"].startswith("checkpoint.local.dir: the node-local copy "), record
+    assert (
+        "was written with preset='tiny', this run has preset='small'; resume with the same model.preset"
+        in (record["stopped_by"])
+    )
+    mine = [e for e in load_run(run_dir).events if e["t"] >= record["started_at"]]
+    assert {e["cycle"] for e in mine} == {0} and {e["iteration"] for e in mine} == {0}
+    assert not [e for e in mine if e["event"] in ("step_end", "local_restore", "checkpoint_load")]
+    assert_nothing_left(run_dir, record)

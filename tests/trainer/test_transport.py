@@ -256,13 +256,16 @@ def test_plugin_check_accepts_a_plugin_that_needs_only_the_gpu_driver(tmp_path, 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("trainer_runs")
-def test_trainer_run_on_gloo_skips_the_efa_check(tmp_path, tmp_path_factory):
-    """The wiring in the trainer: with require_efa set, a gloo run trains as before."""
-    from tests.support.trainer_fixtures import exclusive_trainer_runs, local_run
+def test_trainer_run_on_gloo_skips_the_efa_check(tmp_path_factory):
+    """The wiring in the trainer: with require_efa set, a gloo run trains as before (the shared
+    run variants-2x12 sets it)."""
+    import json
 
-    run_dir = tmp_path / "run"
-    with exclusive_trainer_runs(tmp_path_factory):
-        result = local_run(run_dir, steps=4, interval=2, overrides=("distributed.require_efa=true",))
+    from tests.support.named_runs import RUNS, named_run
+
+    assert "distributed.require_efa=true" in RUNS["variants-2x12"].overrides
+    run_dir = named_run(tmp_path_factory, "variants-2x12")
+    result = json.loads((run_dir / "local_run.json").read_text())
     assert result["exit_code"] == 0, (run_dir / "launcher.log").read_text()[-3000:]
     assert not (run_dir / "nccl").exists()
     assert "require_efa: true" in (run_dir / "config.yaml").read_text()

@@ -1,7 +1,8 @@
-"""End to end on this machine: text shipped with Python -> `data prepare` (interrupted, resumed)
--> `nvrx-eks local --data` -> the loss falls, throughput in summary.json and `nvrx-eks report`;
-a shard set the model cannot use ends the ranks with exit 93 naming the field; gradient
-accumulation keeps exact resume."""
+"""End to end on this machine: text shipped with Python -> `data prepare` (interrupted, resumed
+from the CLI); a shard set the model cannot use ends the ranks with exit 93 naming the field;
+gradient accumulation keeps exact resume; hybrid sharding on one node trains like full sharding.
+(Training on prepared shards, its throughput and `nvrx-eks report` are checked on the held-out
+split's runs, tests/trainer/test_evaluation.py.)"""
 
 from __future__ import annotations
 
@@ -16,15 +17,19 @@ import pytest
 from nvrx_eks.data.prepare import prepare
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
 from tests.support.cli_harness import run_cli
-from tests.support.trainer_fixtures import exclusive_trainer_runs, local_run, port_pair
+from tests.support.named_runs import RUNS, named_run
+from tests.support.trainer_fixtures import exclusive_trainer_runs, local_run
 from tests.unit.local.test_data_prep import stdlib_text
 from workloads.events import load_run
 from workloads.shards import MANIFEST_NAME, read_manifest
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
+
+def trainer_run(test):
+    """A test that runs the trainer (or reads a shared run): one trainer run at a time."""
+    return pytest.mark.slow(pytest.mark.xdist_group("trainer_runs")(test))
 
 
-def test_prepare_resume_then_local_training_on_the_shards_and_its_report(tmp_path, tmp_path_factory):
+def test_an_interrupted_prepare_is_resumed_by_the_cli(tmp_path):
     inputs = stdlib_text(2_000_000)
     shards = tmp_path / "shards"
     with pytest.raises(KeyboardInterrupt):
@@ -35,34 +40,8 @@ def test_prepare_resume_then_local_training_on_the_shards_and_its_report(tmp_pat
     assert result.code == 0 and "after 2 completed shard(s)" in result.stdout, result.stderr
     assert read_manifest(shards)["complete"]
 
-    run_dir = tmp_path / "run"
-    with exclusive_trainer_runs(tmp_path_factory):
-        result = run_cli(
-            "local",
-            "--nproc",
-            "2",
-            "--steps",
-            "30",
-            "--data",
-            str(shards),
-            "--run-dir",
-            str(run_dir),
-            "--port",
-            str(port_pair()),
-        )
-    assert result.code == 0, result.stdout + result.stderr
-    losses = {e["step"]: e["loss"] for e in load_run(run_dir).of("step_end", rank=0)}
-    assert losses[30] < losses[1]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["tokens_per_s"] > 0 and summary["mfu"] is None  # CPU: no peak to compare with
-    assert summary["tokens_per_s_per_gpu"] == pytest.approx(summary["tokens_per_s"] / 2, rel=0.3)
 
-    report = run_cli("report", str(run_dir))
-    assert report.code == 0, report.stderr
-    assert "tokens/s (all ranks)" in report.stdout and "MFU" in report.stdout and "n/a" in report.stdout
-    assert (run_dir / "throughput.png").stat().st_size > 10_000
-
-
+@trainer_run
 def test_vocab_mismatch_ends_the_ranks_with_93_naming_the_field(tmp_path, tmp_path_factory):
     shards = tmp_path / "shards"
     prepare(stdlib_text(300_000), shards, "byte", shard_tokens=100_000)
@@ -98,6 +77,7 @@ def _final_state(run_dir: Path) -> str:
     return json.loads((run_dir / "summary.json").read_text())["state_sha256"]
 
 
+@trainer_run
 def test_gradient_accumulation_resumes_exactly(tmp_path, tmp_path_factory):
     accum = ("data.grad_accum_steps=2",)
     with exclusive_trainer_runs(tmp_path_factory):
@@ -111,10 +91,13 @@ def test_gradient_accumulation_resumes_exactly(tmp_path, tmp_path_factory):
     assert ends[0]["tokens_per_s"] == pytest.approx(2 * 2 * 8 * 64 / ends[0]["step_s"])
 
 
-def test_hybrid_shard_on_one_node_trains_exactly_like_full_shard(tmp_path, tmp_path_factory):
+@trainer_run
+def test_hybrid_shard_on_one_node_trains_exactly_like_full_shard(tmp_path_factory):
     """The 2-D mesh path (1 node x 2 ranks: replication degree 1) must reproduce full sharding
-    bit for bit; replication across nodes needs more than one node and is not exercised here."""
-    with exclusive_trainer_runs(tmp_path_factory):
-        local_run(tmp_path / "full", steps=6, interval=3)
-        local_run(tmp_path / "hybrid", steps=6, interval=3, overrides=("distributed.shard=hybrid",))
-    assert _final_state(tmp_path / "hybrid") == _final_state(tmp_path / "full")
+    bit for bit; replication across nodes needs more than one node and is not exercised here.
+    The hybrid run's other settings (variants-2x12) change no numerics."""
+    assert {"distributed.shard=hybrid"} < set(RUNS["variants-2x12"].overrides)
+    hybrid, full = (named_run(tmp_path_factory, name) for name in ("variants-2x12", "reliability-base"))
+    assert json.loads((hybrid / "local_run.json").read_text())["exit_code"] == 0
+    assert "shard: hybrid" in (hybrid / "config.yaml").read_text()
+    assert _final_state(hybrid) == _final_state(full)
