@@ -80,7 +80,7 @@ COORDINATOR_FAULT_SHARE = (32 + 14) / 419
 #: Share of faults that take a node with them (the hardware faults above), so that the node's
 #: local checkpoint tier is gone and the restore falls back to FSx. Conservative for this
 #: project's tier: a lost node's shards survive as replicas on a peer node (a spare restores from
-#: them, tests/trainer/test_trainer_spares.py), so only a fault that takes both copies forces FSx;
+#: them, tests/runs/trainer/test_trainer_spares.py), so only a fault that takes both copies forces FSx;
 #: the two-tier planner charges every hardware fault to FSx.
 DEFAULT_NODE_LOSS_SHARE = DEFAULT_FAULT_MIX["hardware"]
 #: Read bandwidth of one node's instance-store RAID0 when every rank reloads its local shard. An

@@ -119,7 +119,7 @@ def test_the_device_scripts_dry_run_reports_into_out_dir_and_keeps_the_checkpoin
 def test_the_dry_run_passes_every_check(device_dry_run):
     """The smoke's dry mode, run by the device script: the same code path as on a GPU machine
     (ft_launcher, the real trainer, NVRx checkpoints, faults, resume, stall and memory checks), on
-    CPU with gloo. That smoke() returns what it writes: tests/ops/test_gpu_smoke_budget.py."""
+    CPU with gloo. That smoke() returns what it writes: tests/unit/ops/test_gpu_smoke_budget.py."""
     from nvrx_eks.ops.gpu_smoke import plan_for
 
     result = device_dry_run.report

@@ -285,3 +285,15 @@ def test_prepare_with_upload_puts_the_finished_set_in_the_bucket(tmp_path):
     listed = boto3.client("s3", region_name="us-east-1").list_objects_v2(Bucket="nvrx-data", Prefix="data/small/")
     assert f"data/small/{MANIFEST_NAME}" in {o["Key"] for o in listed["Contents"]}
     assert "in the pods: /fsx/s3/small" in result.stdout
+
+
+def test_an_interrupted_prepare_is_resumed_by_the_cli(tmp_path):
+    inputs = stdlib_text(2_000_000)
+    shards = tmp_path / "shards"
+    with pytest.raises(KeyboardInterrupt):
+        prepare(inputs, shards, "byte", shard_tokens=400_000, stop_after_shards=2)
+    result = run_cli(
+        "data", "prepare", *map(str, inputs), "--out", str(shards), "--tokenizer", "byte", "--shard-tokens", "400000"
+    )
+    assert result.code == 0 and "after 2 completed shard(s)" in result.stdout, result.stderr
+    assert read_manifest(shards)["complete"]

@@ -1,5 +1,6 @@
 """The EFA transport check (workloads/transport.py): what NCCL's log means, the start-up hook
-around the first process group, and the image build's plugin assertion."""
+around the first process group, and the image build's plugin assertion. A gloo run with
+require_efa set: tests/runs/trainer/test_run_variants.py."""
 
 from __future__ import annotations
 
@@ -252,20 +253,3 @@ def test_plugin_check_accepts_a_plugin_that_needs_only_the_gpu_driver(tmp_path, 
         else:
             with pytest.raises(TransportError, match="does not load"):
                 check_plugin(f"{plugin_dir}:{cudart}")
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("trainer_runs")
-def test_trainer_run_on_gloo_skips_the_efa_check(tmp_path_factory):
-    """The wiring in the trainer: with require_efa set, a gloo run trains as before (the shared
-    run variants-2x12 sets it)."""
-    import json
-
-    from tests.support.named_runs import RUNS, named_run
-
-    assert "distributed.require_efa=true" in RUNS["variants-2x12"].overrides
-    run_dir = named_run(tmp_path_factory, "variants-2x12")
-    result = json.loads((run_dir / "local_run.json").read_text())
-    assert result["exit_code"] == 0, (run_dir / "launcher.log").read_text()[-3000:]
-    assert not (run_dir / "nccl").exists()
-    assert "require_efa: true" in (run_dir / "config.yaml").read_text()

@@ -1,8 +1,9 @@
 """The GPU path, checked on CPU: the memory model against measurement, the model's memory
 features (activation checkpointing, chunked loss, fp32 RoPE, GQA without copies), the backend
 choice and GPU-count check, the restart finalize's device, the per-rank state digest under the
-in-process watchdog, and load-time trust of what the same process committed. One module over 500 lines: each
-concern is a few tests sharing the same small-model fixtures."""
+in-process watchdog (a digest slower than the soft timeout, end to end:
+tests/runs/trainer/test_run_variants.py), and load-time trust of what the same process committed.
+One module over 500 lines: each concern is a few tests sharing the same small-model fixtures."""
 
 from __future__ import annotations
 
@@ -440,35 +441,6 @@ def test_a_reload_in_the_same_process_trusts_what_it_committed(single_rank, tmp_
     with pytest.raises(ConfigError, match="none of the committed checkpoints"):
         checkpointer().load_latest(lambda: {"w": torch.zeros(4096)})
     assert [n for n in hashed if n.endswith(".distcp")]
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("trainer_runs")
-def test_a_digest_slower_than_the_soft_timeout_does_not_restart(tmp_path_factory):
-    """The shared run variants-2x12 delays both ranks' end-of-run digest."""
-    import json
-
-    from nvrx_eks.local.runner import LOCAL_CPU_PROFILE
-    from tests.support.named_runs import RUNS, named_run
-    from workloads.events import load_run
-    from workloads.faults import SLOW_DIGEST_SECONDS
-
-    steps = RUNS["variants-2x12"].steps
-    assert RUNS["variants-2x12"].faults == f"slow-digest@{steps}:0,slow-digest@{steps}:1"
-    run_dir = named_run(tmp_path_factory, "variants-2x12")
-    record = json.loads((run_dir / "local_run.json").read_text())
-    assert record["exit_code"] == 0
-    run = load_run(run_dir)
-    assert SLOW_DIGEST_SECONDS > 2 * LOCAL_CPU_PROFILE["inprocess"]["soft_timeout_s"]
-    assert len(run.of("fault_injected")) == 2
-    assert run.of("restart_begin") == []
-    ends = run.of("run_end")
-    assert {e["rank"] for e in ends} == {0, 1} and all(e["status"] == "completed" for e in ends)
-    ranks = [e["rank_state_sha256"] for e in sorted(ends, key=lambda e: e["rank"])]
-    assert ranks[0] != ranks[1]  # each rank hashed its own shards
-    combined = hashlib.sha256(b"".join(bytes.fromhex(r) for r in ranks)).hexdigest()
-    assert all(e["state_sha256"] == combined for e in ends)
-    assert json.loads((run_dir / "summary.json").read_text())["state_sha256"] == combined
 
 
 def test_one_host_sync_per_step(tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 from the CLI); a shard set the model cannot use ends the ranks with exit 93 naming the field;
 gradient accumulation keeps exact resume; hybrid sharding on one node trains like full sharding.
 (Training on prepared shards, its throughput and `nvrx-eks report` are checked on the held-out
-split's runs, tests/trainer/test_evaluation.py.)"""
+split's runs, tests/runs/trainer/test_evaluation.py.)"""
 
 from __future__ import annotations
 
@@ -16,29 +16,16 @@ import pytest
 
 from nvrx_eks.data.prepare import prepare
 from nvrx_eks.facts.exit_codes import EXIT_DO_NOT_REQUEUE
-from tests.support.cli_harness import run_cli
 from tests.support.named_runs import RUNS, named_run
 from tests.support.trainer_fixtures import exclusive_trainer_runs, local_run
 from tests.unit.local.test_data_prep import stdlib_text
 from workloads.events import load_run
-from workloads.shards import MANIFEST_NAME, read_manifest
+from workloads.shards import MANIFEST_NAME
 
 
 def trainer_run(test):
     """A test that runs the trainer (or reads a shared run): one trainer run at a time."""
     return pytest.mark.slow(pytest.mark.xdist_group("trainer_runs")(test))
-
-
-def test_an_interrupted_prepare_is_resumed_by_the_cli(tmp_path):
-    inputs = stdlib_text(2_000_000)
-    shards = tmp_path / "shards"
-    with pytest.raises(KeyboardInterrupt):
-        prepare(inputs, shards, "byte", shard_tokens=400_000, stop_after_shards=2)
-    result = run_cli(
-        "data", "prepare", *map(str, inputs), "--out", str(shards), "--tokenizer", "byte", "--shard-tokens", "400000"
-    )
-    assert result.code == 0 and "after 2 completed shard(s)" in result.stdout, result.stderr
-    assert read_manifest(shards)["complete"]
 
 
 @trainer_run
