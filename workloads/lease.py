@@ -195,12 +195,20 @@ class HeartbeatLease:
         raise in_use("run_dir", self.path.parent, seen or "")
 
     def _wait_until_stale(self, seen: str, ping: Callable[[], None]) -> None:
-        deadline = time.monotonic() + STALE_S
+        changed, now = self._watch(seen, STALE_S, ping)
+        if changed:
+            raise in_use("run_dir", self.path.parent, now or "")
+
+    def _watch(self, seen: str, seconds: float, ping: Callable[[], None]) -> tuple[bool, str | None]:
+        """Look at the lease every half beat for `seconds`: (True, its text) as soon as it is no
+        longer `seen`, (False, `seen`) if it stayed so."""
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             _sleep(BEAT_S / 2, ping)
             now = self._read()
             if now != seen:
-                raise in_use("run_dir", self.path.parent, now or "")
+                return True, now
+        return False, seen
 
     def _gone(self, holder_text: str) -> bool:
         """Known gone without waiting: a process of this host that no longer runs (this pod's
@@ -261,11 +269,8 @@ class HeartbeatLease:
                 return claim
             except FileExistsError:
                 pass
-            deadline = time.monotonic() + CLAIM_STALE_S
-            while time.monotonic() < deadline:
-                _sleep(BEAT_S / 2, ping)
-                if self._read() != seen:
-                    return None
+            if self._watch(seen, CLAIM_STALE_S, ping)[0]:
+                return None
         return None
 
     def _claims_on(self, seen: str) -> str:
