@@ -41,6 +41,7 @@ from workloads.ft_integration import FaultToleranceReporter
 from workloads.launch import split_endpoint
 from workloads.lease import RankZeroLease, RunDirectoryInUse
 from workloads.numa import bind_rank_to_numa_node
+from workloads.process_exit import exit_without_finalizing
 from workloads.process_state import ProcessState
 
 log = logging.getLogger("workloads.train")
@@ -331,7 +332,7 @@ class _ExitWatchdog:
             file=sys.stderr,
             flush=True,
         )
-        _exit(self._code)
+        exit_without_finalizing(self._code)
 
 
 _exit_watchdog = _ExitWatchdog()
@@ -380,20 +381,6 @@ def _no_ping() -> None:
 def arm_exit_watchdog(code: int, bound_s: float = EXIT_BOUND_S) -> None:
     """Exit with `code` within bound_s from now at the latest (see _ExitWatchdog)."""
     _exit_watchdog.arm(code, bound_s)
-
-
-def _exit(code: int) -> NoReturn:
-    """End the process without finalizing the interpreter: flush what was written, then
-    os._exit. Finalizing runs NVRx's __del__ methods and the gloo process group's destructor,
-    either of which can block on a peer or a worker that is gone (see stop_checkpoint_workers,
-    _leave_after_failure); there is nothing left to finish that those would do."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 def preflight(cfg: TrainConfig, world_size: int) -> int:
@@ -505,7 +492,7 @@ def _leave_after_failure() -> NoReturn:
     line by line, the ft client was shut down by run(), the checkpoint worker dies with this
     process (parent-death signal)."""
     traceback.print_exc()
-    _exit(1)
+    exit_without_finalizing(1)
 
 
 def _tie_checkpoint_worker_to_trainer() -> None:
@@ -530,8 +517,9 @@ if __name__ == "__mp_main__" and sys.platform == "linux":
 
 
 def _main_then_exit() -> None:
-    """main(), then _exit with its code, whatever way main ends (an exception the NVRx Wrapper
-    re-raises may be a BaseException, e.g. DCP's CheckpointException)."""
+    """main(), then end the process with its code (workloads.process_exit), whatever way main
+    ends (an exception the NVRx Wrapper re-raises may be a BaseException, e.g. DCP's
+    CheckpointException)."""
     try:
         code = main()
     except SystemExit as err:  # argparse
@@ -539,7 +527,7 @@ def _main_then_exit() -> None:
     except BaseException:  # noqa: BLE001 - the process ends here either way
         traceback.print_exc()
         code = 1
-    _exit(code)
+    exit_without_finalizing(code)
 
 
 if __name__ == "__main__":

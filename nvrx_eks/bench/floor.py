@@ -59,10 +59,13 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
         # all_gather_object fills every slot
         result = _floor_result([g for g in gathered if g is not None], args, runtime)
         Path(args.json).write_text(json.dumps(result, indent=1))
-    # Both ranks leave together: a rank tearing gloo down while its peer is still in the last
-    # collective's aftermath has aborted here ("terminate called without an active exception").
+    # Both ranks leave together, and without finalizing: a process that used gloo can abort
+    # while its interpreter is torn down (workloads.process_exit).
+    from workloads.process_exit import exit_without_finalizing
+
     dist.barrier()
     dist.destroy_process_group()
+    exit_without_finalizing(0)
 
 
 def _trainer_state(rank: int, args: argparse.Namespace, port: int) -> tuple[Runtime, list[torch.Tensor]]:

@@ -118,6 +118,10 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: dict) -> No
             shard_mb=sum(f.stat().st_size for f in latest.glob("*.distcp")) / 2**20 / args.nproc,
         )
     dist.destroy_process_group()
+    # Ends by finalizing, not by workloads.process_exit: NVRx's write-results queue lives in a
+    # Manager process of this rank's that only finalizing stops (under the trainer, the launcher
+    # stops it with the rank's process group). The rare abort while finalizing comes after the
+    # results are in `results`.
 
 
 def main() -> None:

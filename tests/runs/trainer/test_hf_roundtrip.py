@@ -20,6 +20,7 @@ from tests.support.hf_checkpoints import commit, our_model, step_dir
 from tests.support.named_runs import RUNS, named_run
 from tests.support.trainer_fixtures import exclusive_trainer_runs, local_run, port_pair, single_rank_env
 from workloads.events import load_run
+from workloads.process_exit import exit_without_finalizing
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer_runs")]
 
@@ -80,6 +81,7 @@ def _import_and_save(rank: int, world: int, port: int, source: str, run: str) ->
     if rank == 0:
         commit(path, preset="tiny", world_size=world)
     dist.destroy_process_group()
+    exit_without_finalizing(0)
 
 
 def test_importing_the_export_then_exporting_again_is_bit_identical(exported, tmp_path):

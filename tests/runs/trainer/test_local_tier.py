@@ -19,6 +19,7 @@ from workloads.checkpoint.local_tier import drop_host_copy
 from workloads.config import TrainConfig
 from workloads.events import watch_line
 from workloads.faults import FaultInjector, marker_dir, parse_fault_spec
+from workloads.process_exit import exit_without_finalizing
 
 
 def _blank(rank: int) -> dict:
@@ -73,6 +74,7 @@ def _worker(rank: int, port: int, run_dir: str, plan: str, out: str) -> None:
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     events.close()
     dist.destroy_process_group()
+    exit_without_finalizing(0)
 
 
 def _run(tmp_path: Path, plan: str) -> tuple[dict, list[dict]]:
