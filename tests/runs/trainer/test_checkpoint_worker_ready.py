@@ -30,6 +30,7 @@ RANK = textwrap.dedent(
     import torch.distributed as dist
     from workloads.checkpoint.nvrx_worker import checkpoint_worker
     from workloads.cuda_compat import install_cpu_checkpoint_shim
+    from workloads.process_exit import exit_without_finalizing
 
     rank, port, pg_timeout_s, slow_by_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=datetime.timedelta(seconds=60))
@@ -45,6 +46,7 @@ RANK = textwrap.dedent(
     print(f"rank {rank} ready after {waited:.1f} s", flush=True)
     checkpoint_worker.close()
     dist.destroy_process_group()
+    exit_without_finalizing(0)  # finalizing a process that used gloo can abort
     """
 )
 
