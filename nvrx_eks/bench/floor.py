@@ -34,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workloads.process_exit import exit_without_finalizing
+
 if TYPE_CHECKING:
     import torch
 
@@ -61,8 +63,6 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
         Path(args.json).write_text(json.dumps(result, indent=1))
     # Both ranks leave together, and without finalizing: a process that used gloo can abort
     # while its interpreter is torn down (workloads.process_exit).
-    from workloads.process_exit import exit_without_finalizing
-
     dist.barrier()
     dist.destroy_process_group()
     exit_without_finalizing(0)
