@@ -12,8 +12,9 @@ ft_launcher restarts.
 `--preflight --world-size N` checks, before any rank starts, everything that can be checked on the
 config, the data path and the checkpoint directory, and exits 0 or 93.
 
-The `if __name__ == "__main__"` guard matters: NVRx's checkpoint worker is a spawned process that
-re-imports this module as __mp_main__.
+The `if __name__ == "__main__"` guard matters: the helpers a rank spawns (NVRx's checkpoint worker,
+the Manager of NVRx's write-results queue) re-import this module as __mp_main__
+(workloads.helper_processes).
 """
 
 # No `from __future__ import annotations` in this module: NVRx finds the parameter that receives
@@ -38,6 +39,7 @@ from nvrx_eks.facts.exit_codes import EXIT_BOUND_S, EXIT_DO_NOT_REQUEUE, EXIT_TE
 from workloads.config import TrainConfig
 from workloads.faults import outside_world, outside_world_problem, parse_fault_spec
 from workloads.ft_integration import FaultToleranceReporter
+from workloads.helper_processes import become_rank_helper
 from workloads.launch import split_endpoint
 from workloads.lease import RankZeroLease, RunDirectoryInUse
 from workloads.numa import bind_rank_to_numa_node
@@ -495,27 +497,6 @@ def _leave_after_failure() -> NoReturn:
     exit_without_finalizing(1)
 
 
-def _tie_checkpoint_worker_to_trainer() -> None:
-    """Runs in NVRx's spawned checkpoint worker, which imports this module as __mp_main__.
-
-    Own process group: ft_launcher stops a rank by signalling the rank's whole process group, and
-    the worker would die with it before the rank could finish its in-flight checkpoint after a
-    SIGTERM. Parent-death signal: a SIGKILLed rank would otherwise leave its worker blocked forever
-    on a queue whose write end the worker itself inherited. The trainer still stops the worker
-    itself (NVRx's close/abort signal its pid)."""
-    import ctypes
-
-    os.setpgid(0, 0)
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
-    if os.getppid() == 1:  # the trainer died before the request was made
-        os._exit(1)
-
-
-if __name__ == "__mp_main__" and sys.platform == "linux":
-    _tie_checkpoint_worker_to_trainer()
-
-
 def _main_then_exit() -> None:
     """main(), then end the process with its code (workloads.process_exit), whatever way main
     ends (an exception the NVRx Wrapper re-raises may be a BaseException, e.g. DCP's
@@ -533,9 +514,4 @@ def _main_then_exit() -> None:
 if __name__ == "__main__":
     _main_then_exit()
 elif __name__ == "__mp_main__":
-    # A helper that NVRx spawned for this rank: its in-process monitor (the checkpoint worker
-    # installs its own SIGTERM handler over this). A SIGTERM sent to every process of the node (a
-    # node shutdown, a process-group kill) must not end the monitor while the rank still makes its
-    # stop-save: its silent heartbeat would make every peer restart in process and lose the save.
-    # It leaves by itself when its rank ends, and a SIGKILL still ends it.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    become_rank_helper()  # a helper this rank spawned: its checkpoint worker, or a Manager

@@ -119,9 +119,9 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: dict) -> No
         )
     dist.destroy_process_group()
     # Ends by finalizing, not by workloads.process_exit: NVRx's write-results queue lives in a
-    # Manager process of this rank's that only finalizing stops (under the trainer, the launcher
-    # stops it with the rank's process group). The rare abort while finalizing comes after the
-    # results are in `results`.
+    # Manager process of this rank's that only finalizing stops (under the trainer it dies with its
+    # rank: workloads.helper_processes). The rare abort while finalizing comes after the results
+    # are in `results`.
 
 
 def main() -> None:

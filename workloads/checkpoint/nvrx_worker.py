@@ -61,6 +61,8 @@ from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (
     abort_nvrx_checkpoint,
 )
 
+from workloads.helper_processes import let_sigterm_through, spawning_rank_helpers
+
 # A killed worker gets SIGTERM, then SIGKILL after this long. The save it abandons is never
 # committed, so nothing is lost by not finishing it; NVRx's default (30 s) lets a worker in the
 # middle of its files hold up the restart for that long.
@@ -106,6 +108,7 @@ def _take_sigterm_only_from_rank() -> None:
             raise SystemExit(128 + signum)  # as NVRx's handler: its cleanup runs on the way out
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    let_sigterm_through()  # spawned with SIGTERM blocked (workloads.helper_processes)
 
 
 def _worker_ready_probe() -> None:
@@ -132,7 +135,8 @@ class CheckpointWorker:
 
     def warm_up(self, rank: int) -> None:
         """Start a worker now, for the first queue_for to take (NVRx's pre-warm slot)."""
-        AsyncCallsQueue.warmup_persistent_caller(rank, **_CALLER_OPTIONS)
+        with spawning_rank_helpers():
+            AsyncCallsQueue.warmup_persistent_caller(rank, **_CALLER_OPTIONS)
 
     def queue_for(self, rank: int, ready_key: str, ready_bound_s: float) -> AsyncCallsQueue:
         """A queue for a new NvrxWriter of `rank`, on the previous iteration's worker when it is
@@ -143,7 +147,8 @@ class CheckpointWorker:
         probe = _worker_ready_probe
         if caller is None:
             self.last_start = "warmed" if AsyncCallsQueue._warmup_persistent_caller is not None else "spawned"
-            AsyncCallsQueue.warmup_persistent_caller(rank, **_CALLER_OPTIONS)  # no-op when pre-warmed
+            with spawning_rank_helpers():
+                AsyncCallsQueue.warmup_persistent_caller(rank, **_CALLER_OPTIONS)  # no-op when pre-warmed
         else:
             self.last_start = "reused"
             if rank != self.rank:

@@ -36,6 +36,7 @@ from nvrx_eks.facts.checkpoint_layout import DIGESTS_FILE, atomic_write
 from workloads.checkpoint import files as ckpt_files
 from workloads.checkpoint.errors import CheckpointWriterDied
 from workloads.checkpoint.groups import checkpoint_gloo_group
+from workloads.helper_processes import spawning_rank_helpers
 
 
 @dataclass
@@ -58,7 +59,8 @@ def _drop_results_of_abandoned_saves() -> None:
 
     Only an existing queue is drained: creating one starts a multiprocessing Manager (a spawned
     process importing the trainer, seconds), which during setup the in-process watchdog takes for
-    a hang. A fresh process has none; the first save creates it, outside hang protection."""
+    a hang. A fresh process has none; the first save starts it (_start_results_queue), outside hang
+    protection."""
     from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
 
     results = filesystem_async._results_queue
@@ -69,6 +71,16 @@ def _drop_results_of_abandoned_saves() -> None:
             results.get_nowait()
         except queue.Empty:
             return
+
+
+def _start_results_queue() -> None:
+    """NVRx's write-results queue, started here rather than inside the first save's NVRx call: its
+    Manager is a helper process that a SIGTERM arriving while it starts must not end
+    (workloads.helper_processes). Does nothing once the queue exists."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import get_write_results_queue
+
+    with spawning_rank_helpers():
+        get_write_results_queue()
 
 
 def _write_then_digest(
@@ -218,6 +230,7 @@ class NvrxWriter(Writer):
             from workloads.checkpoint.nvrx_worker import every_rank_arrived
 
             with self.unguarded():
+                _start_results_queue()
                 self._hand_off(pending, state)
                 every_rank_arrived(f"{self.ready_key}/first-save", self.ready_bound_s)
         else:

@@ -164,6 +164,20 @@ def test_a_hand_off_cut_half_way_replaces_the_worker(single_rank, tmp_path):
     second.close()
 
 
+def test_a_replaced_worker_leaves_on_the_ranks_sigterm_not_the_sigkill_after_the_grace(single_rank, tmp_path):
+    """Spawned with SIGTERM blocked (workloads.helper_processes), the worker lets it through once
+    its own handler is in place: the rank's abort (SIGTERM, then SIGKILL WRITER_ABORT_GRACE_S
+    later) ends it by the SIGTERM, at once."""
+    first = _checkpointer(tmp_path)
+    process = first.writer._queue.persistent_caller.process
+    checkpoint_worker.handing_off = True  # the restart exception landed inside schedule()
+
+    second = _checkpointer(tmp_path)
+    assert second.writer.worker_start == "spawned"
+    assert process.exitcode == 128 + signal.SIGTERM
+    second.close()
+
+
 def test_a_worker_that_died_is_replaced(single_rank, tmp_path):
     first = _checkpointer(tmp_path)
     process = first.writer._queue.persistent_caller.process
