@@ -11,10 +11,11 @@ So a helper, once it imported the trainer, leaves the rank's process group, dies
 
 Importing the trainer takes seconds (torch), and a SIGTERM within them used to end the helper: when
 the rank's first save, which starts the Manager, met a stop, the save failed on the dead Manager
-(EOFError from its proxy), the rank restarted in process and left with 143 and no stop-save (6 of
-21 repetitions of the stop to every process in tests/runs/local/test_local_signals.py). So helpers are spawned
-with SIGTERM blocked (spawning_rank_helpers): a signal mask survives fork and exec, and a blocked
-signal stays pending whatever its disposition. It stays blocked in the Manager, which ignores it
+(EOFError from its proxy), the rank restarted in process and left with 143 and no stop-save (2 of
+12 repetitions of the stop to every process in tests/runs/local/test_local_signals.py, 0 of 12
+with the hold below: BENCHMARKS.md, "A stop that meets the rank's first save"). So helpers are
+spawned with SIGTERM blocked (spawning_rank_helpers): a signal mask survives fork and exec, and a
+blocked signal stays pending whatever its disposition. It stays blocked in the Manager, which ignores it
 anyway; the checkpoint worker lets it through once its own handler is in place
 (workloads.checkpoint.nvrx_worker), so a SIGTERM that came meanwhile reaches that handler, never
 the default action. SIGKILL ends a helper at any time.
