@@ -15,21 +15,14 @@ import shutil
 import sys
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.runs.local.test_local_signals import SECOND_STOP_AFTER, _started_past, _stop  # noqa: E402
+from tests.runs.local.test_local_signals import stop_twice  # noqa: E402
 
 
 def one_round(run_dir: Path) -> str:
     """'' for a good round, else what went wrong."""
-    cli, started = _started_past(run_dir, 12)
-    first = _stop(run_dir, cli, started, [psutil.Process(cli.pid)])
-    stopped_at = max((e["final_step"] for e in first.events.of("run_end")), default=12)
-    cli, started = _started_past(run_dir, stopped_at + SECOND_STOP_AFTER, "--resume")
-    everyone = [psutil.Process(cli.pid), *psutil.Process(cli.pid).children(recursive=True)]
-    second = _stop(run_dir, cli, started, everyone)
+    _, second = stop_twice(run_dir)
     ends = {e["rank"]: e["status"] for e in second.events.of("run_end")}
     problems = []
     if second.code != 143:

@@ -88,20 +88,25 @@ class StoppedTwice:
     clean: dict  # summary.json of the same run never stopped
 
 
-@pytest.fixture(scope="module")
-def stopped_twice(tmp_path_factory) -> StoppedTwice:
+def stop_twice(run_dir: Path) -> tuple[Stopped, Stopped]:
     """The run stopped past step 12 (two commits in) by SIGTERM to the command alone; resumed and
     stopped SECOND_STOP_AFTER steps past the first stop by SIGTERM to every process of the run at
-    once (a node shutdown, a process-group kill); resumed to the end."""
+    once (a node shutdown, a process-group kill). Also repeated by scripts/repeat_local_stops.py."""
+    cli, started = _started_past(run_dir, 12)
+    first = _stop(run_dir, cli, started, [psutil.Process(cli.pid)])
+    stopped_at = max((e["final_step"] for e in first.events.of("run_end")), default=12)
+    cli, started = _started_past(run_dir, stopped_at + SECOND_STOP_AFTER, "--resume")
+    everyone = [psutil.Process(cli.pid), *psutil.Process(cli.pid).children(recursive=True)]
+    return first, _stop(run_dir, cli, started, everyone)
+
+
+@pytest.fixture(scope="module")
+def stopped_twice(tmp_path_factory) -> StoppedTwice:
+    """stop_twice, then resumed to the end."""
     clean = json.loads((named_run(tmp_path_factory, "clean") / "summary.json").read_text())
     run_dir = tmp_path_factory.mktemp("signals") / "run"
     with exclusive_trainer_runs(tmp_path_factory):
-        cli, started = _started_past(run_dir, 12)
-        first = _stop(run_dir, cli, started, [psutil.Process(cli.pid)])
-        stopped_at = max((e["final_step"] for e in first.events.of("run_end")), default=12)
-        cli, started = _started_past(run_dir, stopped_at + SECOND_STOP_AFTER, "--resume")
-        everyone = [psutil.Process(cli.pid), *psutil.Process(cli.pid).children(recursive=True)]
-        second = _stop(run_dir, cli, started, everyone)
+        first, second = stop_twice(run_dir)
         resumed = subprocess.run(_local(run_dir, "--resume"), capture_output=True, text=True, timeout=420)
     final = json.loads((run_dir / "summary.json").read_text()) if resumed.returncode == 0 else {}
     return StoppedTwice(first, second, resumed, final, clean)
