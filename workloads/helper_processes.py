@@ -15,8 +15,8 @@ the rank's first save, which starts the Manager, met a stop, the save failed on 
 12 repetitions of the stop to every process in tests/runs/local/test_local_signals.py, 0 of 12
 with the hold below: BENCHMARKS.md, "A stop that meets the rank's first save"). So helpers are
 spawned with SIGTERM blocked (spawning_rank_helpers): a signal mask survives fork and exec, and a
-blocked signal stays pending whatever its disposition. It stays blocked in the Manager, which ignores it
-anyway; the checkpoint worker lets it through once its own handler is in place
+blocked signal stays pending whatever its disposition. It stays blocked in the Manager, which
+ignores it anyway; the checkpoint worker lets it through once its own handler is in place
 (workloads.checkpoint.nvrx_worker), so a SIGTERM that came meanwhile reaches that handler, never
 the default action. SIGKILL ends a helper at any time.
 

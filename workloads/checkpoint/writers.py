@@ -76,7 +76,8 @@ def _drop_results_of_abandoned_saves() -> None:
 def _start_results_queue() -> None:
     """NVRx's write-results queue, started here rather than inside the first save's NVRx call: its
     Manager is a helper process that a SIGTERM arriving while it starts must not end
-    (workloads.helper_processes). Does nothing once the queue exists."""
+    (workloads.helper_processes). Once the queue exists, only the hold's own cost remains (a probe
+    of the resource tracker, two signal-mask calls), at each iteration's first save."""
     from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import get_write_results_queue
 
     with spawning_rank_helpers():
